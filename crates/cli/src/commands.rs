@@ -1,0 +1,173 @@
+//! One function per subcommand; each takes validated arguments and reports what it did.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use grinnder_graph::generate::{self, GenConfig};
+use grinnder_graph::io::{self, exchange, igb, native, ogb};
+use grinnder_graph::{stats, Dataset};
+use serde::Serialize;
+
+use crate::args::{Command, ConvertArgs, ExportArgs, ExportFormat, GenFormat, GenerateArgs, InfoArgs, Input};
+
+pub fn run(cmd: Command) -> anyhow::Result<()> {
+    match cmd {
+        Command::Info(a) => info(a),
+        Command::Convert(a) => convert(a),
+        Command::Export(a) => export(a),
+        Command::Generate(a) => generate(a),
+    }
+}
+
+fn load(input: &Input) -> anyhow::Result<(Dataset, f64)> {
+    let path = input.path()?;
+    let t = Instant::now();
+    let ds = io::open(&path, input.format(), &input.options()?).with_context(|| format!("cannot load {}", path.display()))?;
+    Ok((ds, t.elapsed().as_secs_f64()))
+}
+
+#[derive(Serialize)]
+struct Info {
+    name: String,
+    nodes: usize,
+    directed_edges: usize,
+    features: usize,
+    classes: u32,
+    train: usize,
+    valid: usize,
+    test: usize,
+    degree_min: u32,
+    degree_median: u32,
+    degree_mean: f64,
+    degree_p90: u32,
+    degree_p99: u32,
+    degree_max: u32,
+    isolated_nodes: usize,
+    structure_bytes: u64,
+    feature_bytes: u64,
+    hidden: usize,
+    layers: usize,
+    layer_bytes: u64,
+    full_graph_bytes: u64,
+    fits_gpu: Option<bool>,
+    fits_host: Option<bool>,
+    load_seconds: f64,
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+fn info(a: InfoArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.hidden > 0 && a.layers > 0, "--hidden and --layers must be positive");
+    let (ds, secs) = load(&a.input)?;
+    let d = stats::degree_summary(&ds);
+    let full = stats::full_graph_bytes(&ds, a.hidden, a.layers);
+    let i = Info {
+        name: ds.name.clone(),
+        nodes: ds.num_nodes(),
+        directed_edges: ds.graph.num_edges(),
+        features: ds.features.dim,
+        classes: ds.num_classes,
+        train: ds.splits.train.len(),
+        valid: ds.splits.valid.len(),
+        test: ds.splits.test.len(),
+        degree_min: d.min,
+        degree_median: d.median,
+        degree_mean: d.mean,
+        degree_p90: d.p90,
+        degree_p99: d.p99,
+        degree_max: d.max,
+        isolated_nodes: d.isolated,
+        structure_bytes: stats::structure_bytes(&ds),
+        feature_bytes: ds.features.data.len() as u64 * 4,
+        hidden: a.hidden,
+        layers: a.layers,
+        layer_bytes: stats::layer_bytes(ds.num_nodes(), a.hidden),
+        full_graph_bytes: full,
+        fits_gpu: a.gpu_mem.map(|b| full <= b),
+        fits_host: a.host_mem.map(|b| full <= b),
+        load_seconds: secs,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&i)?);
+        return Ok(());
+    }
+    println!("dataset        {}", i.name);
+    println!("nodes          {}", i.nodes);
+    println!("edges          {} directed (symmetrised, no self loops or duplicates)", i.directed_edges);
+    println!("features       {}", i.features);
+    println!("classes        {}", i.classes);
+    println!("split          train {} / valid {} / test {}", i.train, i.valid, i.test);
+    println!(
+        "degree         min {} / median {} / mean {:.2} / p90 {} / p99 {} / max {}; {} isolated",
+        d.min, d.median, d.mean, d.p90, d.p99, d.max, d.isolated
+    );
+    println!("structure      {}   features {}", gib(i.structure_bytes), gib(i.feature_bytes));
+    println!(
+        "per layer      {} per {}-wide fp32 activation (the same again for its gradient)",
+        gib(i.layer_bytes),
+        a.hidden
+    );
+    println!("full graph     {} for {} layers kept resident", gib(full), a.layers);
+    for (what, budget, fits) in [("GPU", a.gpu_mem, i.fits_gpu), ("host", a.host_mem, i.fits_host)] {
+        if let (Some(b), Some(f)) = (budget, fits) {
+            let verdict = if f { "fits" } else { "does not fit: needs tiered (offloaded) execution" };
+            println!("{what:<14} budget {}: {verdict}", gib(b));
+        }
+    }
+    println!("loaded in      {:.3} s", secs);
+    Ok(())
+}
+
+fn convert(a: ConvertArgs) -> anyhow::Result<()> {
+    let (ds, secs) = load(&a.input)?;
+    let t = Instant::now();
+    native::save(&ds, &a.out).with_context(|| format!("cannot write {}", a.out.display()))?;
+    tracing::info!(
+        "read {} in {secs:.2} s, wrote {} in {:.2} s ({} nodes, {} edges)",
+        a.input.path()?.display(),
+        a.out.display(),
+        t.elapsed().as_secs_f64(),
+        ds.num_nodes(),
+        ds.graph.num_edges()
+    );
+    Ok(())
+}
+
+fn export(a: ExportArgs) -> anyhow::Result<()> {
+    let (ds, _) = load(&a.input)?;
+    let out: &Path = &a.out;
+    match a.format {
+        ExportFormat::Npy => exchange::save(&ds, out),
+        ExportFormat::Ogb => ogb::write(&ds, out, "export"),
+        ExportFormat::Igb => igb::write(&ds, out, false),
+        ExportFormat::IgbRaw => igb::write(&ds, out, true),
+    }
+    .with_context(|| format!("cannot write {}", out.display()))?;
+    tracing::info!("wrote {}", out.display());
+    Ok(())
+}
+
+fn generate(a: GenerateArgs) -> anyhow::Result<()> {
+    let cfg = GenConfig::new(generate::preset(&a.preset)?, a.scale, a.seed);
+    let (n, e) = cfg.sizes()?;
+    tracing::info!("generating {} at scale {}: {n} nodes, {e} directed edges, seed {}", a.preset, a.scale, a.seed);
+    let t0 = Instant::now();
+    let g = generate::generate(&cfg)?;
+    let t_graph = t0.elapsed().as_secs_f64();
+    match a.format {
+        GenFormat::Native => native::write(&a.out, &g.name, &g.graph, &g.labels, g.num_classes, &g.splits, &g.features),
+        GenFormat::Npy => exchange::write(&a.out, &g.graph, &g.labels, &g.splits, &g.features),
+    }
+    .with_context(|| format!("cannot write {}", a.out.display()))?;
+    let total = t0.elapsed().as_secs_f64();
+    tracing::info!(
+        "graph in {t_graph:.2} s, written in {:.2} s; {:.1} M directed edges/s end to end -> {}",
+        total - t_graph,
+        e as f64 / total / 1e6,
+        a.out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `Buf<T>`: an immutable array that is either owned or a view into a memory-mapped file.
+//!
+//! Invariant: a mapped view is aligned for `T` and lies inside its mapping; both are checked
+//! when the view is made, so dereferencing never reads out of bounds or misaligned.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+/// Plain-old-data element types that may be viewed directly in a little-endian file.
+///
+/// # Safety
+/// Implementors must be valid for every bit pattern and have no padding.
+pub unsafe trait Pod: Copy + Send + Sync + 'static {}
+// SAFETY: primitive integers and floats are valid for every bit pattern and have no padding.
+unsafe impl Pod for u8 {}
+// SAFETY: as above.
+unsafe impl Pod for u32 {}
+// SAFETY: as above.
+unsafe impl Pod for i16 {}
+// SAFETY: as above.
+unsafe impl Pod for u16 {}
+// SAFETY: as above.
+unsafe impl Pod for u64 {}
+// SAFETY: as above.
+unsafe impl Pod for i32 {}
+// SAFETY: as above.
+unsafe impl Pod for i64 {}
+// SAFETY: as above.
+unsafe impl Pod for f32 {}
+// SAFETY: as above.
+unsafe impl Pod for f64 {}
+
+/// An immutable array, owned or memory-mapped.
+pub enum Buf<T: Pod> {
+    Owned(Vec<T>),
+    Mapped {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+        _t: PhantomData<T>,
+    },
+}
+
+impl<T: Pod> Buf<T> {
+    /// A view of `len` elements of `map` starting at byte `offset`, or `None` when the range is
+    /// out of bounds or misaligned for `T`.
+    pub fn mapped(map: Arc<Mmap>, offset: usize, len: usize) -> Option<Self> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>())?;
+        let end = offset.checked_add(bytes)?;
+        if end > map.len() || (map.as_ptr() as usize + offset) % std::mem::align_of::<T>() != 0 {
+            return None;
+        }
+        Some(Buf::Mapped {
+            map,
+            offset,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// True when the data lives in a file mapping rather than in owned memory.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self, Buf::Mapped { .. })
+    }
+
+    /// The elements as an owned vector (copies a mapped view).
+    pub fn into_vec(self) -> Vec<T> {
+        match self {
+            Buf::Owned(v) => v,
+            mapped => mapped.to_vec(),
+        }
+    }
+}
+
+impl<T: Pod> Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Buf::Owned(v) => v,
+            Buf::Mapped {
+                map, offset, len, ..
+            } => {
+                // SAFETY: `mapped` checked that offset..offset+len*size_of::<T>() lies inside the
+                // mapping and is aligned for T; T is Pod so any bytes are a valid T; the mapping is
+                // read-only and kept alive by the Arc for the lifetime of &self.
+                unsafe { std::slice::from_raw_parts(map.as_ptr().add(*offset) as *const T, *len) }
+            }
+        }
+    }
+}
+
+impl<T: Pod> From<Vec<T>> for Buf<T> {
+    fn from(v: Vec<T>) -> Self {
+        Buf::Owned(v)
+    }
+}
+
+impl<T: Pod> Clone for Buf<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Buf::Owned(v) => Buf::Owned(v.clone()),
+            Buf::Mapped {
+                map, offset, len, ..
+            } => Buf::Mapped {
+                map: map.clone(),
+                offset: *offset,
+                len: *len,
+                _t: PhantomData,
+            },
+        }
+    }
+}
+
+impl<T: Pod + fmt::Debug> fmt::Debug for Buf<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.is_mapped() { "mapped" } else { "owned" };
+        write!(f, "Buf<{kind}, len {}>", self.len())
+    }
+}
+
+impl<T: Pod + PartialEq> PartialEq for Buf<T> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+/// View a slice of Pod values as bytes (little-endian machines only; see `lib.rs`).
+pub fn as_bytes<T: Pod>(s: &[T]) -> &[u8] {
+    // SAFETY: T is Pod (no padding, any bit pattern), the byte slice covers exactly the same
+    // memory and borrows it for the same lifetime.
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
+}

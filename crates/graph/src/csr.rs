@@ -1,0 +1,449 @@
+//! Compressed sparse rows: the graph's adjacency.
+//!
+//! Row `v` lists the *sources* of the edges that point into `v` (its in-neighbours), sorted
+//! ascending; message passing pulls along a row. For the symmetric graphs of node-property tasks
+//! rows are simply neighbour lists. Offsets are 64-bit, node ids 32-bit: a graph holds at most
+//! [`MAX_NODES`] nodes and any number of edges that fits in memory or a mapped file.
+//!
+//! Invariants kept by every constructor: `row_ptr.len() == n + 1`, `row_ptr[0] == 0`,
+//! non-decreasing, `row_ptr[n] == col_idx.len()`, every column `< n`, each row sorted
+//! strictly ascending (no duplicates).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+
+use crate::buf::Buf;
+use crate::error::{GraphError, Result};
+
+/// Largest node count: node ids are `u32` and `u32::MAX` is kept free as a sentinel.
+pub const MAX_NODES: u64 = u32::MAX as u64;
+
+/// What to do with self loops when building.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SelfLoops {
+    /// Remove every `v → v` edge (what OGB's loaders and PyG's conv layers expect as input).
+    #[default]
+    Drop,
+    /// Keep those present in the input.
+    Keep,
+    /// Make sure every node has exactly one `v → v` edge.
+    Add,
+}
+
+/// How an edge list becomes a CSR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildOptions {
+    /// Add `v → u` for every `u → v`.
+    pub symmetrise: bool,
+    /// Treat repeated edges as one.
+    pub dedup: bool,
+    pub self_loops: SelfLoops,
+}
+
+impl Default for BuildOptions {
+    /// Symmetrised, deduplicated, no self loops: the convention of node-property benchmarks.
+    fn default() -> Self {
+        BuildOptions {
+            symmetrise: true,
+            dedup: true,
+            self_loops: SelfLoops::Drop,
+        }
+    }
+}
+
+/// A graph's adjacency in CSR form (see the module docs for the invariants).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Csr {
+    row_ptr: Buf<u64>,
+    col_idx: Buf<u32>,
+}
+
+/// Raw pointer that may be shared by threads writing disjoint elements.
+#[derive(Clone, Copy)]
+struct SharedMut<T>(*mut T);
+// SAFETY: only used to write disjoint indices from different threads, each index claimed once
+// through an atomic cursor; the owning Vec outlives the parallel section.
+unsafe impl<T> Send for SharedMut<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SharedMut<T> {}
+
+impl Csr {
+    /// Builds from edges `src[i] → dst[i]` over `num_nodes` nodes, in parallel.
+    ///
+    /// Errors when `num_nodes` exceeds [`MAX_NODES`] or an endpoint is out of range.
+    pub fn from_edges(num_nodes: u64, src: &[u32], dst: &[u32], opts: BuildOptions) -> Result<Csr> {
+        check_node_count(num_nodes)?;
+        assert_eq!(src.len(), dst.len(), "src and dst must have equal length");
+        let n = num_nodes as usize;
+        if let Some(i) = (0..src.len())
+            .into_par_iter()
+            .find_first(|&i| src[i] as usize >= n || dst[i] as usize >= n)
+        {
+            return Err(GraphError::Usage(format!(
+                "edge {i} ({} -> {}) has an endpoint >= the node count {n}",
+                src[i], dst[i]
+            )));
+        }
+        let keep = |s: u32, d: u32| s != d || opts.self_loops == SelfLoops::Keep;
+
+        // 1. count the entries of every row
+        let counts: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        src.par_iter().zip(dst.par_iter()).for_each(|(&s, &d)| {
+            if keep(s, d) {
+                counts[d as usize].fetch_add(1, Ordering::Relaxed);
+                if opts.symmetrise && s != d {
+                    counts[s as usize].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        let extra = u64::from(opts.self_loops == SelfLoops::Add);
+        let mut ptr = Vec::with_capacity(n + 1);
+        ptr.push(0u64);
+        let mut acc = 0u64;
+        for c in &counts {
+            acc += c.load(Ordering::Relaxed) + extra;
+            ptr.push(acc);
+        }
+
+        // 2. scatter columns into their rows through per-row atomic cursors
+        let mut cols = vec![0u32; acc as usize];
+        counts
+            .par_iter()
+            .enumerate()
+            .for_each(|(v, c)| c.store(ptr[v], Ordering::Relaxed));
+        let out = SharedMut(cols.as_mut_ptr());
+        let place = |row: u32, col: u32| {
+            let at = counts[row as usize].fetch_add(1, Ordering::Relaxed) as usize;
+            let out = out;
+            // SAFETY: `at` lies in row's range ptr[row]..ptr[row+1] (each row's cursor is bumped
+            // exactly as often as it was counted) and is claimed by this thread alone.
+            unsafe { *out.0.add(at) = col };
+        };
+        src.par_iter().zip(dst.par_iter()).for_each(|(&s, &d)| {
+            if keep(s, d) {
+                place(d, s);
+                if opts.symmetrise && s != d {
+                    place(s, d);
+                }
+            }
+        });
+        if extra == 1 {
+            (0..n as u32).into_par_iter().for_each(|v| place(v, v));
+        }
+
+        // 3. sort each row and drop duplicates, then compact
+        sort_dedup_rows(ptr, cols, opts.dedup || opts.self_loops == SelfLoops::Add)
+    }
+
+    /// Wraps existing arrays after checking every invariant (used by loaders of prebuilt CSRs).
+    pub fn from_parts(row_ptr: Buf<u64>, col_idx: Buf<u32>) -> std::result::Result<Csr, String> {
+        if row_ptr.is_empty() {
+            return Err("row_ptr is empty".into());
+        }
+        let n = row_ptr.len() - 1;
+        check_node_count(n as u64).map_err(|e| e.to_string())?;
+        if row_ptr[0] != 0 || row_ptr[n] != col_idx.len() as u64 {
+            return Err(format!(
+                "row_ptr must start at 0 and end at the edge count {} (found {} .. {})",
+                col_idx.len(),
+                row_ptr[0],
+                row_ptr[n]
+            ));
+        }
+        let bad_row = (0..n).into_par_iter().find_first(|&v| {
+            let (a, b) = (row_ptr[v], row_ptr[v + 1]);
+            if a > b || b > col_idx.len() as u64 {
+                return true;
+            }
+            let row = &col_idx[a as usize..b as usize];
+            row.windows(2).any(|w| w[0] >= w[1]) || row.last().is_some_and(|&c| c as usize >= n)
+        });
+        if let Some(v) = bad_row {
+            return Err(format!(
+                "row {v} is not a strictly ascending list of node ids below {n}"
+            ));
+        }
+        Ok(Csr { row_ptr, col_idx })
+    }
+
+    pub fn num_nodes(&self) -> usize {
+        self.row_ptr.len() - 1
+    }
+
+    /// Number of stored (directed) edges.
+    pub fn num_edges(&self) -> usize {
+        self.col_idx.len()
+    }
+
+    pub fn row_ptr(&self) -> &[u64] {
+        &self.row_ptr
+    }
+
+    pub fn col_idx(&self) -> &[u32] {
+        &self.col_idx
+    }
+
+    /// The in-neighbours of `v`, ascending.
+    pub fn row(&self, v: usize) -> &[u32] {
+        &self.col_idx[self.row_ptr[v] as usize..self.row_ptr[v + 1] as usize]
+    }
+
+    /// In-degree of every node (row lengths).
+    pub fn degrees(&self) -> Vec<u32> {
+        self.row_ptr.par_windows(2).map(|w| (w[1] - w[0]) as u32).collect()
+    }
+
+    /// Out-degree of every node (how often it appears as a column).
+    pub fn out_degrees(&self) -> Vec<u32> {
+        let counts: Vec<AtomicU64> = (0..self.num_nodes()).map(|_| AtomicU64::new(0)).collect();
+        self.col_idx.par_iter().for_each(|&c| {
+            counts[c as usize].fetch_add(1, Ordering::Relaxed);
+        });
+        counts.into_iter().map(|c| c.into_inner() as u32).collect()
+    }
+
+    /// True when `u → v` exists for every `v → u`.
+    pub fn is_symmetric(&self) -> bool {
+        (0..self.num_nodes()).into_par_iter().all(|v| {
+            self.row(v)
+                .iter()
+                .all(|&u| self.row(u as usize).binary_search(&(v as u32)).is_ok())
+        })
+    }
+
+    /// Number of self loops.
+    pub fn num_self_loops(&self) -> usize {
+        (0..self.num_nodes())
+            .into_par_iter()
+            .filter(|&v| self.row(v).binary_search(&(v as u32)).is_ok())
+            .count()
+    }
+
+    /// A copy with one self loop on every node.
+    pub fn with_self_loops(&self) -> Csr {
+        let opts = BuildOptions {
+            symmetrise: false,
+            dedup: true,
+            self_loops: SelfLoops::Add,
+        };
+        let (src, dst) = self.to_coo();
+        Csr::from_edges(self.num_nodes() as u64, &src, &dst, opts)
+            .expect("a valid CSR rebuilds without error")
+    }
+
+    /// The edge list `(src, dst)` in row order.
+    pub fn to_coo(&self) -> (Vec<u32>, Vec<u32>) {
+        let dst: Vec<u32> = (0..self.num_nodes())
+            .into_par_iter()
+            .flat_map_iter(|v| std::iter::repeat_n(v as u32, self.row(v).len()))
+            .collect();
+        (self.col_idx.to_vec(), dst)
+    }
+
+    /// Splits the rows into about `parts` contiguous ranges of similar edge counts, for
+    /// parallel loops over rows whose lengths vary widely.
+    pub fn balanced_row_ranges(&self, parts: usize) -> Vec<std::ops::Range<usize>> {
+        balanced_ranges(&self.row_ptr, parts)
+    }
+}
+
+pub(crate) fn check_node_count(n: u64) -> Result<()> {
+    if n > MAX_NODES {
+        return Err(GraphError::Limit {
+            what: "node count".into(),
+            value: n,
+            max: MAX_NODES,
+        });
+    }
+    Ok(())
+}
+
+/// Row ranges of roughly equal `rows + edges` weight.
+pub(crate) fn balanced_ranges(ptr: &[u64], parts: usize) -> Vec<std::ops::Range<usize>> {
+    let n = ptr.len() - 1;
+    let parts = parts.max(1);
+    let total = ptr[n] + n as u64;
+    let mut out = Vec::with_capacity(parts);
+    let mut start = 0usize;
+    for k in 1..=parts {
+        let target = total * k as u64 / parts as u64;
+        // smallest end with ptr[end] + end >= target
+        let (mut lo, mut hi) = (start, n);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if ptr[mid] + (mid as u64) < target {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let end = if k == parts { n } else { lo };
+        if end > start {
+            out.push(start..end);
+            start = end;
+        }
+    }
+    if out.is_empty() {
+        out.push(0..n);
+    }
+    out
+}
+
+/// Sorts every row of an unsorted CSR, optionally removing duplicates, and compacts it.
+fn sort_dedup_rows(ptr: Vec<u64>, mut cols: Vec<u32>, dedup: bool) -> Result<Csr> {
+    let n = ptr.len() - 1;
+    let ranges = balanced_ranges(&ptr, rayon::current_num_threads() * 8);
+    let mut new_len = vec![0u32; n];
+    // Split `cols` and `new_len` into the disjoint pieces of each range.
+    let mut col_pieces = Vec::with_capacity(ranges.len());
+    let mut len_pieces = Vec::with_capacity(ranges.len());
+    let (mut rest_c, mut rest_l) = (cols.as_mut_slice(), new_len.as_mut_slice());
+    for r in &ranges {
+        let (c, tail_c) = rest_c.split_at_mut((ptr[r.end] - ptr[r.start]) as usize);
+        let (l, tail_l) = rest_l.split_at_mut(r.len());
+        col_pieces.push(c);
+        len_pieces.push(l);
+        rest_c = tail_c;
+        rest_l = tail_l;
+    }
+    col_pieces
+        .into_par_iter()
+        .zip(len_pieces)
+        .zip(ranges.par_iter())
+        .for_each(|((c, l), r)| {
+            let base = ptr[r.start];
+            for (i, v) in r.clone().enumerate() {
+                let row = &mut c[(ptr[v] - base) as usize..(ptr[v + 1] - base) as usize];
+                row.sort_unstable();
+                let mut k = row.len();
+                if dedup && k > 1 {
+                    k = 1;
+                    for j in 1..row.len() {
+                        if row[j] != row[k - 1] {
+                            row[k] = row[j];
+                            k += 1;
+                        }
+                    }
+                }
+                l[i] = k as u32;
+            }
+        });
+    let mut new_ptr = Vec::with_capacity(n + 1);
+    new_ptr.push(0u64);
+    let mut acc = 0u64;
+    for &l in &new_len {
+        acc += l as u64;
+        new_ptr.push(acc);
+    }
+    if acc as usize != cols.len() {
+        // compact in parallel: every row moves to its new, never later, position
+        let mut out = vec![0u32; acc as usize];
+        let dst = SharedMut(out.as_mut_ptr());
+        (0..n).into_par_iter().for_each(|v| {
+            let src = &cols[ptr[v] as usize..ptr[v] as usize + new_len[v] as usize];
+            let dst = dst;
+            // SAFETY: rows occupy disjoint ranges new_ptr[v]..new_ptr[v+1] of `out`, whose
+            // length equals src.len(); each row is written by exactly one task.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst.0.add(new_ptr[v] as usize), src.len())
+            };
+        });
+        cols = out;
+    }
+    Ok(Csr {
+        row_ptr: Buf::Owned(new_ptr),
+        col_idx: Buf::Owned(cols),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serial_reference(n: usize, edges: &[(u32, u32)], opts: BuildOptions) -> Vec<Vec<u32>> {
+        let mut rows = vec![Vec::new(); n];
+        for &(s, d) in edges {
+            if s == d && opts.self_loops != SelfLoops::Keep {
+                continue;
+            }
+            rows[d as usize].push(s);
+            if opts.symmetrise && s != d {
+                rows[s as usize].push(d);
+            }
+        }
+        for (v, r) in rows.iter_mut().enumerate() {
+            if opts.self_loops == SelfLoops::Add {
+                r.push(v as u32);
+            }
+            r.sort_unstable();
+            if opts.dedup || opts.self_loops == SelfLoops::Add {
+                r.dedup();
+            }
+        }
+        rows
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parallel_build_equals_serial_reference(
+            n in 1usize..40,
+            raw in proptest::collection::vec((0u32..40, 0u32..40), 0..200),
+            symmetrise: bool,
+            dedup: bool,
+            loops in 0u8..3,
+        ) {
+            let edges: Vec<(u32, u32)> = raw.into_iter().map(|(a, b)| (a % n as u32, b % n as u32)).collect();
+            let self_loops = [SelfLoops::Drop, SelfLoops::Keep, SelfLoops::Add][loops as usize];
+            let opts = BuildOptions { symmetrise, dedup, self_loops };
+            let (s, d): (Vec<u32>, Vec<u32>) = edges.iter().copied().unzip();
+            let csr = Csr::from_edges(n as u64, &s, &d, opts).unwrap();
+            let want = serial_reference(n, &edges, opts);
+            for (v, row) in want.iter().enumerate() {
+                proptest::prop_assert_eq!(csr.row(v), row.as_slice());
+            }
+            if symmetrise && dedup {
+                proptest::prop_assert!(csr.is_symmetric());
+                proptest::prop_assert!(Csr::from_parts(csr.row_ptr.clone(), csr.col_idx.clone()).is_ok());
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_out_of_range_and_oversized() {
+        assert!(Csr::from_edges(3, &[0, 3], &[1, 1], BuildOptions::default()).is_err());
+        let err = Csr::from_edges(MAX_NODES + 1, &[], &[], BuildOptions::default()).unwrap_err();
+        assert!(matches!(err, GraphError::Limit { .. }), "{err}");
+    }
+
+    #[test]
+    fn self_loops_and_degrees() {
+        let csr = Csr::from_edges(4, &[0, 1, 2, 2], &[1, 2, 0, 2], BuildOptions::default()).unwrap();
+        assert_eq!(csr.num_edges(), 6);
+        assert_eq!(csr.num_self_loops(), 0);
+        assert_eq!(csr.degrees(), vec![2, 2, 2, 0]);
+        let looped = csr.with_self_loops();
+        assert_eq!(looped.num_self_loops(), 4);
+        assert_eq!(looped.row(3), &[3]);
+        assert_eq!(looped.row(0), &[0, 1, 2]);
+    }
+
+    #[test]
+    fn from_parts_rejects_broken_rows() {
+        assert!(Csr::from_parts(vec![0, 2].into(), vec![1, 0].into()).is_err());
+        assert!(Csr::from_parts(vec![0, 1].into(), vec![5].into()).is_err());
+        assert!(Csr::from_parts(vec![0, 3].into(), vec![0].into()).is_err());
+        assert!(Csr::from_parts(vec![0, 1, 1].into(), vec![1].into()).is_ok());
+    }
+
+    #[test]
+    fn balanced_ranges_cover_all_rows() {
+        let ptr = vec![0, 100, 100, 101, 102, 300, 301];
+        for parts in 1..10 {
+            let r = balanced_ranges(&ptr, parts);
+            assert_eq!(r.first().unwrap().start, 0);
+            assert_eq!(r.last().unwrap().end, 6);
+            assert!(r.windows(2).all(|w| w[0].end == w[1].start));
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! A dataset for node-property prediction: graph, node features, labels and a split.
+//!
+//! Invariant (checked by [`Dataset::validate`], which every loader calls): features have
+//! `num_nodes × dim` values, labels are `-1` (no label) or in `0..num_classes`, split ids are
+//! node ids, ascending and without duplicates inside a split.
+
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use crate::buf::Buf;
+use crate::csr::Csr;
+use crate::error::{GraphError, Result};
+
+/// Label value of a node without a label (OGB writes these as `nan`).
+pub const NO_LABEL: i32 = -1;
+
+/// Row-major `num_nodes × dim` float features, owned or memory-mapped.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Features {
+    pub dim: usize,
+    pub data: Buf<f32>,
+}
+
+impl Features {
+    pub fn num_rows(&self) -> usize {
+        self.data.len().checked_div(self.dim).unwrap_or(0)
+    }
+
+    pub fn row(&self, v: usize) -> &[f32] {
+        &self.data[v * self.dim..(v + 1) * self.dim]
+    }
+}
+
+/// Train, validation and test node ids, each ascending.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Splits {
+    pub train: Buf<u32>,
+    pub valid: Buf<u32>,
+    pub test: Buf<u32>,
+}
+
+impl Default for Buf<u32> {
+    fn default() -> Self {
+        Buf::Owned(Vec::new())
+    }
+}
+
+impl Splits {
+    /// `(name, ids)` for each of the three splits.
+    pub fn named(&self) -> [(&'static str, &[u32]); 3] {
+        [("train", &self.train), ("valid", &self.valid), ("test", &self.test)]
+    }
+}
+
+/// A graph with everything needed to train on it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dataset {
+    pub name: String,
+    pub graph: Csr,
+    pub features: Features,
+    /// One label per node, [`NO_LABEL`] where unknown.
+    pub labels: Buf<i32>,
+    pub num_classes: u32,
+    pub splits: Splits,
+}
+
+impl Dataset {
+    pub fn num_nodes(&self) -> usize {
+        self.graph.num_nodes()
+    }
+
+    /// Checks the invariants of the module docs; `origin` names the source in errors.
+    pub fn validate(&self, origin: &Path) -> Result<()> {
+        let n = self.num_nodes();
+        if self.features.dim == 0 || self.features.data.len() != n * self.features.dim {
+            return Err(GraphError::invalid(
+                origin,
+                format!(
+                    "features hold {} values, expected {n} nodes × {} columns",
+                    self.features.data.len(),
+                    self.features.dim
+                ),
+            ));
+        }
+        if self.labels.len() != n {
+            return Err(GraphError::invalid(
+                origin,
+                format!("{} labels for {n} nodes", self.labels.len()),
+            ));
+        }
+        let c = self.num_classes as i32;
+        if let Some(v) = self.labels.par_iter().position_first(|&y| y < NO_LABEL || y >= c) {
+            return Err(GraphError::invalid(
+                origin,
+                format!(
+                    "label of node {v} is {}, outside 0..{c} (or -1 for none)",
+                    self.labels[v]
+                ),
+            ));
+        }
+        for (name, ids) in self.splits.named() {
+            check_split(origin, name, ids, n)?;
+        }
+        Ok(())
+    }
+}
+
+/// A split must hold ascending, distinct node ids below `n`.
+pub(crate) fn check_split(origin: &Path, name: &str, ids: &[u32], n: usize) -> Result<()> {
+    if let Some(i) = ids.iter().position(|&v| v as usize >= n) {
+        return Err(GraphError::invalid(
+            origin,
+            format!("{name} split: entry {i} is node {}, but there are {n} nodes", ids[i]),
+        ));
+    }
+    if let Some(i) = ids.windows(2).position(|w| w[0] >= w[1]) {
+        let what = if ids[i] == ids[i + 1] { "duplicated" } else { "not ascending" };
+        return Err(GraphError::invalid(
+            origin,
+            format!("{name} split: node {} at entry {} is {what}", ids[i + 1], i + 1),
+        ));
+    }
+    Ok(())
+}
+
+/// Sorts split ids and reports a duplicate (loaders accept unsorted split files).
+pub(crate) fn normalise_split(origin: &Path, name: &str, mut ids: Vec<u32>, n: usize) -> Result<Vec<u32>> {
+    ids.par_sort_unstable();
+    check_split(origin, name, &ids, n)?;
+    Ok(ids)
+}
+
+/// What to do with NaN or infinite feature values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NonFinite {
+    /// Refuse the dataset, naming the first bad value.
+    #[default]
+    Refuse,
+    /// Keep the values and report how many there are.
+    Report,
+}
+
+/// The first non-finite value in row-major features: `(row, column)`.
+pub fn find_non_finite(data: &[f32], dim: usize) -> Option<(usize, usize)> {
+    data.par_iter()
+        .position_first(|x| !x.is_finite())
+        .map(|i| (i / dim, i % dim))
+}
+
+/// Applies the policy; `Report` logs the count and returns it.
+pub(crate) fn check_non_finite(origin: &Path, data: &[f32], dim: usize, policy: NonFinite) -> Result<usize> {
+    match policy {
+        NonFinite::Refuse => match find_non_finite(data, dim) {
+            Some((r, c)) => Err(GraphError::invalid(
+                origin,
+                format!(
+                    "feature of node {r}, column {c} is {} (use --non-finite report to keep such values)",
+                    data[r * dim + c]
+                ),
+            )),
+            None => Ok(0),
+        },
+        NonFinite::Report => {
+            let count = data.par_iter().filter(|x| !x.is_finite()).count();
+            if count > 0 {
+                tracing::warn!("{}: {count} non-finite feature values kept", origin.display());
+            }
+            Ok(count)
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The npy exchange layout of DESIGN.md §7, read by the PyG baseline script:
+//!
+//! ```text
+//! edge_index.npy  int64 [2, E]   row 0 source, row 1 target; symmetrised, no self loops or duplicates
+//! node_feat.npy   float32 [N, F]
+//! node_label.npy  int64 [N]      (-1: no label)
+//! train_idx.npy, valid_idx.npy, test_idx.npy   int64
+//! ```
+//! Reading maps `node_feat.npy` (zero-copy); writing streams every array.
+
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use super::native::FeatureSource;
+use super::npy::{DType, Npy, NpyWriter};
+use super::LoadOptions;
+use crate::csr::Csr;
+use crate::dataset::{check_non_finite, normalise_split, Dataset, Features, Splits};
+use crate::error::{GraphError, Result};
+use crate::progress;
+
+/// True when `dir` holds an `edge_index.npy`.
+pub fn is_exchange_dir(dir: &Path) -> bool {
+    dir.join("edge_index.npy").is_file()
+}
+
+/// Turns `(src, dst)` pairs into u32 arrays, refusing ids outside `0..n` with the pair's index.
+pub(crate) fn checked_pairs(path: &Path, pairs: impl Iterator<Item = (i64, i64)>, n: u64) -> Result<(Vec<u32>, Vec<u32>)> {
+    let (lo, hi) = pairs.size_hint();
+    let cap = hi.unwrap_or(lo);
+    let (mut src, mut dst) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
+    for (i, (s, d)) in pairs.enumerate() {
+        for v in [s, d] {
+            if v < 0 || v as u64 >= n {
+                return Err(GraphError::invalid(path, format!("edge {i}: node id {v} is outside 0..{n}")));
+            }
+        }
+        src.push(s as u32);
+        dst.push(d as u32);
+    }
+    Ok((src, dst))
+}
+
+fn ids(dir: &Path, file: &str, name: &str, n: u64) -> Result<Vec<u32>> {
+    let path = dir.join(file);
+    let npy = Npy::open(&path)?;
+    let v = npy.to_i64()?;
+    let (ids, _) = checked_pairs(&path, v.iter().map(|&x| (x, x)), n)?;
+    normalise_split(&path, name, ids, n as usize)
+}
+
+/// Loads an exchange-layout folder.
+pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
+    let feat_path = dir.join("node_feat.npy");
+    let feats = Npy::open(&feat_path)?;
+    feats.expect_shape(&["nodes", "features"])?;
+    let (n, dim) = (feats.shape[0], feats.shape[1] as usize);
+    crate::csr::check_node_count(n)?;
+    if dim == 0 {
+        return Err(GraphError::format(&feat_path, 0, "zero feature columns"));
+    }
+    let data = feats.to_f32()?;
+    check_non_finite(&feat_path, &data, dim, opts.non_finite)?;
+
+    let label_path = dir.join("node_label.npy");
+    let lab = Npy::open(&label_path)?;
+    let one_col = lab.shape.len() == 2 && lab.shape[1] == 1;
+    if lab.shape.first() != Some(&n) || !(lab.shape.len() == 1 || one_col) {
+        return Err(GraphError::format(&label_path, 0, format!("expected shape [{n}], found {:?}", lab.shape)));
+    }
+    let raw = lab.to_labels()?;
+    if let Some(i) = raw.iter().position(|&y| y < -1 || y >= i32::MAX as i64) {
+        return Err(GraphError::invalid(&label_path, format!("label of node {i} is {}, out of range", raw[i])));
+    }
+    let labels: Vec<i32> = raw.iter().map(|&y| y as i32).collect();
+    let num_classes = (labels.iter().copied().max().unwrap_or(-1) + 1).max(0) as u32;
+
+    let edge_path = dir.join("edge_index.npy");
+    let edges = Npy::open(&edge_path)?;
+    edges.expect_shape(&["2", "edges"])?;
+    if edges.shape[0] != 2 {
+        return Err(GraphError::format(&edge_path, 0, format!("expected shape [2, E], found {:?}", edges.shape)));
+    }
+    let flat = edges.to_i64()?;
+    let e = flat.len() / 2;
+    let (src, dst) = checked_pairs(&edge_path, (0..e).map(|i| (flat[i], flat[e + i])), n)?;
+    drop(flat);
+    let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
+    let splits = Splits {
+        train: ids(dir, "train_idx.npy", "train", n)?.into(),
+        valid: ids(dir, "valid_idx.npy", "valid", n)?.into(),
+        test: ids(dir, "test_idx.npy", "test", n)?.into(),
+    };
+    let ds = Dataset {
+        name: dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        graph,
+        features: Features { dim, data },
+        labels: labels.into(),
+        num_classes,
+        splits,
+    };
+    ds.validate(dir)?;
+    Ok(ds)
+}
+
+/// Writes the exchange layout; features come from `features` and are streamed.
+pub fn write(dir: &Path, graph: &Csr, labels: &[i32], splits: &Splits, features: &dyn FeatureSource) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| GraphError::io(dir, e))?;
+    let n = graph.num_nodes();
+    let e = graph.num_edges() as u64;
+    // edge_index: sources (the CSR's columns), then targets (the row of each entry)
+    let mut w = NpyWriter::create(&dir.join("edge_index.npy"), DType::I64, &[2, e])?;
+    for c in graph.col_idx().chunks(1 << 22) {
+        let v: Vec<i64> = c.par_iter().map(|&x| x as i64).collect();
+        w.write(&v)?;
+    }
+    for rows in graph.balanced_row_ranges((e as usize >> 22).max(1)) {
+        let v: Vec<i64> = rows
+            .into_par_iter()
+            .flat_map_iter(|r| std::iter::repeat_n(r as i64, graph.row(r).len()))
+            .collect();
+        w.write(&v)?;
+    }
+    w.finish()?;
+    let dim = features.dim();
+    let mut w = NpyWriter::create(&dir.join("node_feat.npy"), DType::F32, &[n as u64, dim as u64])?;
+    let rows_per = ((32 << 20) / (dim * 4)).max(1);
+    let pb = progress::bar((n * dim * 4) as u64, "features", true);
+    let mut buf = Vec::new();
+    for r0 in (0..n).step_by(rows_per) {
+        let k = rows_per.min(n - r0);
+        buf.resize(k * dim, 0f32);
+        features.fill(r0, &mut buf)?;
+        w.write(&buf)?;
+        pb.inc((k * dim * 4) as u64);
+    }
+    pb.finish_and_clear();
+    w.finish()?;
+    let lab: Vec<i64> = labels.iter().map(|&y| y as i64).collect();
+    super::npy::write_array(&dir.join("node_label.npy"), DType::I64, &[n as u64], &lab)?;
+    for (name, ids) in splits.named() {
+        let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+        super::npy::write_array(&dir.join(format!("{name}_idx.npy")), DType::I64, &[v.len() as u64], &v)?;
+    }
+    Ok(())
+}
+
+/// Writes an in-memory dataset.
+pub fn save(ds: &Dataset, dir: &Path) -> Result<()> {
+    write(dir, &ds.graph, &ds.labels, &ds.splits, &ds.features)
+}

@@ -1,0 +1,107 @@
+//! Reading and writing datasets. Only this module (and `store`, later) touches files.
+//!
+//! [`open`] recognises the format of a path (native file, OGB raw folder, IGB folder, npy
+//! exchange folder) unless told, and returns a validated [`Dataset`].
+
+pub mod exchange;
+pub mod igb;
+pub mod native;
+pub mod npy;
+pub mod ogb;
+pub mod text;
+
+use std::path::Path;
+
+use crate::csr::BuildOptions;
+use crate::dataset::{Dataset, NonFinite};
+use crate::error::{GraphError, Result};
+
+/// The on-disk formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Recognise from the path's content.
+    Auto,
+    /// The project's own `.grnd` file.
+    Native,
+    /// OGB node-property raw folder.
+    Ogb,
+    /// IGB `processed/` folder.
+    Igb,
+    /// npy exchange folder (DESIGN.md §7).
+    Npy,
+}
+
+/// Options for loaders; the defaults suit every bundled and generated dataset.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// OGB split folder name (needed only when there are several).
+    pub split: Option<String>,
+    /// NaN/inf in features: refuse (default) or report and keep.
+    pub non_finite: NonFinite,
+    /// IGB: the node count, when it cannot be read from the label file.
+    pub num_nodes: Option<u64>,
+    /// IGB: 19 or 2983 classes.
+    pub igb_classes: u32,
+    /// How edges become the CSR (default: symmetrise, dedup, drop self loops).
+    pub build: BuildOptions,
+    /// Native files: what to verify when opening.
+    pub verify: native::Verify,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            split: None,
+            non_finite: NonFinite::Refuse,
+            num_nodes: None,
+            igb_classes: 19,
+            build: BuildOptions::default(),
+            verify: native::Verify::Full,
+        }
+    }
+}
+
+/// Recognises the format of `path`.
+pub fn detect(path: &Path) -> Result<Format> {
+    if path.is_file() {
+        let mut magic = [0u8; 8];
+        use std::io::Read;
+        let mut f = std::fs::File::open(path).map_err(|e| GraphError::io(path, e))?;
+        if f.read_exact(&mut magic).is_ok() && &magic == native::MAGIC {
+            return Ok(Format::Native);
+        }
+        return Err(GraphError::invalid(path, "a file that is not a grinnder dataset (.grnd); OGB, IGB and npy datasets are folders"));
+    }
+    if ogb::resolve_dir(path).is_some() {
+        return Ok(Format::Ogb);
+    }
+    if igb::is_igb_dir(path) {
+        return Ok(Format::Igb);
+    }
+    if exchange::is_exchange_dir(path) {
+        return Ok(Format::Npy);
+    }
+    if !path.exists() {
+        return Err(GraphError::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder")));
+    }
+    Err(GraphError::invalid(
+        path,
+        "unrecognised dataset: expected a .grnd file, an OGB folder (raw/edge.csv.gz), an IGB folder (processed/paper/) or an npy folder (edge_index.npy)",
+    ))
+}
+
+/// Opens a dataset in any supported format.
+pub fn open(path: &Path, format: Format, opts: &LoadOptions) -> Result<Dataset> {
+    let format = match format {
+        Format::Auto => detect(path)?,
+        f => f,
+    };
+    let _span = tracing::info_span!("load", path = %path.display(), ?format).entered();
+    match format {
+        Format::Native => native::open(path, opts.verify),
+        Format::Ogb => ogb::load(path, opts),
+        Format::Igb => igb::load(path, opts),
+        Format::Npy => exchange::load(path, opts),
+        Format::Auto => unreachable!("resolved above"),
+    }
+}

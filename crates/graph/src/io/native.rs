@@ -1,0 +1,446 @@
+//! The project's own dataset file (`.grnd`): one memory-mappable file, fast to open.
+//!
+//! Layout (little-endian): a 4096-byte header, then sections each starting on a 4096-byte
+//! boundary: `row_ptr` u64[N+1], `col_idx` u32[E], `labels` i32[N], `train`/`valid`/`test`
+//! u32[..], `features` f32[N·F]. The header holds magic, format version, counts, the section
+//! table and its own checksum. Every section is checksummed as a tree: xxh3 of each chunk
+//! (64 MiB, or a whole number of feature rows), then xxh3 of the chunk hashes; chunks verify in
+//! parallel. Opening maps the file and verifies; nothing is copied, so features larger than RAM
+//! are paged in on use. Files are written to a temporary name, synced, then renamed.
+
+use std::fs::File;
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::buf::{as_bytes, Buf, Pod};
+use crate::csr::Csr;
+use crate::dataset::{Dataset, Features, Splits};
+use crate::error::{GraphError, Result};
+use crate::progress;
+
+pub const MAGIC: &[u8; 8] = b"GRINNDER";
+pub const VERSION: u32 = 1;
+const HEADER_BYTES: usize = 4096;
+const ALIGN: u64 = 4096;
+const CHUNK_BYTES: u64 = 64 << 20;
+const SECTION_ENTRY: usize = 48;
+const TABLE_AT: usize = 112;
+const NAME_BYTES: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+enum Kind {
+    RowPtr = 1,
+    ColIdx = 2,
+    Labels = 3,
+    Train = 4,
+    Valid = 5,
+    Test = 6,
+    Features = 7,
+}
+
+const KINDS: [Kind; 7] = [
+    Kind::RowPtr,
+    Kind::ColIdx,
+    Kind::Labels,
+    Kind::Train,
+    Kind::Valid,
+    Kind::Test,
+    Kind::Features,
+];
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::RowPtr => "row_ptr",
+            Kind::ColIdx => "col_idx",
+            Kind::Labels => "labels",
+            Kind::Train => "train",
+            Kind::Valid => "valid",
+            Kind::Test => "test",
+            Kind::Features => "features",
+        }
+    }
+    fn elem_bytes(self) -> u64 {
+        match self {
+            Kind::RowPtr => 8,
+            _ => 4,
+        }
+    }
+}
+
+/// One entry of the section table.
+#[derive(Clone, Copy, Debug)]
+struct Section {
+    kind: Kind,
+    offset: u64,
+    bytes: u64,
+    chunk_bytes: u64,
+    checksum: u64,
+}
+
+/// How much of the file to verify when opening.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Verify {
+    /// Every section's checksum: reads the whole file once.
+    #[default]
+    Full,
+    /// Everything but the features (for feature files much larger than RAM).
+    SkipFeatures,
+}
+
+/// Source of feature rows for writers, so features can be streamed (from a mapped file or a
+/// generator) instead of held in memory.
+pub trait FeatureSource: Sync {
+    fn dim(&self) -> usize;
+    fn rows(&self) -> usize;
+    /// Fills `out` (a whole number of rows) with rows starting at `row0`.
+    fn fill(&self, row0: usize, out: &mut [f32]) -> Result<()>;
+}
+
+impl FeatureSource for Features {
+    fn dim(&self) -> usize {
+        self.dim
+    }
+    fn rows(&self) -> usize {
+        self.num_rows()
+    }
+    fn fill(&self, row0: usize, out: &mut [f32]) -> Result<()> {
+        out.copy_from_slice(&self.data[row0 * self.dim..row0 * self.dim + out.len()]);
+        Ok(())
+    }
+}
+
+/// Tree checksum of `data` in chunks of `chunk_bytes`.
+fn tree_hash(data: &[u8], chunk_bytes: u64) -> u64 {
+    let leaves: Vec<u64> = data.par_chunks(chunk_bytes.max(1) as usize).map(xxh3_64).collect();
+    xxh3_64(as_bytes(&leaves))
+}
+
+struct Out {
+    path: PathBuf,
+    w: BufWriter<File>,
+    pos: u64,
+}
+
+impl Out {
+    fn write(&mut self, b: &[u8]) -> Result<()> {
+        self.w.write_all(b).map_err(|e| GraphError::io(&self.path, e))?;
+        self.pos += b.len() as u64;
+        Ok(())
+    }
+    fn pad(&mut self) -> Result<()> {
+        let pad = (ALIGN - self.pos % ALIGN) % ALIGN;
+        self.write(&vec![0u8; pad as usize])
+    }
+    fn section<T: Pod>(&mut self, kind: Kind, data: &[T]) -> Result<Section> {
+        self.pad()?;
+        let bytes = as_bytes(data);
+        let s = Section {
+            kind,
+            offset: self.pos,
+            bytes: bytes.len() as u64,
+            chunk_bytes: CHUNK_BYTES,
+            checksum: tree_hash(bytes, CHUNK_BYTES),
+        };
+        for piece in bytes.chunks(CHUNK_BYTES as usize) {
+            self.write(piece)?;
+        }
+        Ok(s)
+    }
+}
+
+/// Writes a dataset whose features come from `features` (streamed in parallel batches).
+pub fn write(
+    path: &Path,
+    name: &str,
+    graph: &Csr,
+    labels: &[i32],
+    num_classes: u32,
+    splits: &Splits,
+    features: &dyn FeatureSource,
+) -> Result<()> {
+    let n = graph.num_nodes();
+    assert_eq!(labels.len(), n, "one label per node");
+    assert_eq!(features.rows(), n, "one feature row per node");
+    let tmp = path.with_extension("grnd.partial");
+    let file = File::create(&tmp).map_err(|e| GraphError::io(&tmp, e))?;
+    let mut out = Out {
+        path: tmp.clone(),
+        w: BufWriter::with_capacity(8 << 20, file),
+        pos: 0,
+    };
+    out.write(&[0u8; HEADER_BYTES])?;
+    let mut sections = vec![
+        out.section(Kind::RowPtr, graph.row_ptr())?,
+        out.section(Kind::ColIdx, graph.col_idx())?,
+        out.section(Kind::Labels, labels)?,
+    ];
+    for (kind, ids) in [(Kind::Train, &splits.train), (Kind::Valid, &splits.valid), (Kind::Test, &splits.test)] {
+        sections.push(out.section(kind, ids)?);
+    }
+    sections.push(write_features(&mut out, features)?);
+    out.w.flush().map_err(|e| GraphError::io(&tmp, e))?;
+    let mut file = out.w.into_inner().map_err(|e| GraphError::io(&tmp, e.into_error()))?;
+    let header = encode_header(name, n as u64, graph.num_edges() as u64, features.dim() as u64, num_classes, &sections);
+    file.seek(SeekFrom::Start(0)).map_err(|e| GraphError::io(&tmp, e))?;
+    file.write_all(&header).map_err(|e| GraphError::io(&tmp, e))?;
+    file.sync_all().map_err(|e| GraphError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| GraphError::io(path, e))?;
+    Ok(())
+}
+
+fn write_features(out: &mut Out, src: &dyn FeatureSource) -> Result<Section> {
+    out.pad()?;
+    let dim = src.dim();
+    let row_bytes = (dim * 4) as u64;
+    let rows_per_chunk = (CHUNK_BYTES / row_bytes).max(1) as usize;
+    let chunk_bytes = rows_per_chunk as u64 * row_bytes;
+    let n = src.rows();
+    let offset = out.pos;
+    let chunks: Vec<std::ops::Range<usize>> = (0..n.div_ceil(rows_per_chunk))
+        .map(|c| c * rows_per_chunk..((c + 1) * rows_per_chunk).min(n))
+        .collect();
+    let batch = rayon::current_num_threads().max(2);
+    let pb = progress::bar(n as u64 * row_bytes, "features", true);
+    let mut leaves = Vec::with_capacity(chunks.len());
+    // the writer thread drains filled batches while the next batch is produced
+    let (tx, rx) = sync_channel::<Vec<Vec<f32>>>(1);
+    std::thread::scope(|s| -> Result<()> {
+        let writer = s.spawn(move || -> Result<()> {
+            for bufs in rx {
+                for b in bufs {
+                    out.write(as_bytes(&b))?;
+                    pb.inc(b.len() as u64 * 4);
+                }
+            }
+            pb.finish_and_clear();
+            Ok(())
+        });
+        for group in chunks.chunks(batch) {
+            let filled: Vec<Result<(Vec<f32>, u64)>> = group
+                .par_iter()
+                .map(|r| {
+                    let mut buf = vec![0f32; r.len() * dim];
+                    src.fill(r.start, &mut buf)?;
+                    let h = xxh3_64(as_bytes(&buf));
+                    Ok((buf, h))
+                })
+                .collect();
+            let mut bufs = Vec::with_capacity(filled.len());
+            for f in filled {
+                let (b, h) = f?;
+                leaves.push(h);
+                bufs.push(b);
+            }
+            if tx.send(bufs).is_err() {
+                break;
+            }
+        }
+        drop(tx);
+        writer.join().expect("writer thread panicked")
+    })?;
+    Ok(Section {
+        kind: Kind::Features,
+        offset,
+        bytes: n as u64 * row_bytes,
+        chunk_bytes,
+        checksum: xxh3_64(as_bytes(&leaves)),
+    })
+}
+
+fn encode_header(name: &str, n: u64, e: u64, dim: u64, classes: u32, sections: &[Section]) -> Vec<u8> {
+    let mut h = vec![0u8; HEADER_BYTES];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
+    h[16..24].copy_from_slice(&n.to_le_bytes());
+    h[24..32].copy_from_slice(&e.to_le_bytes());
+    h[32..40].copy_from_slice(&dim.to_le_bytes());
+    h[40..44].copy_from_slice(&classes.to_le_bytes());
+    h[44..48].copy_from_slice(&(sections.len() as u32).to_le_bytes());
+    let name = name.as_bytes();
+    let k = name.len().min(NAME_BYTES);
+    h[48..48 + k].copy_from_slice(&name[..k]);
+    for (i, s) in sections.iter().enumerate() {
+        let at = TABLE_AT + i * SECTION_ENTRY;
+        h[at..at + 4].copy_from_slice(&(s.kind as u32).to_le_bytes());
+        h[at + 8..at + 16].copy_from_slice(&s.offset.to_le_bytes());
+        h[at + 16..at + 24].copy_from_slice(&s.bytes.to_le_bytes());
+        h[at + 24..at + 32].copy_from_slice(&s.chunk_bytes.to_le_bytes());
+        h[at + 32..at + 40].copy_from_slice(&s.checksum.to_le_bytes());
+    }
+    let sum = xxh3_64(&h[..HEADER_BYTES - 8]);
+    h[HEADER_BYTES - 8..].copy_from_slice(&sum.to_le_bytes());
+    h
+}
+
+/// Counts and name read from a native file's header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub name: String,
+    pub num_nodes: u64,
+    pub num_edges: u64,
+    pub feat_dim: u64,
+    pub num_classes: u32,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn decode_header(path: &Path, b: &[u8], file_len: u64) -> Result<(Header, Vec<Section>)> {
+    let err = |off: usize, msg: String| GraphError::format(path, off as u64, msg);
+    if b.len() < HEADER_BYTES {
+        return Err(err(0, format!("file of {} bytes is shorter than the {HEADER_BYTES}-byte header", b.len())));
+    }
+    if &b[..8] != MAGIC {
+        return Err(err(0, "not a grinnder dataset (bad magic)".into()));
+    }
+    let version = u32_at(b, 8);
+    if version != VERSION {
+        return Err(err(8, format!("format version {version}, this build reads version {VERSION}")));
+    }
+    let sum = u64_at(b, HEADER_BYTES - 8);
+    if xxh3_64(&b[..HEADER_BYTES - 8]) != sum {
+        return Err(err(HEADER_BYTES - 8, "header checksum mismatch: the header is corrupted".into()));
+    }
+    let name_raw = &b[48..48 + NAME_BYTES];
+    let name_len = name_raw.iter().position(|&c| c == 0).unwrap_or(NAME_BYTES);
+    let header = Header {
+        name: String::from_utf8_lossy(&name_raw[..name_len]).into_owned(),
+        num_nodes: u64_at(b, 16),
+        num_edges: u64_at(b, 24),
+        feat_dim: u64_at(b, 32),
+        num_classes: u32_at(b, 40),
+    };
+    crate::csr::check_node_count(header.num_nodes)?;
+    let count = u32_at(b, 44) as usize;
+    if count != KINDS.len() {
+        return Err(err(44, format!("{count} sections, expected {}", KINDS.len())));
+    }
+    let mut sections = Vec::with_capacity(count);
+    for (i, &kind) in KINDS.iter().enumerate() {
+        let at = TABLE_AT + i * SECTION_ENTRY;
+        let s = Section {
+            kind,
+            offset: u64_at(b, at + 8),
+            bytes: u64_at(b, at + 16),
+            chunk_bytes: u64_at(b, at + 24),
+            checksum: u64_at(b, at + 32),
+        };
+        if u32_at(b, at) != kind as u32 {
+            return Err(err(at, format!("section {i} should be {}", kind.name())));
+        }
+        let expected = match kind {
+            Kind::RowPtr => Some((header.num_nodes + 1) * 8),
+            Kind::ColIdx => Some(header.num_edges * 4),
+            Kind::Labels => Some(header.num_nodes * 4),
+            Kind::Features => header.num_nodes.checked_mul(header.feat_dim).and_then(|x| x.checked_mul(4)),
+            _ => None,
+        };
+        let in_file = s.offset.checked_add(s.bytes).is_some_and(|end| end <= file_len);
+        if s.offset % ALIGN != 0
+            || !in_file
+            || s.chunk_bytes == 0
+            || s.bytes % kind.elem_bytes() != 0
+            || expected.is_some_and(|x| x != s.bytes)
+        {
+            return Err(err(
+                at,
+                format!(
+                    "section {} (offset {}, {} bytes) does not fit the header's counts or the file of {file_len} bytes (truncated?)",
+                    kind.name(),
+                    s.offset,
+                    s.bytes
+                ),
+            ));
+        }
+        sections.push(s);
+    }
+    Ok((header, sections))
+}
+
+/// Reads only the header (cheap: for `info` on huge files).
+pub fn read_header(path: &Path) -> Result<Header> {
+    let map = map(path)?;
+    Ok(decode_header(path, &map, map.len() as u64)?.0)
+}
+
+fn map(path: &Path) -> Result<Mmap> {
+    let file = File::open(path).map_err(|e| GraphError::io(path, e))?;
+    // SAFETY: read-only mapping; the file must not be truncated by another process while
+    // mapped (ARCHITECTURE.md documents this for all mapped inputs).
+    unsafe { Mmap::map(&file) }.map_err(|e| GraphError::io(path, e))
+}
+
+/// Opens a native dataset: maps it, verifies checksums (per `verify`) and every structural
+/// invariant, and returns views into the mapping.
+pub fn open(path: &Path, verify: Verify) -> Result<Dataset> {
+    let map = Arc::new(map(path)?);
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::Sequential);
+    let (header, sections) = decode_header(path, &map, map.len() as u64)?;
+    let to_check: Vec<&Section> = sections
+        .iter()
+        .filter(|s| verify == Verify::Full || s.kind != Kind::Features)
+        .collect();
+    let total: u64 = to_check.iter().map(|s| s.bytes).sum();
+    let pb = progress::bar(total, "verify", true);
+    for s in to_check {
+        let data = &map[s.offset as usize..(s.offset + s.bytes) as usize];
+        let leaves: Vec<u64> = data
+            .par_chunks(s.chunk_bytes as usize)
+            .map(|c| {
+                let h = xxh3_64(c);
+                pb.inc(c.len() as u64);
+                h
+            })
+            .collect();
+        if xxh3_64(as_bytes(&leaves)) != s.checksum {
+            return Err(GraphError::format(
+                path,
+                s.offset,
+                format!("checksum mismatch in section {} (bytes {}..{}): the file is corrupted", s.kind.name(), s.offset, s.offset + s.bytes),
+            ));
+        }
+    }
+    pb.finish_and_clear();
+    let view = |i: usize, elem: u64| (sections[i].offset as usize, (sections[i].bytes / elem) as usize);
+    fn buf<T: Pod>(path: &Path, map: &Arc<Mmap>, (off, len): (usize, usize)) -> Result<Buf<T>> {
+        Buf::mapped(map.clone(), off, len).ok_or_else(|| GraphError::format(path, off as u64, "misaligned section"))
+    }
+    let graph = Csr::from_parts(buf(path, &map, view(0, 8))?, buf(path, &map, view(1, 4))?)
+        .map_err(|m| GraphError::invalid(path, format!("invalid graph structure: {m}")))?;
+    let ds = Dataset {
+        name: header.name.clone(),
+        graph,
+        features: Features {
+            dim: header.feat_dim as usize,
+            data: buf(path, &map, view(6, 4))?,
+        },
+        labels: buf(path, &map, view(2, 4))?,
+        num_classes: header.num_classes,
+        splits: Splits {
+            train: buf(path, &map, view(3, 4))?,
+            valid: buf(path, &map, view(4, 4))?,
+            test: buf(path, &map, view(5, 4))?,
+        },
+    };
+    ds.validate(path)?;
+    Ok(ds)
+}
+
+/// Writes an in-memory dataset.
+pub fn save(ds: &Dataset, path: &Path) -> Result<()> {
+    write(path, &ds.name, &ds.graph, &ds.labels, ds.num_classes, &ds.splits, &ds.features)
+}

@@ -1,0 +1,447 @@
+//! The NumPy `.npy` format: header parsing with exact error positions, memory-mapped reading,
+//! streaming writing, and the headerless raw arrays IGB ships for its large variants.
+//!
+//! Hand-written rather than taken from a crate because loaders need three things the crates
+//! do not give together: byte offsets in every error, zero-copy views of mapped data (features
+//! larger than RAM), and headerless files of a given shape.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+
+use crate::buf::{as_bytes, Buf, Pod};
+use crate::error::{GraphError, Result};
+
+const MAGIC: &[u8; 6] = b"\x93NUMPY";
+
+/// Element types the loaders accept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    Bool,
+    I8,
+    U8,
+    I16,
+    U16,
+    I32,
+    U32,
+    I64,
+    U64,
+    F16,
+    F32,
+    F64,
+}
+
+impl DType {
+    fn parse(descr: &str) -> Option<DType> {
+        let (order, code) = descr.split_at(1.min(descr.len()));
+        let little_or_na = matches!(order, "<" | "|" | "=");
+        if !little_or_na {
+            return None;
+        }
+        Some(match code {
+            "b1" => DType::Bool,
+            "i1" => DType::I8,
+            "u1" => DType::U8,
+            "i2" => DType::I16,
+            "u2" => DType::U16,
+            "i4" => DType::I32,
+            "u4" => DType::U32,
+            "i8" => DType::I64,
+            "u8" => DType::U64,
+            "f2" => DType::F16,
+            "f4" => DType::F32,
+            "f8" => DType::F64,
+            _ => return None,
+        })
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bool | DType::I8 | DType::U8 => 1,
+            DType::I16 | DType::U16 | DType::F16 => 2,
+            DType::I32 | DType::U32 | DType::F32 => 4,
+            DType::I64 | DType::U64 | DType::F64 => 8,
+        }
+    }
+
+    fn descr(self) -> &'static str {
+        match self {
+            DType::Bool => "|b1",
+            DType::I8 => "|i1",
+            DType::U8 => "|u1",
+            DType::I16 => "<i2",
+            DType::U16 => "<u2",
+            DType::I32 => "<i4",
+            DType::U32 => "<u4",
+            DType::I64 => "<i8",
+            DType::U64 => "<u8",
+            DType::F16 => "<f2",
+            DType::F32 => "<f4",
+            DType::F64 => "<f8",
+        }
+    }
+
+    fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::F32 | DType::F64)
+    }
+}
+
+/// A mapped `.npy` array (or raw headerless array) with its shape and element type.
+pub struct Npy {
+    pub path: PathBuf,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Byte offset of the first element.
+    pub data_offset: usize,
+    map: Arc<Mmap>,
+}
+
+fn map_file(path: &Path) -> Result<(Arc<Mmap>, u64)> {
+    let file = File::open(path).map_err(|e| GraphError::io(path, e))?;
+    let len = file.metadata().map_err(|e| GraphError::io(path, e))?.len();
+    // SAFETY: the file is opened read-only; like every mmap-based reader we rely on no other
+    // process truncating it while mapped (documented in ARCHITECTURE.md).
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| GraphError::io(path, e))?;
+    Ok((Arc::new(map), len))
+}
+
+impl Npy {
+    /// Opens a `.npy` file and checks that its data is exactly as long as its header says.
+    pub fn open(path: &Path) -> Result<Npy> {
+        let (map, len) = map_file(path)?;
+        let fmt = |off: u64, msg: String| GraphError::format(path, off, msg);
+        if map.len() < 10 || &map[..6] != MAGIC {
+            return Err(fmt(0, "not a .npy file (magic \\x93NUMPY missing)".into()));
+        }
+        let major = map[6];
+        let (hlen, start) = match major {
+            1 => (u16::from_le_bytes([map[8], map[9]]) as usize, 10),
+            2 | 3 if map.len() >= 12 => (u32::from_le_bytes([map[8], map[9], map[10], map[11]]) as usize, 12),
+            _ => return Err(fmt(6, format!("unsupported .npy version {major}.{}", map[7]))),
+        };
+        let end = start + hlen;
+        if end > map.len() {
+            return Err(fmt(
+                start as u64,
+                format!("header of {hlen} bytes runs past the end of the file ({len} bytes)"),
+            ));
+        }
+        let header = std::str::from_utf8(&map[start..end])
+            .map_err(|e| fmt(start as u64 + e.valid_up_to() as u64, "header is not text".into()))?;
+        let (dtype, fortran, shape) =
+            parse_header(header).map_err(|msg| fmt(start as u64, format!("bad header {header:?}: {msg}")))?;
+        if fortran && shape.len() > 1 {
+            return Err(fmt(
+                start as u64,
+                "Fortran-ordered arrays are not supported; save with np.ascontiguousarray".into(),
+            ));
+        }
+        let npy = Npy {
+            path: path.to_path_buf(),
+            dtype,
+            shape,
+            data_offset: end,
+            map,
+        };
+        npy.check_length(len)?;
+        Ok(npy)
+    }
+
+    /// Maps a headerless raw file (IGB large/full `node_feat.npy`) of known shape.
+    pub fn open_raw(path: &Path, dtype: DType, shape: Vec<u64>) -> Result<Npy> {
+        let (map, len) = map_file(path)?;
+        let npy = Npy {
+            path: path.to_path_buf(),
+            dtype,
+            shape,
+            data_offset: 0,
+            map,
+        };
+        npy.check_length(len)?;
+        Ok(npy)
+    }
+
+    /// True when the file starts with the `.npy` magic.
+    pub fn has_header(path: &Path) -> Result<bool> {
+        let mut f = File::open(path).map_err(|e| GraphError::io(path, e))?;
+        let mut m = [0u8; 6];
+        use std::io::Read;
+        Ok(f.read_exact(&mut m).is_ok() && &m == MAGIC)
+    }
+
+    fn check_length(&self, len: u64) -> Result<()> {
+        let want = self
+            .shape
+            .iter()
+            .try_fold(self.dtype.size() as u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| GraphError::format(&self.path, 0, "shape overflows"))?;
+        let have = len - self.data_offset as u64;
+        if have != want {
+            let what = if have < want { "truncated" } else { "longer than its shape" };
+            return Err(GraphError::format(
+                &self.path,
+                len.min(self.data_offset as u64 + want),
+                format!(
+                    "{what}: shape {:?} of {:?} needs {want} data bytes, the file has {have}",
+                    self.shape, self.dtype
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product::<u64>() as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.map[self.data_offset..]
+    }
+
+    /// Requires the given number of dimensions; `names` describe them for the message.
+    pub fn expect_shape(&self, names: &[&str]) -> Result<()> {
+        if self.shape.len() != names.len() {
+            return Err(GraphError::format(
+                &self.path,
+                0,
+                format!(
+                    "expected a {}-dimensional array [{}], found shape {:?}",
+                    names.len(),
+                    names.join(", "),
+                    self.shape
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn elem<T: Pod>(&self, i: usize) -> T {
+        let s = std::mem::size_of::<T>();
+        let b = &self.bytes()[i * s..(i + 1) * s];
+        // SAFETY: `b` holds exactly size_of::<T>() bytes and T is Pod; read_unaligned has no
+        // alignment requirement.
+        unsafe { std::ptr::read_unaligned(b.as_ptr() as *const T) }
+    }
+
+    /// Every element as i64; integer types only (floats are accepted when integral, as IGB
+    /// stores labels as floats). Error names the element's byte offset.
+    pub fn to_i64(&self) -> Result<Vec<i64>> {
+        let n = self.len();
+        let conv = |i: usize| -> Option<i64> {
+            Some(match self.dtype {
+                DType::Bool | DType::U8 => self.elem::<u8>(i) as i64,
+                DType::I8 => self.elem::<u8>(i) as i8 as i64,
+                DType::I16 => self.elem::<i16>(i) as i64,
+                DType::U16 => self.elem::<u16>(i) as i64,
+                DType::I32 => self.elem::<i32>(i) as i64,
+                DType::U32 => self.elem::<u32>(i) as i64,
+                DType::I64 => self.elem::<i64>(i),
+                DType::U64 => i64::try_from(self.elem::<u64>(i)).ok()?,
+                DType::F32 => integral(self.elem::<f32>(i) as f64)?,
+                DType::F64 => integral(self.elem::<f64>(i))?,
+                DType::F16 => return None,
+            })
+        };
+        if self.dtype == DType::F16 {
+            return Err(GraphError::format(&self.path, 0, "expected integers, found float16"));
+        }
+        let out: Vec<Option<i64>> = (0..n).into_par_iter().map(conv).collect();
+        if let Some(i) = out.iter().position(|x| x.is_none()) {
+            return Err(GraphError::format(
+                &self.path,
+                (self.data_offset + i * self.dtype.size()) as u64,
+                format!("element {i} is not an integer (nan or fractional)"),
+            ));
+        }
+        Ok(out.into_iter().map(|x| x.unwrap_or_default()).collect())
+    }
+
+    /// Labels: integers, where floats must be integral and NaN means "no label" (-1).
+    pub fn to_labels(&self) -> Result<Vec<i64>> {
+        if self.dtype.is_float() && self.dtype != DType::F16 {
+            let vals: Vec<f64> = (0..self.len())
+                .into_par_iter()
+                .map(|i| match self.dtype {
+                    DType::F32 => self.elem::<f32>(i) as f64,
+                    _ => self.elem::<f64>(i),
+                })
+                .collect();
+            return vals
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| {
+                    if x.is_nan() {
+                        Ok(-1)
+                    } else {
+                        integral(x).ok_or_else(|| {
+                            GraphError::format(
+                                &self.path,
+                                (self.data_offset + i * self.dtype.size()) as u64,
+                                format!("label {i} is {x}, not an integer"),
+                            )
+                        })
+                    }
+                })
+                .collect();
+        }
+        self.to_i64()
+    }
+
+    /// The data as f32: a zero-copy view for aligned little-endian f32, a converted copy for
+    /// f64 (half precision is refused).
+    pub fn to_f32(&self) -> Result<Buf<f32>> {
+        match self.dtype {
+            DType::F32 => Ok(Buf::mapped(self.map.clone(), self.data_offset, self.len())
+                .unwrap_or_else(|| Buf::Owned((0..self.len()).into_par_iter().map(|i| self.elem::<f32>(i)).collect()))),
+            DType::F64 => Ok(Buf::Owned(
+                (0..self.len()).into_par_iter().map(|i| self.elem::<f64>(i) as f32).collect(),
+            )),
+            other => Err(GraphError::format(
+                &self.path,
+                0,
+                format!("expected float32 or float64 features, found {other:?}"),
+            )),
+        }
+    }
+}
+
+fn integral(x: f64) -> Option<i64> {
+    (x.is_finite() && x.fract() == 0.0 && x.abs() < 9.0e15).then_some(x as i64)
+}
+
+/// Parses the header dict: `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }`.
+fn parse_header(h: &str) -> std::result::Result<(DType, bool, Vec<u64>), String> {
+    let h = h.trim_end_matches(['\n', ' ', '\0']);
+    let body = h
+        .trim()
+        .strip_prefix('{')
+        .and_then(|s| s.strip_suffix('}'))
+        .ok_or("not a dict")?;
+    let value = |key: &str| -> std::result::Result<&str, String> {
+        let k = [format!("'{key}'"), format!("\"{key}\"")]
+            .into_iter()
+            .find_map(|k| body.find(&k).map(|i| i + k.len()))
+            .ok_or(format!("no {key:?} key"))?;
+        let rest = body[k..].trim_start().strip_prefix(':').ok_or("missing ':'")?.trim_start();
+        Ok(rest)
+    };
+    let descr_rest = value("descr")?;
+    let q = descr_rest.chars().next().filter(|c| *c == '\'' || *c == '"').ok_or("descr is not a string")?;
+    let descr = descr_rest[1..].split(q).next().ok_or("unterminated descr")?;
+    let dtype = DType::parse(descr).ok_or(format!("unsupported dtype {descr:?} (little-endian numbers only)"))?;
+    let fortran = match value("fortran_order")? {
+        s if s.starts_with("False") => false,
+        s if s.starts_with("True") => true,
+        _ => return Err("fortran_order is not a bool".into()),
+    };
+    let shape_rest = value("shape")?.strip_prefix('(').ok_or("shape is not a tuple")?;
+    let inner = shape_rest.split(')').next().ok_or("unterminated shape")?;
+    let shape = inner
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim_end_matches('L').parse::<u64>().map_err(|_| format!("bad dimension {s:?}")))
+        .collect::<std::result::Result<Vec<u64>, String>>()?;
+    Ok((dtype, fortran, shape))
+}
+
+/// Writes `.npy` files; data is streamed in pieces so large arrays never sit in memory whole.
+pub struct NpyWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+    remaining: u64,
+}
+
+impl NpyWriter {
+    /// Creates `path` for an array of `dtype` and `shape` and writes its (version 1.0) header.
+    pub fn create(path: &Path, dtype: DType, shape: &[u64]) -> Result<NpyWriter> {
+        let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+        let tuple = match dims.len() {
+            1 => format!("({},)", dims[0]),
+            _ => format!("({})", dims.join(", ")),
+        };
+        let mut header = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {tuple}, }}", dtype.descr());
+        // pad so that the data starts on a 64-byte boundary, ending the header with '\n'
+        let total = 10 + header.len() + 1;
+        header.push_str(&" ".repeat((64 - total % 64) % 64));
+        header.push('\n');
+        let file = File::create(path).map_err(|e| GraphError::io(path, e))?;
+        let mut out = BufWriter::with_capacity(8 << 20, file);
+        let mut head = Vec::with_capacity(10 + header.len());
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&[1, 0]);
+        head.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        head.extend_from_slice(header.as_bytes());
+        out.write_all(&head).map_err(|e| GraphError::io(path, e))?;
+        Ok(NpyWriter {
+            path: path.to_path_buf(),
+            out,
+            remaining: shape.iter().product::<u64>() * dtype.size() as u64,
+        })
+    }
+
+    /// Appends elements (their type must match the declared dtype's size).
+    pub fn write<T: Pod>(&mut self, data: &[T]) -> Result<()> {
+        let bytes = as_bytes(data);
+        assert!(bytes.len() as u64 <= self.remaining, "more data than the declared shape");
+        self.remaining -= bytes.len() as u64;
+        self.out.write_all(bytes).map_err(|e| GraphError::io(&self.path, e))
+    }
+
+    /// Flushes; errors if fewer elements were written than declared.
+    pub fn finish(mut self) -> Result<()> {
+        assert_eq!(self.remaining, 0, "{}: fewer elements written than declared", self.path.display());
+        self.out.flush().map_err(|e| GraphError::io(&self.path, e))
+    }
+}
+
+/// Writes a whole array in one call.
+pub fn write_array<T: Pod>(path: &Path, dtype: DType, shape: &[u64], data: &[T]) -> Result<()> {
+    let mut w = NpyWriter::create(path, dtype, shape)?;
+    w.write(data)?;
+    w.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_variants() {
+        let (d, f, s) = parse_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }   \n").unwrap();
+        assert_eq!((d, f, s), (DType::F32, false, vec![3, 4]));
+        let (d, _, s) = parse_header("{'descr': '<i8', 'fortran_order': False, 'shape': (7,), }").unwrap();
+        assert_eq!((d, s), (DType::I64, vec![7]));
+        let (_, _, s) = parse_header("{'descr': '|u1', 'fortran_order': True, 'shape': (), }").unwrap();
+        assert!(s.is_empty());
+        assert!(parse_header("{'descr': '>f4', 'fortran_order': False, 'shape': (3,), }").is_err());
+        assert!(parse_header("{'descr': '<f4', 'shape': (3,), }").is_err());
+        assert!(parse_header("{'descr': '<f4', 'fortran_order': False, 'shape': (x,), }").is_err());
+    }
+
+    #[test]
+    fn round_trip_and_truncation() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.npy");
+        let data: Vec<f32> = (0..12).map(|i| i as f32 * 0.5).collect();
+        write_array(&p, DType::F32, &[3, 4], &data).unwrap();
+        let a = Npy::open(&p).unwrap();
+        assert_eq!(a.shape, vec![3, 4]);
+        assert_eq!(a.data_offset % 64, 0);
+        let f = a.to_f32().unwrap();
+        assert!(f.is_mapped());
+        assert_eq!(&*f, data.as_slice());
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 3]).unwrap();
+        let err = Npy::open(&p).err().unwrap().to_string();
+        assert!(err.contains("truncated") && err.contains("a.npy"), "{err}");
+    }
+}
