@@ -161,10 +161,9 @@ impl Input {
             PathBuf::from("data/cora"),
             PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/cora")),
         ];
-        candidates
-            .into_iter()
-            .find(|p| p.is_dir())
-            .ok_or_else(|| anyhow::anyhow!("no dataset given and the bundled data/cora was not found; pass a DATASET path"))
+        candidates.into_iter().find(|p| p.is_dir()).ok_or_else(|| {
+            anyhow::anyhow!("no dataset given and the bundled data/cora was not found; pass a DATASET path")
+        })
     }
 
     pub fn format(&self) -> Format {

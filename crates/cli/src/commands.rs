@@ -23,7 +23,8 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
 fn load(input: &Input) -> anyhow::Result<(Dataset, f64)> {
     let path = input.path()?;
     let t = Instant::now();
-    let ds = io::open(&path, input.format(), &input.options()?).with_context(|| format!("cannot load {}", path.display()))?;
+    let ds = io::open(&path, input.format(), &input.options()?)
+        .with_context(|| format!("cannot load {}", path.display()))?;
     Ok((ds, t.elapsed().as_secs_f64()))
 }
 
@@ -153,12 +154,19 @@ fn export(a: ExportArgs) -> anyhow::Result<()> {
 fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     let cfg = GenConfig::new(generate::preset(&a.preset)?, a.scale, a.seed);
     let (n, e) = cfg.sizes()?;
-    tracing::info!("generating {} at scale {}: {n} nodes, {e} directed edges, seed {}", a.preset, a.scale, a.seed);
+    tracing::info!(
+        "generating {} at scale {}: {n} nodes, {e} directed edges, seed {}",
+        a.preset,
+        a.scale,
+        a.seed
+    );
     let t0 = Instant::now();
     let g = generate::generate(&cfg)?;
     let t_graph = t0.elapsed().as_secs_f64();
     match a.format {
-        GenFormat::Native => native::write(&a.out, &g.name, &g.graph, &g.labels, g.num_classes, &g.splits, &g.features),
+        GenFormat::Native => {
+            native::write(&a.out, &g.name, &g.graph, &g.labels, g.num_classes, &g.splits, &g.features)
+        }
         GenFormat::Npy => exchange::write(&a.out, &g.graph, &g.labels, &g.splits, &g.features),
     }
     .with_context(|| format!("cannot write {}", a.out.display()))?;

@@ -11,7 +11,9 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::builder()
-                .with_default_directive(if cli.quiet { "warn" } else { "info" }.parse().expect("valid directive"))
+                .with_default_directive(
+                    if cli.quiet { "warn" } else { "info" }.parse().expect("valid directive"),
+                )
                 .from_env_lossy(),
         )
         .with_writer(std::io::stderr)

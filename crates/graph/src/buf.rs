@@ -37,12 +37,7 @@ unsafe impl Pod for f64 {}
 /// An immutable array, owned or memory-mapped.
 pub enum Buf<T: Pod> {
     Owned(Vec<T>),
-    Mapped {
-        map: Arc<Mmap>,
-        offset: usize,
-        len: usize,
-        _t: PhantomData<T>,
-    },
+    Mapped { map: Arc<Mmap>, offset: usize, len: usize, _t: PhantomData<T> },
 }
 
 impl<T: Pod> Buf<T> {
@@ -54,12 +49,7 @@ impl<T: Pod> Buf<T> {
         if end > map.len() || (map.as_ptr() as usize + offset) % std::mem::align_of::<T>() != 0 {
             return None;
         }
-        Some(Buf::Mapped {
-            map,
-            offset,
-            len,
-            _t: PhantomData,
-        })
+        Some(Buf::Mapped { map, offset, len, _t: PhantomData })
     }
 
     /// True when the data lives in a file mapping rather than in owned memory.
@@ -81,9 +71,7 @@ impl<T: Pod> Deref for Buf<T> {
     fn deref(&self) -> &[T] {
         match self {
             Buf::Owned(v) => v,
-            Buf::Mapped {
-                map, offset, len, ..
-            } => {
+            Buf::Mapped { map, offset, len, .. } => {
                 // SAFETY: `mapped` checked that offset..offset+len*size_of::<T>() lies inside the
                 // mapping and is aligned for T; T is Pod so any bytes are a valid T; the mapping is
                 // read-only and kept alive by the Arc for the lifetime of &self.
@@ -103,14 +91,9 @@ impl<T: Pod> Clone for Buf<T> {
     fn clone(&self) -> Self {
         match self {
             Buf::Owned(v) => Buf::Owned(v.clone()),
-            Buf::Mapped {
-                map, offset, len, ..
-            } => Buf::Mapped {
-                map: map.clone(),
-                offset: *offset,
-                len: *len,
-                _t: PhantomData,
-            },
+            Buf::Mapped { map, offset, len, .. } => {
+                Buf::Mapped { map: map.clone(), offset: *offset, len: *len, _t: PhantomData }
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use crate::buf::Buf;
 use crate::error::{GraphError, Result};
+use crate::sort::{row_ptr_of_sorted, sort_keys};
 
 /// Largest node count: node ids are `u32` and `u32::MAX` is kept free as a sentinel.
 pub const MAX_NODES: u64 = u32::MAX as u64;
@@ -44,11 +45,7 @@ pub struct BuildOptions {
 impl Default for BuildOptions {
     /// Symmetrised, deduplicated, no self loops: the convention of node-property benchmarks.
     fn default() -> Self {
-        BuildOptions {
-            symmetrise: true,
-            dedup: true,
-            self_loops: SelfLoops::Drop,
-        }
+        BuildOptions { symmetrise: true, dedup: true, self_loops: SelfLoops::Drop }
     }
 }
 
@@ -59,15 +56,6 @@ pub struct Csr {
     col_idx: Buf<u32>,
 }
 
-/// Raw pointer that may be shared by threads writing disjoint elements.
-#[derive(Clone, Copy)]
-struct SharedMut<T>(*mut T);
-// SAFETY: only used to write disjoint indices from different threads, each index claimed once
-// through an atomic cursor; the owning Vec outlives the parallel section.
-unsafe impl<T> Send for SharedMut<T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for SharedMut<T> {}
-
 impl Csr {
     /// Builds from edges `src[i] → dst[i]` over `num_nodes` nodes, in parallel.
     ///
@@ -76,9 +64,8 @@ impl Csr {
         check_node_count(num_nodes)?;
         assert_eq!(src.len(), dst.len(), "src and dst must have equal length");
         let n = num_nodes as usize;
-        if let Some(i) = (0..src.len())
-            .into_par_iter()
-            .find_first(|&i| src[i] as usize >= n || dst[i] as usize >= n)
+        if let Some(i) =
+            (0..src.len()).into_par_iter().find_first(|&i| src[i] as usize >= n || dst[i] as usize >= n)
         {
             return Err(GraphError::Usage(format!(
                 "edge {i} ({} -> {}) has an endpoint >= the node count {n}",
@@ -86,54 +73,61 @@ impl Csr {
             )));
         }
         let keep = |s: u32, d: u32| s != d || opts.self_loops == SelfLoops::Keep;
-
-        // 1. count the entries of every row
-        let counts: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
-        src.par_iter().zip(dst.par_iter()).for_each(|(&s, &d)| {
-            if keep(s, d) {
-                counts[d as usize].fetch_add(1, Ordering::Relaxed);
-                if opts.symmetrise && s != d {
-                    counts[s as usize].fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        });
-        let extra = u64::from(opts.self_loops == SelfLoops::Add);
-        let mut ptr = Vec::with_capacity(n + 1);
-        ptr.push(0u64);
-        let mut acc = 0u64;
-        for c in &counts {
-            acc += c.load(Ordering::Relaxed) + extra;
-            ptr.push(acc);
-        }
-
-        // 2. scatter columns into their rows through per-row atomic cursors
-        let mut cols = vec![0u32; acc as usize];
-        counts
+        // packed (row << 32) | col keys; row = target
+        let sym = opts.symmetrise;
+        let mut keys: Vec<u64> = src
             .par_iter()
-            .enumerate()
-            .for_each(|(v, c)| c.store(ptr[v], Ordering::Relaxed));
-        let out = SharedMut(cols.as_mut_ptr());
-        let place = |row: u32, col: u32| {
-            let at = counts[row as usize].fetch_add(1, Ordering::Relaxed) as usize;
-            let out = out;
-            // SAFETY: `at` lies in row's range ptr[row]..ptr[row+1] (each row's cursor is bumped
-            // exactly as often as it was counted) and is claimed by this thread alone.
-            unsafe { *out.0.add(at) = col };
-        };
-        src.par_iter().zip(dst.par_iter()).for_each(|(&s, &d)| {
-            if keep(s, d) {
-                place(d, s);
-                if opts.symmetrise && s != d {
-                    place(s, d);
+            .zip(dst.par_iter())
+            .flat_map_iter(|(&s, &d)| {
+                let k = keep(s, d);
+                let fwd = k.then_some(((d as u64) << 32) | s as u64);
+                let back = (k && sym && s != d).then_some(((s as u64) << 32) | d as u64);
+                fwd.into_iter().chain(back)
+            })
+            .collect();
+        if opts.self_loops == SelfLoops::Add {
+            keys.par_extend((0..n as u64).into_par_iter().map(|v| (v << 32) | v));
+        }
+        let dedup = opts.dedup || opts.self_loops == SelfLoops::Add;
+        let sorted = sort_keys(&keys, num_nodes, dedup);
+        drop(keys);
+        Ok(Csr::from_sorted_keys(&sorted, n))
+    }
+
+    /// Builds from packed `(row << 32) | col` keys sorted ascending without duplicates.
+    pub(crate) fn from_sorted_keys(keys: &[u64], n: usize) -> Csr {
+        let row_ptr = row_ptr_of_sorted(keys, n);
+        let col_idx: Vec<u32> = keys.par_iter().map(|&k| k as u32).collect();
+        Csr { row_ptr: Buf::Owned(row_ptr), col_idx: Buf::Owned(col_idx) }
+    }
+
+    /// Builds a symmetric CSR from its two halves: `lower` keys `(v << 32) | u` with `u < v` and
+    /// `upper` keys `(v << 32) | w` with `w > v`, each sorted. Row `v` is its lower part followed
+    /// by its upper part, which keeps it sorted without merging.
+    pub(crate) fn from_lower_upper(lower: &[u64], upper: &[u64], n: usize) -> Csr {
+        let (pl, pu) = (row_ptr_of_sorted(lower, n), row_ptr_of_sorted(upper, n));
+        let ptr: Vec<u64> = pl.par_iter().zip(&pu).map(|(a, b)| a + b).collect();
+        let mut cols = vec![0u32; lower.len() + upper.len()];
+        let mut pieces = Vec::new();
+        let mut rest = cols.as_mut_slice();
+        for r in balanced_ranges(&ptr, rayon::current_num_threads() * 8) {
+            let (c, tail) = rest.split_at_mut((ptr[r.end] - ptr[r.start]) as usize);
+            pieces.push((r, c));
+            rest = tail;
+        }
+        pieces.into_par_iter().for_each(|(r, c)| {
+            let mut w = 0;
+            for v in r {
+                for k in lower[pl[v] as usize..pl[v + 1] as usize]
+                    .iter()
+                    .chain(&upper[pu[v] as usize..pu[v + 1] as usize])
+                {
+                    c[w] = *k as u32;
+                    w += 1;
                 }
             }
         });
-        if extra == 1 {
-            (0..n as u32).into_par_iter().for_each(|v| place(v, v));
-        }
-
-        // 3. sort each row and drop duplicates, then compact
-        sort_dedup_rows(ptr, cols, opts.dedup || opts.self_loops == SelfLoops::Add)
+        Csr { row_ptr: Buf::Owned(ptr), col_idx: Buf::Owned(cols) }
     }
 
     /// Wraps existing arrays after checking every invariant (used by loaders of prebuilt CSRs).
@@ -160,9 +154,7 @@ impl Csr {
             row.windows(2).any(|w| w[0] >= w[1]) || row.last().is_some_and(|&c| c as usize >= n)
         });
         if let Some(v) = bad_row {
-            return Err(format!(
-                "row {v} is not a strictly ascending list of node ids below {n}"
-            ));
+            return Err(format!("row {v} is not a strictly ascending list of node ids below {n}"));
         }
         Ok(Csr { row_ptr, col_idx })
     }
@@ -205,11 +197,9 @@ impl Csr {
 
     /// True when `u → v` exists for every `v → u`.
     pub fn is_symmetric(&self) -> bool {
-        (0..self.num_nodes()).into_par_iter().all(|v| {
-            self.row(v)
-                .iter()
-                .all(|&u| self.row(u as usize).binary_search(&(v as u32)).is_ok())
-        })
+        (0..self.num_nodes())
+            .into_par_iter()
+            .all(|v| self.row(v).iter().all(|&u| self.row(u as usize).binary_search(&(v as u32)).is_ok()))
     }
 
     /// Number of self loops.
@@ -222,11 +212,7 @@ impl Csr {
 
     /// A copy with one self loop on every node.
     pub fn with_self_loops(&self) -> Csr {
-        let opts = BuildOptions {
-            symmetrise: false,
-            dedup: true,
-            self_loops: SelfLoops::Add,
-        };
+        let opts = BuildOptions { symmetrise: false, dedup: true, self_loops: SelfLoops::Add };
         let (src, dst) = self.to_coo();
         Csr::from_edges(self.num_nodes() as u64, &src, &dst, opts)
             .expect("a valid CSR rebuilds without error")
@@ -250,11 +236,7 @@ impl Csr {
 
 pub(crate) fn check_node_count(n: u64) -> Result<()> {
     if n > MAX_NODES {
-        return Err(GraphError::Limit {
-            what: "node count".into(),
-            value: n,
-            max: MAX_NODES,
-        });
+        return Err(GraphError::Limit { what: "node count".into(), value: n, max: MAX_NODES });
     }
     Ok(())
 }
@@ -288,73 +270,6 @@ pub(crate) fn balanced_ranges(ptr: &[u64], parts: usize) -> Vec<std::ops::Range<
         out.push(0..n);
     }
     out
-}
-
-/// Sorts every row of an unsorted CSR, optionally removing duplicates, and compacts it.
-fn sort_dedup_rows(ptr: Vec<u64>, mut cols: Vec<u32>, dedup: bool) -> Result<Csr> {
-    let n = ptr.len() - 1;
-    let ranges = balanced_ranges(&ptr, rayon::current_num_threads() * 8);
-    let mut new_len = vec![0u32; n];
-    // Split `cols` and `new_len` into the disjoint pieces of each range.
-    let mut col_pieces = Vec::with_capacity(ranges.len());
-    let mut len_pieces = Vec::with_capacity(ranges.len());
-    let (mut rest_c, mut rest_l) = (cols.as_mut_slice(), new_len.as_mut_slice());
-    for r in &ranges {
-        let (c, tail_c) = rest_c.split_at_mut((ptr[r.end] - ptr[r.start]) as usize);
-        let (l, tail_l) = rest_l.split_at_mut(r.len());
-        col_pieces.push(c);
-        len_pieces.push(l);
-        rest_c = tail_c;
-        rest_l = tail_l;
-    }
-    col_pieces
-        .into_par_iter()
-        .zip(len_pieces)
-        .zip(ranges.par_iter())
-        .for_each(|((c, l), r)| {
-            let base = ptr[r.start];
-            for (i, v) in r.clone().enumerate() {
-                let row = &mut c[(ptr[v] - base) as usize..(ptr[v + 1] - base) as usize];
-                row.sort_unstable();
-                let mut k = row.len();
-                if dedup && k > 1 {
-                    k = 1;
-                    for j in 1..row.len() {
-                        if row[j] != row[k - 1] {
-                            row[k] = row[j];
-                            k += 1;
-                        }
-                    }
-                }
-                l[i] = k as u32;
-            }
-        });
-    let mut new_ptr = Vec::with_capacity(n + 1);
-    new_ptr.push(0u64);
-    let mut acc = 0u64;
-    for &l in &new_len {
-        acc += l as u64;
-        new_ptr.push(acc);
-    }
-    if acc as usize != cols.len() {
-        // compact in parallel: every row moves to its new, never later, position
-        let mut out = vec![0u32; acc as usize];
-        let dst = SharedMut(out.as_mut_ptr());
-        (0..n).into_par_iter().for_each(|v| {
-            let src = &cols[ptr[v] as usize..ptr[v] as usize + new_len[v] as usize];
-            let dst = dst;
-            // SAFETY: rows occupy disjoint ranges new_ptr[v]..new_ptr[v+1] of `out`, whose
-            // length equals src.len(); each row is written by exactly one task.
-            unsafe {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), dst.0.add(new_ptr[v] as usize), src.len())
-            };
-        });
-        cols = out;
-    }
-    Ok(Csr {
-        row_ptr: Buf::Owned(new_ptr),
-        col_idx: Buf::Owned(cols),
-    })
 }
 
 #[cfg(test)]

@@ -84,19 +84,13 @@ impl Dataset {
             ));
         }
         if self.labels.len() != n {
-            return Err(GraphError::invalid(
-                origin,
-                format!("{} labels for {n} nodes", self.labels.len()),
-            ));
+            return Err(GraphError::invalid(origin, format!("{} labels for {n} nodes", self.labels.len())));
         }
         let c = self.num_classes as i32;
         if let Some(v) = self.labels.par_iter().position_first(|&y| y < NO_LABEL || y >= c) {
             return Err(GraphError::invalid(
                 origin,
-                format!(
-                    "label of node {v} is {}, outside 0..{c} (or -1 for none)",
-                    self.labels[v]
-                ),
+                format!("label of node {v} is {}, outside 0..{c} (or -1 for none)", self.labels[v]),
             ));
         }
         for (name, ids) in self.splits.named() {
@@ -143,9 +137,7 @@ pub enum NonFinite {
 
 /// The first non-finite value in row-major features: `(row, column)`.
 pub fn find_non_finite(data: &[f32], dim: usize) -> Option<(usize, usize)> {
-    data.par_iter()
-        .position_first(|x| !x.is_finite())
-        .map(|i| (i / dim, i % dim))
+    data.par_iter().position_first(|x| !x.is_finite()).map(|i| (i / dim, i % dim))
 }
 
 /// Applies the policy; `Report` logs the count and returns it.

@@ -26,18 +26,10 @@ pub enum GraphError {
     },
     /// A text file has a malformed field.
     #[error("{}:{line}: {msg}", path.display())]
-    Parse {
-        path: PathBuf,
-        line: u64,
-        msg: String,
-    },
+    Parse { path: PathBuf, line: u64, msg: String },
     /// A binary file is malformed at a byte offset.
     #[error("{}: at byte {offset}: {msg}", path.display())]
-    Format {
-        path: PathBuf,
-        offset: u64,
-        msg: String,
-    },
+    Format { path: PathBuf, offset: u64, msg: String },
     /// A file is well formed but its content is invalid (out-of-range ids, duplicates, ...).
     #[error("{}: {msg}", path.display())]
     Invalid { path: PathBuf, msg: String },
@@ -51,29 +43,15 @@ pub enum GraphError {
 
 impl GraphError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        GraphError::Io {
-            path: path.into(),
-            source,
-        }
+        GraphError::Io { path: path.into(), source }
     }
     pub(crate) fn parse(path: impl Into<PathBuf>, line: u64, msg: impl Into<String>) -> Self {
-        GraphError::Parse {
-            path: path.into(),
-            line,
-            msg: msg.into(),
-        }
+        GraphError::Parse { path: path.into(), line, msg: msg.into() }
     }
     pub(crate) fn format(path: impl Into<PathBuf>, offset: u64, msg: impl Into<String>) -> Self {
-        GraphError::Format {
-            path: path.into(),
-            offset,
-            msg: msg.into(),
-        }
+        GraphError::Format { path: path.into(), offset, msg: msg.into() }
     }
     pub(crate) fn invalid(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        GraphError::Invalid {
-            path: path.into(),
-            msg: msg.into(),
-        }
+        GraphError::Invalid { path: path.into(), msg: msg.into() }
     }
 }

@@ -15,11 +15,7 @@ use crate::csr::Csr;
 /// contain self loops (they are added implicitly).
 pub fn gcn_norm(csr: &Csr) -> (Vec<f32>, Vec<f32>) {
     assert_eq!(csr.num_self_loops(), 0, "gcn_norm adds self loops itself");
-    let inv_sqrt: Vec<f64> = csr
-        .degrees()
-        .par_iter()
-        .map(|&d| 1.0 / ((d as f64) + 1.0).sqrt())
-        .collect();
+    let inv_sqrt: Vec<f64> = csr.degrees().par_iter().map(|&d| 1.0 / ((d as f64) + 1.0).sqrt()).collect();
     let self_values = inv_sqrt.par_iter().map(|&x| (x * x) as f32).collect();
     let mut edge_values = vec![0f32; csr.num_edges()];
     let ptr = csr.row_ptr();

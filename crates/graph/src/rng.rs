@@ -38,9 +38,7 @@ pub struct Stream {
 impl Stream {
     /// A stream determined entirely by `key`.
     pub fn new(key: &[u64]) -> Self {
-        Stream {
-            state: hash_key(key),
-        }
+        Stream { state: hash_key(key) }
     }
 
     /// The next 64 random bits.
@@ -71,6 +69,22 @@ impl Stream {
         let u1 = 1.0 - self.next_f64();
         let u2 = self.next_f64();
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// Lets distributions of the `rand_distr` crate (e.g. its ziggurat normal) draw from a stream.
+impl rand_core::RngCore for Stream {
+    fn next_u32(&mut self) -> u32 {
+        (self.next_u64() >> 32) as u32
+    }
+    fn next_u64(&mut self) -> u64 {
+        Stream::next_u64(self)
+    }
+    fn fill_bytes(&mut self, dst: &mut [u8]) {
+        for chunk in dst.chunks_mut(8) {
+            let b = Stream::next_u64(self).to_le_bytes();
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
     }
 }
 

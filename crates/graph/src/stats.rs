@@ -23,15 +23,7 @@ pub fn degree_summary(ds: &Dataset) -> DegreeSummary {
     let isolated = d.iter().filter(|&&x| x == 0).count();
     rayon::slice::ParallelSliceMut::par_sort_unstable(d.as_mut_slice());
     let q = |p: f64| if n == 0 { 0 } else { d[((n - 1) as f64 * p).round() as usize] };
-    DegreeSummary {
-        min: q(0.0),
-        max: q(1.0),
-        mean,
-        median: q(0.5),
-        p90: q(0.9),
-        p99: q(0.99),
-        isolated,
-    }
+    DegreeSummary { min: q(0.0), max: q(1.0), mean, median: q(0.5), p90: q(0.9), p99: q(0.99), isolated }
 }
 
 /// Bytes of one fp32 `N × hidden` activation matrix.

@@ -26,7 +26,11 @@ pub fn is_exchange_dir(dir: &Path) -> bool {
 }
 
 /// Turns `(src, dst)` pairs into u32 arrays, refusing ids outside `0..n` with the pair's index.
-pub(crate) fn checked_pairs(path: &Path, pairs: impl Iterator<Item = (i64, i64)>, n: u64) -> Result<(Vec<u32>, Vec<u32>)> {
+pub(crate) fn checked_pairs(
+    path: &Path,
+    pairs: impl Iterator<Item = (i64, i64)>,
+    n: u64,
+) -> Result<(Vec<u32>, Vec<u32>)> {
     let (lo, hi) = pairs.size_hint();
     let cap = hi.unwrap_or(lo);
     let (mut src, mut dst) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
@@ -67,11 +71,18 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let lab = Npy::open(&label_path)?;
     let one_col = lab.shape.len() == 2 && lab.shape[1] == 1;
     if lab.shape.first() != Some(&n) || !(lab.shape.len() == 1 || one_col) {
-        return Err(GraphError::format(&label_path, 0, format!("expected shape [{n}], found {:?}", lab.shape)));
+        return Err(GraphError::format(
+            &label_path,
+            0,
+            format!("expected shape [{n}], found {:?}", lab.shape),
+        ));
     }
     let raw = lab.to_labels()?;
     if let Some(i) = raw.iter().position(|&y| y < -1 || y >= i32::MAX as i64) {
-        return Err(GraphError::invalid(&label_path, format!("label of node {i} is {}, out of range", raw[i])));
+        return Err(GraphError::invalid(
+            &label_path,
+            format!("label of node {i} is {}, out of range", raw[i]),
+        ));
     }
     let labels: Vec<i32> = raw.iter().map(|&y| y as i32).collect();
     let num_classes = (labels.iter().copied().max().unwrap_or(-1) + 1).max(0) as u32;
@@ -80,7 +91,11 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let edges = Npy::open(&edge_path)?;
     edges.expect_shape(&["2", "edges"])?;
     if edges.shape[0] != 2 {
-        return Err(GraphError::format(&edge_path, 0, format!("expected shape [2, E], found {:?}", edges.shape)));
+        return Err(GraphError::format(
+            &edge_path,
+            0,
+            format!("expected shape [2, E], found {:?}", edges.shape),
+        ));
     }
     let flat = edges.to_i64()?;
     let e = flat.len() / 2;
@@ -105,7 +120,13 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
 }
 
 /// Writes the exchange layout; features come from `features` and are streamed.
-pub fn write(dir: &Path, graph: &Csr, labels: &[i32], splits: &Splits, features: &dyn FeatureSource) -> Result<()> {
+pub fn write(
+    dir: &Path,
+    graph: &Csr,
+    labels: &[i32],
+    splits: &Splits,
+    features: &dyn FeatureSource,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| GraphError::io(dir, e))?;
     let n = graph.num_nodes();
     let e = graph.num_edges() as u64;

@@ -81,7 +81,11 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
     };
     feats.expect_shape(&["nodes", "features"])?;
     if feats.shape[0] != n {
-        return Err(GraphError::format(&feat_path, 0, format!("{} feature rows for {n} nodes", feats.shape[0])));
+        return Err(GraphError::format(
+            &feat_path,
+            0,
+            format!("{} feature rows for {n} nodes", feats.shape[0]),
+        ));
     }
     let dim = feats.shape[1] as usize;
     let data = feats.to_f32()?;
@@ -91,10 +95,15 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let edges = Npy::open(&edge_path)?;
     edges.expect_shape(&["edges", "2"])?;
     if edges.shape[1] != 2 {
-        return Err(GraphError::format(&edge_path, 0, format!("expected shape [E, 2], found {:?}", edges.shape)));
+        return Err(GraphError::format(
+            &edge_path,
+            0,
+            format!("expected shape [E, 2], found {:?}", edges.shape),
+        ));
     }
     let flat = edges.to_i64()?;
-    let (src, dst) = super::exchange::checked_pairs(&edge_path, flat.chunks_exact(2).map(|p| (p[0], p[1])), n)?;
+    let (src, dst) =
+        super::exchange::checked_pairs(&edge_path, flat.chunks_exact(2).map(|p| (p[0], p[1])), n)?;
     let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
     let ds = Dataset {
         name: dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "igb".into()),
@@ -108,7 +117,8 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
     Ok(ds)
 }
 
-/// Writes `ds` in the IGB layout (labels as float32, features headerless when `raw`), for tests
+/// Writes `ds` in the IGB layout (labels as float32 in the 19-class file, or the 2K file for
+/// more classes; features headerless when `raw`), for tests
 /// and for feeding IGB-layout tools. The split is not written: IGB derives it from node order.
 pub fn write(ds: &Dataset, dir: &Path, raw: bool) -> Result<()> {
     let paper = dir.join("processed/paper");
@@ -119,20 +129,19 @@ pub fn write(ds: &Dataset, dir: &Path, raw: bool) -> Result<()> {
     let n = ds.num_nodes() as u64;
     let feat_path = paper.join("node_feat.npy");
     if raw {
-        std::fs::write(&feat_path, crate::buf::as_bytes(&ds.features.data)).map_err(|e| GraphError::io(&feat_path, e))?;
+        std::fs::write(&feat_path, crate::buf::as_bytes(&ds.features.data))
+            .map_err(|e| GraphError::io(&feat_path, e))?;
     } else {
         let mut w = NpyWriter::create(&feat_path, DType::F32, &[n, ds.features.dim as u64])?;
         w.write(&ds.features.data)?;
         w.finish()?;
     }
-    let labels: Vec<f32> = ds.labels.iter().map(|&y| if y == NO_LABEL { f32::NAN } else { y as f32 }).collect();
-    super::npy::write_array(&paper.join(label_file(ds.num_classes.max(19))?), DType::F32, &[n], &labels)?;
+    let labels: Vec<f32> =
+        ds.labels.iter().map(|&y| if y == NO_LABEL { f32::NAN } else { y as f32 }).collect();
+    let classes = if ds.num_classes <= 19 { 19 } else { 2983 };
+    super::npy::write_array(&paper.join(label_file(classes)?), DType::F32, &[n], &labels)?;
     let (src, dst) = ds.graph.to_coo();
-    let pairs: Vec<i64> = src
-        .iter()
-        .zip(&dst)
-        .filter(|(s, d)| s < d)
-        .flat_map(|(&s, &d)| [s as i64, d as i64])
-        .collect();
+    let pairs: Vec<i64> =
+        src.iter().zip(&dst).filter(|(s, d)| s < d).flat_map(|(&s, &d)| [s as i64, d as i64]).collect();
     super::npy::write_array(&cites.join("edge_index.npy"), DType::I64, &[pairs.len() as u64 / 2, 2], &pairs)
 }

@@ -70,7 +70,10 @@ pub fn detect(path: &Path) -> Result<Format> {
         if f.read_exact(&mut magic).is_ok() && &magic == native::MAGIC {
             return Ok(Format::Native);
         }
-        return Err(GraphError::invalid(path, "a file that is not a grinnder dataset (.grnd); OGB, IGB and npy datasets are folders"));
+        return Err(GraphError::invalid(
+            path,
+            "a file that is not a grinnder dataset (.grnd); OGB, IGB and npy datasets are folders",
+        ));
     }
     if ogb::resolve_dir(path).is_some() {
         return Ok(Format::Ogb);
@@ -82,7 +85,10 @@ pub fn detect(path: &Path) -> Result<Format> {
         return Ok(Format::Npy);
     }
     if !path.exists() {
-        return Err(GraphError::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder")));
+        return Err(GraphError::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
+        ));
     }
     Err(GraphError::invalid(
         path,

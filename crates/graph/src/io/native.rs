@@ -45,15 +45,8 @@ enum Kind {
     Features = 7,
 }
 
-const KINDS: [Kind; 7] = [
-    Kind::RowPtr,
-    Kind::ColIdx,
-    Kind::Labels,
-    Kind::Train,
-    Kind::Valid,
-    Kind::Test,
-    Kind::Features,
-];
+const KINDS: [Kind; 7] =
+    [Kind::RowPtr, Kind::ColIdx, Kind::Labels, Kind::Train, Kind::Valid, Kind::Test, Kind::Features];
 
 impl Kind {
     fn name(self) -> &'static str {
@@ -171,24 +164,29 @@ pub fn write(
     assert_eq!(features.rows(), n, "one feature row per node");
     let tmp = path.with_extension("grnd.partial");
     let file = File::create(&tmp).map_err(|e| GraphError::io(&tmp, e))?;
-    let mut out = Out {
-        path: tmp.clone(),
-        w: BufWriter::with_capacity(8 << 20, file),
-        pos: 0,
-    };
+    let mut out = Out { path: tmp.clone(), w: BufWriter::with_capacity(8 << 20, file), pos: 0 };
     out.write(&[0u8; HEADER_BYTES])?;
     let mut sections = vec![
         out.section(Kind::RowPtr, graph.row_ptr())?,
         out.section(Kind::ColIdx, graph.col_idx())?,
         out.section(Kind::Labels, labels)?,
     ];
-    for (kind, ids) in [(Kind::Train, &splits.train), (Kind::Valid, &splits.valid), (Kind::Test, &splits.test)] {
+    for (kind, ids) in
+        [(Kind::Train, &splits.train), (Kind::Valid, &splits.valid), (Kind::Test, &splits.test)]
+    {
         sections.push(out.section(kind, ids)?);
     }
     sections.push(write_features(&mut out, features)?);
     out.w.flush().map_err(|e| GraphError::io(&tmp, e))?;
     let mut file = out.w.into_inner().map_err(|e| GraphError::io(&tmp, e.into_error()))?;
-    let header = encode_header(name, n as u64, graph.num_edges() as u64, features.dim() as u64, num_classes, &sections);
+    let header = encode_header(
+        name,
+        n as u64,
+        graph.num_edges() as u64,
+        features.dim() as u64,
+        num_classes,
+        &sections,
+    );
     file.seek(SeekFrom::Start(0)).map_err(|e| GraphError::io(&tmp, e))?;
     file.write_all(&header).map_err(|e| GraphError::io(&tmp, e))?;
     file.sync_all().map_err(|e| GraphError::io(&tmp, e))?;
@@ -301,7 +299,10 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 fn decode_header(path: &Path, b: &[u8], file_len: u64) -> Result<(Header, Vec<Section>)> {
     let err = |off: usize, msg: String| GraphError::format(path, off as u64, msg);
     if b.len() < HEADER_BYTES {
-        return Err(err(0, format!("file of {} bytes is shorter than the {HEADER_BYTES}-byte header", b.len())));
+        return Err(err(
+            0,
+            format!("file of {} bytes is shorter than the {HEADER_BYTES}-byte header", b.len()),
+        ));
     }
     if &b[..8] != MAGIC {
         return Err(err(0, "not a grinnder dataset (bad magic)".into()));
@@ -388,12 +389,10 @@ fn map(path: &Path) -> Result<Mmap> {
 pub fn open(path: &Path, verify: Verify) -> Result<Dataset> {
     let map = Arc::new(map(path)?);
     #[cfg(target_os = "linux")]
-    let _ = map.advise(memmap2::Advice::Sequential);
+    let _ = map.advise(memmap2::Advice::WillNeed);
     let (header, sections) = decode_header(path, &map, map.len() as u64)?;
-    let to_check: Vec<&Section> = sections
-        .iter()
-        .filter(|s| verify == Verify::Full || s.kind != Kind::Features)
-        .collect();
+    let to_check: Vec<&Section> =
+        sections.iter().filter(|s| verify == Verify::Full || s.kind != Kind::Features).collect();
     let total: u64 = to_check.iter().map(|s| s.bytes).sum();
     let pb = progress::bar(total, "verify", true);
     for s in to_check {
@@ -410,24 +409,27 @@ pub fn open(path: &Path, verify: Verify) -> Result<Dataset> {
             return Err(GraphError::format(
                 path,
                 s.offset,
-                format!("checksum mismatch in section {} (bytes {}..{}): the file is corrupted", s.kind.name(), s.offset, s.offset + s.bytes),
+                format!(
+                    "checksum mismatch in section {} (bytes {}..{}): the file is corrupted",
+                    s.kind.name(),
+                    s.offset,
+                    s.offset + s.bytes
+                ),
             ));
         }
     }
     pb.finish_and_clear();
     let view = |i: usize, elem: u64| (sections[i].offset as usize, (sections[i].bytes / elem) as usize);
     fn buf<T: Pod>(path: &Path, map: &Arc<Mmap>, (off, len): (usize, usize)) -> Result<Buf<T>> {
-        Buf::mapped(map.clone(), off, len).ok_or_else(|| GraphError::format(path, off as u64, "misaligned section"))
+        Buf::mapped(map.clone(), off, len)
+            .ok_or_else(|| GraphError::format(path, off as u64, "misaligned section"))
     }
     let graph = Csr::from_parts(buf(path, &map, view(0, 8))?, buf(path, &map, view(1, 4))?)
         .map_err(|m| GraphError::invalid(path, format!("invalid graph structure: {m}")))?;
     let ds = Dataset {
         name: header.name.clone(),
         graph,
-        features: Features {
-            dim: header.feat_dim as usize,
-            data: buf(path, &map, view(6, 4))?,
-        },
+        features: Features { dim: header.feat_dim as usize, data: buf(path, &map, view(6, 4))? },
         labels: buf(path, &map, view(2, 4))?,
         num_classes: header.num_classes,
         splits: Splits {

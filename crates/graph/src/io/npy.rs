@@ -140,13 +140,7 @@ impl Npy {
                 "Fortran-ordered arrays are not supported; save with np.ascontiguousarray".into(),
             ));
         }
-        let npy = Npy {
-            path: path.to_path_buf(),
-            dtype,
-            shape,
-            data_offset: end,
-            map,
-        };
+        let npy = Npy { path: path.to_path_buf(), dtype, shape, data_offset: end, map };
         npy.check_length(len)?;
         Ok(npy)
     }
@@ -154,13 +148,7 @@ impl Npy {
     /// Maps a headerless raw file (IGB large/full `node_feat.npy`) of known shape.
     pub fn open_raw(path: &Path, dtype: DType, shape: Vec<u64>) -> Result<Npy> {
         let (map, len) = map_file(path)?;
-        let npy = Npy {
-            path: path.to_path_buf(),
-            dtype,
-            shape,
-            data_offset: 0,
-            map,
-        };
+        let npy = Npy { path: path.to_path_buf(), dtype, shape, data_offset: 0, map };
         npy.check_length(len)?;
         Ok(npy)
     }
@@ -299,11 +287,14 @@ impl Npy {
     /// f64 (half precision is refused).
     pub fn to_f32(&self) -> Result<Buf<f32>> {
         match self.dtype {
-            DType::F32 => Ok(Buf::mapped(self.map.clone(), self.data_offset, self.len())
-                .unwrap_or_else(|| Buf::Owned((0..self.len()).into_par_iter().map(|i| self.elem::<f32>(i)).collect()))),
-            DType::F64 => Ok(Buf::Owned(
-                (0..self.len()).into_par_iter().map(|i| self.elem::<f64>(i) as f32).collect(),
-            )),
+            DType::F32 => {
+                Ok(Buf::mapped(self.map.clone(), self.data_offset, self.len()).unwrap_or_else(|| {
+                    Buf::Owned((0..self.len()).into_par_iter().map(|i| self.elem::<f32>(i)).collect())
+                }))
+            }
+            DType::F64 => {
+                Ok(Buf::Owned((0..self.len()).into_par_iter().map(|i| self.elem::<f64>(i) as f32).collect()))
+            }
             other => Err(GraphError::format(
                 &self.path,
                 0,
@@ -320,11 +311,7 @@ fn integral(x: f64) -> Option<i64> {
 /// Parses the header dict: `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }`.
 fn parse_header(h: &str) -> std::result::Result<(DType, bool, Vec<u64>), String> {
     let h = h.trim_end_matches(['\n', ' ', '\0']);
-    let body = h
-        .trim()
-        .strip_prefix('{')
-        .and_then(|s| s.strip_suffix('}'))
-        .ok_or("not a dict")?;
+    let body = h.trim().strip_prefix('{').and_then(|s| s.strip_suffix('}')).ok_or("not a dict")?;
     let value = |key: &str| -> std::result::Result<&str, String> {
         let k = [format!("'{key}'"), format!("\"{key}\"")]
             .into_iter()
@@ -336,7 +323,8 @@ fn parse_header(h: &str) -> std::result::Result<(DType, bool, Vec<u64>), String>
     let descr_rest = value("descr")?;
     let q = descr_rest.chars().next().filter(|c| *c == '\'' || *c == '"').ok_or("descr is not a string")?;
     let descr = descr_rest[1..].split(q).next().ok_or("unterminated descr")?;
-    let dtype = DType::parse(descr).ok_or(format!("unsupported dtype {descr:?} (little-endian numbers only)"))?;
+    let dtype =
+        DType::parse(descr).ok_or(format!("unsupported dtype {descr:?} (little-endian numbers only)"))?;
     let fortran = match value("fortran_order")? {
         s if s.starts_with("False") => false,
         s if s.starts_with("True") => true,
@@ -368,7 +356,8 @@ impl NpyWriter {
             1 => format!("({},)", dims[0]),
             _ => format!("({})", dims.join(", ")),
         };
-        let mut header = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {tuple}, }}", dtype.descr());
+        let mut header =
+            format!("{{'descr': '{}', 'fortran_order': False, 'shape': {tuple}, }}", dtype.descr());
         // pad so that the data starts on a 64-byte boundary, ending the header with '\n'
         let total = 10 + header.len() + 1;
         header.push_str(&" ".repeat((64 - total % 64) % 64));
@@ -416,7 +405,8 @@ mod tests {
 
     #[test]
     fn header_variants() {
-        let (d, f, s) = parse_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }   \n").unwrap();
+        let (d, f, s) =
+            parse_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }   \n").unwrap();
         assert_eq!((d, f, s), (DType::F32, false, vec![3, 4]));
         let (d, _, s) = parse_header("{'descr': '<i8', 'fortran_order': False, 'shape': (7,), }").unwrap();
         assert_eq!((d, s), (DType::I64, vec![7]));

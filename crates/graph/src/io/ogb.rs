@@ -49,11 +49,7 @@ fn split_dir(dir: &Path, want: Option<&str>) -> Result<PathBuf> {
     let root = dir.join("split");
     if let Some(name) = want {
         let p = root.join(name);
-        return if p.is_dir() {
-            Ok(p)
-        } else {
-            Err(GraphError::invalid(&p, "split folder not found"))
-        };
+        return if p.is_dir() { Ok(p) } else { Err(GraphError::invalid(&p, "split folder not found")) };
     }
     let mut names: Vec<String> = std::fs::read_dir(&root)
         .map_err(|e| GraphError::io(&root, e))?
@@ -75,7 +71,10 @@ fn split_dir(dir: &Path, want: Option<&str>) -> Result<PathBuf> {
 /// Loads an OGB raw dataset folder.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let dir = resolve_dir(path).ok_or_else(|| {
-        GraphError::invalid(path, "not an OGB dataset folder (no raw/edge.csv.gz here or under OGB's folder naming)")
+        GraphError::invalid(
+            path,
+            "not an OGB dataset folder (no raw/edge.csv.gz here or under OGB's folder naming)",
+        )
     })?;
     let raw = dir.join("raw");
     let n_path = find_csv(&raw, "num-node-list")?;
@@ -106,21 +105,11 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
         let ids = load_ids(&p, n)?;
         normalise_split(&p, name, ids, n as usize)
     };
-    let splits = Splits {
-        train: split("train")?.into(),
-        valid: split("valid")?.into(),
-        test: split("test")?.into(),
-    };
+    let splits =
+        Splits { train: split("train")?.into(), valid: split("valid")?.into(), test: split("test")?.into() };
     let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
     let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let ds = Dataset {
-        name,
-        graph,
-        features,
-        labels: labels.into(),
-        num_classes,
-        splits,
-    };
+    let ds = Dataset { name, graph, features, labels: labels.into(), num_classes, splits };
     ds.validate(&dir)?;
     Ok(ds)
 }
@@ -180,7 +169,11 @@ fn load_features(path: &Path, n: u64, policy: NonFinite) -> Result<Features> {
             match dim {
                 None => dim = Some(cols),
                 Some(d) if d != cols => {
-                    return Err(GraphError::parse(path, ln, format!("{cols} columns, earlier lines have {d}")));
+                    return Err(GraphError::parse(
+                        path,
+                        ln,
+                        format!("{cols} columns, earlier lines have {d}"),
+                    ));
                 }
                 _ => {}
             }
@@ -189,7 +182,11 @@ fn load_features(path: &Path, n: u64, policy: NonFinite) -> Result<Features> {
     })?;
     let dim = blocks.iter().find_map(|b| b.1).unwrap_or(0);
     if let Some(b) = blocks.iter().find(|b| b.1.is_some_and(|d| d != dim)) {
-        return Err(GraphError::parse(path, b.0, format!("{} columns, earlier lines have {dim}", b.1.unwrap_or(0))));
+        return Err(GraphError::parse(
+            path,
+            b.0,
+            format!("{} columns, earlier lines have {dim}", b.1.unwrap_or(0)),
+        ));
     }
     if dim == 0 {
         return Err(GraphError::parse(path, 1, "no feature columns"));
@@ -208,10 +205,7 @@ fn load_features(path: &Path, n: u64, policy: NonFinite) -> Result<Features> {
             tracing::warn!("{}: {bad} non-finite feature values kept", path.display());
         }
     }
-    Ok(Features {
-        dim,
-        data: data.into(),
-    })
+    Ok(Features { dim, data: data.into() })
 }
 
 fn load_labels(path: &Path, n: u64) -> Result<(Vec<i32>, u32)> {
@@ -221,14 +215,20 @@ fn load_labels(path: &Path, n: u64) -> Result<(Vec<i32>, u32)> {
                 let mut fs = fields(line);
                 let f = fs.next().unwrap_or_default();
                 if fs.next().is_some() {
-                    return Err(GraphError::parse(path, ln, "expected one label per line (multi-task labels are not supported)"));
+                    return Err(GraphError::parse(
+                        path,
+                        ln,
+                        "expected one label per line (multi-task labels are not supported)",
+                    ));
                 }
                 if f.eq_ignore_ascii_case(b"nan") {
                     return Ok(NO_LABEL);
                 }
                 match parse_int(f) {
                     Some(y) if (0..i32::MAX as i64).contains(&y) => Ok(y as i32),
-                    Some(y) => Err(GraphError::parse(path, ln, format!("label {y} is out of range (0 or more)"))),
+                    Some(y) => {
+                        Err(GraphError::parse(path, ln, format!("label {y} is out of range (0 or more)")))
+                    }
                     None => Err(GraphError::parse(path, ln, format!("label {} is not an integer", show(f)))),
                 }
             })
@@ -236,7 +236,11 @@ fn load_labels(path: &Path, n: u64) -> Result<(Vec<i32>, u32)> {
     })?;
     let labels: Vec<i32> = blocks.into_iter().flatten().collect();
     if labels.len() as u64 != n {
-        return Err(GraphError::parse(path, labels.len() as u64 + 1, format!("{} labels for {n} nodes", labels.len())));
+        return Err(GraphError::parse(
+            path,
+            labels.len() as u64 + 1,
+            format!("{} labels for {n} nodes", labels.len()),
+        ));
     }
     let classes = labels.iter().copied().max().unwrap_or(-1) + 1;
     Ok((labels, classes.max(0) as u32))

@@ -61,10 +61,7 @@ fn open(path: &Path, count: Arc<AtomicU64>) -> Result<Box<dyn Read + Send>> {
     let mut magic = [0u8; 2];
     let got = file.read(&mut magic).map_err(|e| GraphError::io(path, e))?;
     let head = std::io::Cursor::new(magic[..got].to_vec());
-    let raw = Counting {
-        inner: head.chain(file),
-        count,
-    };
+    let raw = Counting { inner: head.chain(file), count };
     Ok(if got == 2 && magic == [0x1f, 0x8b] {
         Box::new(MultiGzDecoder::new(BufReader::with_capacity(1 << 20, raw)))
     } else {
@@ -93,6 +90,8 @@ where
     F: Fn(&Block) -> Result<T> + Sync,
 {
     let total = std::fs::metadata(path).map_err(|e| GraphError::io(path, e))?.len();
+    // small files get small blocks (gzip text expands about 4×)
+    let block_bytes = (total as usize).saturating_mul(4).clamp(64 << 10, BLOCK_BYTES);
     let count = Arc::new(AtomicU64::new(0));
     let mut reader = open(path, count.clone())?;
     let batch = rayon::current_num_threads() * 2;
@@ -107,7 +106,7 @@ where
             loop {
                 let mut buf = std::mem::take(&mut carry);
                 let start = buf.len();
-                buf.resize(start + BLOCK_BYTES, 0);
+                buf.resize(start + block_bytes, 0);
                 let mut filled = start;
                 let mut eof = false;
                 while filled < buf.len() {
@@ -145,10 +144,7 @@ where
                 buf.truncate(cut);
                 offset += cut as u64;
                 let lines = buf.iter().filter(|&&b| b == b'\n').count() as u64;
-                let block = Block {
-                    data: buf,
-                    first_line: line,
-                };
+                let block = Block { data: buf, first_line: line };
                 line += lines;
                 if tx.send(Ok(block)).is_err() || eof {
                     return;
@@ -237,22 +233,16 @@ pub fn parse_f32(f: &[u8]) -> Option<f32> {
 /// Parses a node id field: an integer in `0..n`.
 pub fn node_id(path: &Path, line: u64, col: usize, f: &[u8], n: u64) -> Result<u32> {
     match parse_int(f) {
-        Some(v) if v < 0 => Err(GraphError::parse(
-            path,
-            line,
-            format!("column {col}: node id {v} is negative"),
-        )),
+        Some(v) if v < 0 => {
+            Err(GraphError::parse(path, line, format!("column {col}: node id {v} is negative")))
+        }
         Some(v) if v as u64 >= n => Err(GraphError::parse(
             path,
             line,
             format!("column {col}: node id {v} is not below the node count {n}"),
         )),
         Some(v) => Ok(v as u32),
-        None => Err(GraphError::parse(
-            path,
-            line,
-            format!("column {col}: {} is not an integer", show(f)),
-        )),
+        None => Err(GraphError::parse(path, line, format!("column {col}: {} is not an integer", show(f)))),
     }
 }
 
@@ -263,9 +253,9 @@ pub fn single_int(path: &Path) -> Result<i64> {
             .map(|(ln, l)| {
                 let mut fs = fields(l);
                 let f = fs.next().unwrap_or_default();
-                parse_int(f).map(|v| (ln, v)).ok_or_else(|| {
-                    GraphError::parse(path, ln, format!("{} is not an integer", show(f)))
-                })
+                parse_int(f)
+                    .map(|v| (ln, v))
+                    .ok_or_else(|| GraphError::parse(path, ln, format!("{} is not an integer", show(f))))
             })
             .collect::<Result<Vec<_>>>()
     })?;
