@@ -39,7 +39,7 @@ fn ogb_case(edit: impl FnOnce(&Path)) -> (tempfile::TempDir, Result<grinnder_gra
 
 #[track_caller]
 fn expect_err(r: Result<grinnder_graph::Dataset, String>, parts: &[&str]) {
-    let msg = r.err().expect("the input must be refused");
+    let msg = r.expect_err("the input must be refused");
     for p in parts {
         assert!(msg.contains(p), "error {msg:?} should mention {p:?}");
     }
