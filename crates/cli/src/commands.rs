@@ -161,19 +161,23 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         a.seed
     );
     let t0 = Instant::now();
-    let g = generate::generate(&cfg)?;
-    let t_graph = t0.elapsed().as_secs_f64();
+    let context = || format!("cannot write {}", a.out.display());
+    // columns stream straight to the output while rows are produced
     match a.format {
         GenFormat::Native => {
-            native::write(&a.out, &g.name, &g.graph, &g.labels, g.num_classes, &g.splits, &g.features)
+            let mut w = native::NativeWriter::create(&a.out, cfg.preset.name, n).with_context(context)?;
+            let g = generate::generate_streaming(&cfg, &mut |c| w.push_cols(c)).with_context(context)?;
+            w.finish(&g.row_ptr, &g.labels, g.num_classes, &g.splits, &g.features).with_context(context)?;
         }
-        GenFormat::Npy => exchange::write(&a.out, &g.graph, &g.labels, &g.splits, &g.features),
+        GenFormat::Npy => {
+            let mut w = exchange::ExchangeWriter::create(&a.out, e).with_context(context)?;
+            let g = generate::generate_streaming(&cfg, &mut |c| w.push_cols(c)).with_context(context)?;
+            w.finish(&g.row_ptr, &g.labels, &g.splits, &g.features).with_context(context)?;
+        }
     }
-    .with_context(|| format!("cannot write {}", a.out.display()))?;
     let total = t0.elapsed().as_secs_f64();
     tracing::info!(
-        "graph in {t_graph:.2} s, written in {:.2} s; {:.1} M directed edges/s end to end -> {}",
-        total - t_graph,
+        "generated and wrote in {total:.2} s: {:.1} M directed edges/s end to end -> {}",
         e as f64 / total / 1e6,
         a.out.display()
     );

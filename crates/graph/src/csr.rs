@@ -89,45 +89,24 @@ impl Csr {
             keys.par_extend((0..n as u64).into_par_iter().map(|v| (v << 32) | v));
         }
         let dedup = opts.dedup || opts.self_loops == SelfLoops::Add;
-        let sorted = sort_keys(&keys, num_nodes, dedup);
+        let sorted = sort_keys(&keys, 0..num_nodes, dedup);
         drop(keys);
         Ok(Csr::from_sorted_keys(&sorted, n))
     }
 
     /// Builds from packed `(row << 32) | col` keys sorted ascending without duplicates.
     pub(crate) fn from_sorted_keys(keys: &[u64], n: usize) -> Csr {
-        let row_ptr = row_ptr_of_sorted(keys, n);
+        let row_ptr = row_ptr_of_sorted(keys, 0..n as u64);
         let col_idx: Vec<u32> = keys.par_iter().map(|&k| k as u32).collect();
         Csr { row_ptr: Buf::Owned(row_ptr), col_idx: Buf::Owned(col_idx) }
     }
 
-    /// Builds a symmetric CSR from its two halves: `lower` keys `(v << 32) | u` with `u < v` and
-    /// `upper` keys `(v << 32) | w` with `w > v`, each sorted. Row `v` is its lower part followed
-    /// by its upper part, which keeps it sorted without merging.
-    pub(crate) fn from_lower_upper(lower: &[u64], upper: &[u64], n: usize) -> Csr {
-        let (pl, pu) = (row_ptr_of_sorted(lower, n), row_ptr_of_sorted(upper, n));
-        let ptr: Vec<u64> = pl.par_iter().zip(&pu).map(|(a, b)| a + b).collect();
-        let mut cols = vec![0u32; lower.len() + upper.len()];
-        let mut pieces = Vec::new();
-        let mut rest = cols.as_mut_slice();
-        for r in balanced_ranges(&ptr, rayon::current_num_threads() * 8) {
-            let (c, tail) = rest.split_at_mut((ptr[r.end] - ptr[r.start]) as usize);
-            pieces.push((r, c));
-            rest = tail;
-        }
-        pieces.into_par_iter().for_each(|(r, c)| {
-            let mut w = 0;
-            for v in r {
-                for k in lower[pl[v] as usize..pl[v + 1] as usize]
-                    .iter()
-                    .chain(&upper[pu[v] as usize..pu[v + 1] as usize])
-                {
-                    c[w] = *k as u32;
-                    w += 1;
-                }
-            }
-        });
-        Csr { row_ptr: Buf::Owned(ptr), col_idx: Buf::Owned(cols) }
+    /// Wraps arrays a constructor of this crate produced; the invariants are checked in debug
+    /// builds only.
+    pub(crate) fn from_trusted(row_ptr: Vec<u64>, col_idx: Vec<u32>) -> Csr {
+        let csr = Csr { row_ptr: Buf::Owned(row_ptr), col_idx: Buf::Owned(col_idx) };
+        debug_assert!(Csr::from_parts(csr.row_ptr.clone(), csr.col_idx.clone()).is_ok());
+        csr
     }
 
     /// Wraps existing arrays after checking every invariant (used by loaders of prebuilt CSRs).

@@ -23,7 +23,7 @@ use crate::error::{GraphError, Result};
 use crate::io::native::FeatureSource;
 use crate::progress;
 use crate::rng::{hash_key, unit_f64, Stream};
-use crate::sort::sort_keys;
+use crate::sort::{assemble_rows, sort_keys};
 
 /// Sizes of a benchmark preset (DESIGN.md §7).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -96,6 +96,9 @@ pub struct GenConfig {
     pub degree_exponent: f64,
     /// Distance between class means, in units of the per-feature noise.
     pub class_separation: f64,
+    /// Candidate pairs are held in row ranges of at most about this many bytes each; it bounds
+    /// the working memory beyond the candidates themselves (the output does not depend on it).
+    pub range_bytes_max: u64,
 }
 
 impl GenConfig {
@@ -109,6 +112,7 @@ impl GenConfig {
             label_noise: 0.1,
             degree_exponent: 2.5,
             class_separation: 4.0,
+            range_bytes_max: 1 << 30,
         }
     }
 
@@ -135,6 +139,16 @@ impl GenConfig {
 pub struct Generated {
     pub name: String,
     pub graph: Csr,
+    pub labels: Vec<i32>,
+    pub num_classes: u32,
+    pub splits: Splits,
+    pub features: GenFeatures,
+}
+
+/// What [`generate_streaming`] returns: everything but the columns, which went to the sink.
+pub struct GeneratedParts {
+    pub name: String,
+    pub row_ptr: Vec<u64>,
     pub labels: Vec<i32>,
     pub num_classes: u32,
     pub splits: Splits,
@@ -338,124 +352,233 @@ impl Model {
         (own & m) | (a as u64 & !m)
     }
 
-    /// Appends `count` undirected candidate pairs as keys `(high << 32) | low`, chunk by chunk
-    /// from keyed streams, in batches whose independent table look-ups overlap in memory.
-    fn sample_pairs(&self, cfg: &GenConfig, round: u64, count: usize, keys: &mut Vec<u64>) {
-        const CHUNK: usize = 1 << 16;
+    /// Fills `out` with the undirected candidate pairs of chunk `ci` of `round`, as keys
+    /// `(high << 32) | low`. Draws are made in batches whose independent table look-ups
+    /// overlap in memory.
+    fn sample_chunk(&self, cfg: &GenConfig, round: u64, ci: u64, out: &mut [u64]) {
         const BATCH: usize = 64;
         let intra_threshold = (cfg.intra * 256.0) as u64;
-        let start = keys.len();
-        keys.resize(start + count, 0);
-        keys[start..].par_chunks_mut(CHUNK).enumerate().for_each(|(ci, out)| {
-            let mut s = Stream::new(&[cfg.seed, EDGES, round, ci as u64]);
-            let mut ii = [0u64; BATCH];
-            let mut jj = [0u64; BATCH];
-            for batch in out.chunks_mut(BATCH) {
-                let m = batch.len();
-                for i in &mut ii[..m] {
-                    *i = self.resolve(0, self.n, s.next_u64());
-                }
-                for k in 0..m {
-                    let d = s.next_u64();
-                    let c = self.community_of_index(ii[k]);
-                    let (base, len) = if (d & 0xFF) < intra_threshold {
-                        (self.n + self.comm_ptr[c], self.comm_ptr[c + 1] - self.comm_ptr[c])
-                    } else {
-                        (0, self.n)
-                    };
-                    jj[k] = self.resolve(base, len, d.rotate_right(8));
-                }
-                for (k, key) in batch.iter_mut().enumerate() {
-                    let (i, mut j) = (ii[k], jj[k]);
-                    for _ in 0..16 {
-                        if j != i {
-                            break;
-                        }
-                        j = self.resolve(0, self.n, s.next_u64());
+        let mut s = Stream::new(&[cfg.seed, EDGES, round, ci]);
+        let mut ii = [0u64; BATCH];
+        let mut jj = [0u64; BATCH];
+        for batch in out.chunks_mut(BATCH) {
+            let m = batch.len();
+            for i in &mut ii[..m] {
+                *i = self.resolve(0, self.n, s.next_u64());
+            }
+            for k in 0..m {
+                let d = s.next_u64();
+                let c = self.community_of_index(ii[k]);
+                let (base, len) = if (d & 0xFF) < intra_threshold {
+                    (self.n + self.comm_ptr[c], self.comm_ptr[c + 1] - self.comm_ptr[c])
+                } else {
+                    (0, self.n)
+                };
+                jj[k] = self.resolve(base, len, d.rotate_right(8));
+            }
+            for (k, key) in batch.iter_mut().enumerate() {
+                let (i, mut j) = (ii[k], jj[k]);
+                for _ in 0..16 {
+                    if j != i {
+                        break;
                     }
-                    let (u, v) = (self.shuffle.id(i), self.shuffle.id(j));
-                    // a pair that stayed a self loop is dropped later
-                    *key = (u.max(v) << 32) | u.min(v);
+                    j = self.resolve(0, self.n, s.next_u64());
+                }
+                let (u, v) = (self.shuffle.id(i), self.shuffle.id(j));
+                // a pair that stayed a self loop is dropped later
+                *key = (u.max(v) << 32) | u.min(v);
+            }
+        }
+    }
+
+    /// Appends `count` candidate pairs of `round` to the row ranges they fall in (by their high
+    /// end; `bounds` are the ranges' first rows).
+    fn sample_into(
+        &self,
+        cfg: &GenConfig,
+        round: u64,
+        count: usize,
+        bounds: &[u64],
+        ranges: &mut [Vec<u64>],
+    ) {
+        const CHUNK: usize = 1 << 16;
+        let chunks = count.div_ceil(CHUNK);
+        let group = rayon::current_num_threads() * 16;
+        // reserve each range's expected share (max(u, v) ≤ x with probability (x/n)²) plus
+        // slack, so growth does not double a range's memory
+        let n = self.n as f64;
+        for (r, keys) in ranges.iter_mut().enumerate() {
+            let share = ((bounds[r + 1] as f64 / n).powi(2) - (bounds[r] as f64 / n).powi(2)).max(0.0);
+            keys.reserve((count as f64 * share * 1.05) as usize + 4096);
+        }
+        for g in (0..chunks).step_by(group) {
+            let parts: Vec<Vec<Vec<u64>>> = (g..(g + group).min(chunks))
+                .into_par_iter()
+                .map(|ci| {
+                    let mut keys = vec![0u64; CHUNK.min(count - ci * CHUNK)];
+                    self.sample_chunk(cfg, round, ci as u64, &mut keys);
+                    if ranges.len() == 1 {
+                        return vec![keys];
+                    }
+                    let mut split = vec![Vec::with_capacity(keys.len() / ranges.len() * 2); ranges.len()];
+                    for k in keys {
+                        split[bounds.partition_point(|&b| b <= k >> 32) - 1].push(k);
+                    }
+                    split
+                })
+                .collect();
+            for split in parts {
+                for (r, keys) in split.into_iter().enumerate() {
+                    ranges[r].extend_from_slice(&keys);
                 }
             }
-        });
+        }
     }
 }
 
-/// Generates the graph, labels and split of `cfg` (features stay lazy).
+/// A generated graph held in memory; features are produced on demand (see [`GenFeatures`]).
 pub fn generate(cfg: &GenConfig) -> Result<Generated> {
+    let (_, e) = cfg.sizes()?;
+    let mut cols = Vec::with_capacity(e as usize);
+    let parts = generate_streaming(cfg, &mut |c| {
+        cols.extend_from_slice(c);
+        Ok(())
+    })?;
+    Ok(Generated {
+        name: parts.name,
+        graph: Csr::from_trusted(parts.row_ptr, cols),
+        labels: parts.labels,
+        num_classes: parts.num_classes,
+        splits: parts.splits,
+        features: parts.features,
+    })
+}
+
+/// Generates `cfg`, handing the CSR's columns to `sink` range by range in row order and
+/// returning everything else. Memory: the candidate pairs once (8 bytes per undirected edge)
+/// plus one row range's working set; the columns themselves are never held by the generator.
+pub fn generate_streaming(
+    cfg: &GenConfig,
+    sink: &mut dyn FnMut(&[u32]) -> Result<()>,
+) -> Result<GeneratedParts> {
     let (n, e) = cfg.sizes()?;
     let _span = tracing::info_span!("generate", preset = cfg.preset.name, n, e).entered();
     let t = std::time::Instant::now();
     let model = Model::new(cfg, n);
     tracing::debug!("model in {:.2} s", t.elapsed().as_secs_f64());
 
-    // Distinct pairs, topped up until at least `target` exist.
+    // Row ranges by the high end of a pair; max(u, v) of uniform ids has density ∝ x, so
+    // quantiles √(r/R) balance them.
     let target = (e / 2) as usize;
+    let r_count = ((target as u64 * 8 * 33 / 32).div_ceil(cfg.range_bytes_max.max(1))).max(1);
+    let mut bounds: Vec<u64> =
+        (0..=r_count).map(|r| ((n as f64) * (r as f64 / r_count as f64).sqrt()).round() as u64).collect();
+    bounds.dedup();
+    *bounds.last_mut().expect("bounds") = n;
+    let row_range = |r: usize| bounds[r]..bounds[r + 1];
+    let mut ranges: Vec<Vec<u64>> = vec![Vec::new(); bounds.len() - 1];
+
+    // Distinct pairs, topped up until at least `target` exist.
     let pb = progress::bar(target as u64, "edges", false);
-    let mut keys = Vec::new();
     let mut want = target + target / 32 + 1024;
     let mut round = 0u64;
-    let unique = loop {
-        model.sample_pairs(cfg, round, want - keys.len(), &mut keys);
-        tracing::debug!("sampled in {:.2} s", t.elapsed().as_secs_f64());
-        let mut unique = sort_keys(&keys, n, true);
-        unique.retain(|&k| (k >> 32) != (k & 0xFFFF_FFFF));
-        tracing::debug!(
-            "round {round}: {} distinct of {} in {:.2} s",
-            unique.len(),
-            keys.len(),
-            t.elapsed().as_secs_f64()
-        );
-        pb.set_position(unique.len().min(target) as u64);
-        if unique.len() >= target {
-            break unique;
+    let mut unique = 0usize;
+    loop {
+        model.sample_into(cfg, round, want, &bounds, &mut ranges);
+        let before = unique;
+        for (r, keys) in ranges.iter_mut().enumerate() {
+            let mut u = sort_keys(keys, row_range(r), true);
+            u.retain(|&k| (k >> 32) != (k & 0xFFFF_FFFF));
+            *keys = u;
         }
-        let rate = unique.len() as f64 / keys.len() as f64;
-        want = unique.len() + ((target - unique.len()) as f64 / rate.max(0.05) * 1.1) as usize + 1024;
-        keys = unique;
+        unique = ranges.iter().map(Vec::len).sum();
+        tracing::debug!("round {round}: {unique} distinct pairs in {:.2} s", t.elapsed().as_secs_f64());
+        pb.set_position(unique.min(target) as u64);
+        if unique >= target {
+            break;
+        }
+        let rate = (unique - before) as f64 / want as f64;
+        want = ((target - unique) as f64 / rate.max(0.05) * 1.1) as usize + 1024;
         round += 1;
         if round > 50 {
             return Err(GraphError::Usage(format!("cannot place {target} distinct edges on {n} nodes")));
         }
-    };
-    drop(keys);
+    }
     pb.finish_and_clear();
 
-    // Thin evenly to exactly `target` pairs (pair i is kept when floor(i·t/u) steps), then add
-    // the reverse of every pair. Kept forward keys stay sorted; only the reverses need sorting.
-    let u = unique.len();
-    let kept_before = |i: usize| (i as u128 * target as u128 / u as u128) as usize;
-    const PIECE: usize = 1 << 16;
-    let mut fwd = vec![0u64; target];
-    let mut rev = vec![0u64; target];
-    let pieces: Vec<(usize, &mut [u64], &mut [u64])> = {
-        let mut out = Vec::new();
-        let (mut f, mut r) = (fwd.as_mut_slice(), rev.as_mut_slice());
-        for a in (0..u).step_by(PIECE) {
-            let k = kept_before((a + PIECE).min(u)) - kept_before(a);
-            let (f1, f2) = std::mem::take(&mut f).split_at_mut(k);
-            let (r1, r2) = std::mem::take(&mut r).split_at_mut(k);
-            out.push((a, f1, r1));
-            (f, r) = (f2, r2);
+    // Thin evenly to exactly `target` pairs: global pair i is kept when floor(i·t/u) steps.
+    let kept_before = |i: usize| (i as u128 * target as u128 / unique as u128) as usize;
+    let mut first = 0usize;
+    for keys in ranges.iter_mut() {
+        let len = keys.len();
+        *keys = thin(keys, first, &kept_before);
+        first += len;
+    }
+
+    // Emit rows in ranges of equal node count. Row v = its lower neighbours (keys with high end
+    // v) followed by its upper neighbours (reversed keys with low end v); low ends crowd the
+    // first rows (the first of K ranges holds about 2/K of all upper entries), hence twice as
+    // many emission ranges as candidate ranges. A candidate range is freed once emission has
+    // passed its last row.
+    let k_count = if ranges.len() == 1 { 1 } else { 2 * ranges.len() as u64 };
+    let emit_bounds: Vec<u64> = (0..=k_count).map(|k| n * k / k_count).collect();
+    let pb = progress::bar(n, "rows", false);
+    let mut row_ptr = vec![0u64; n as usize + 1];
+    let mut offset = 0u64;
+    for k in 0..k_count as usize {
+        let rows = emit_bounds[k]..emit_bounds[k + 1];
+        let live: Vec<usize> = (0..ranges.len()).filter(|&r| bounds[r + 1] > rows.start).collect();
+        let lower_parts: Vec<&[u64]> = live
+            .iter()
+            .map(|&r| {
+                let keys = &ranges[r];
+                let a = keys.partition_point(|&x| x >> 32 < rows.start);
+                let b = keys.partition_point(|&x| x >> 32 < rows.end);
+                &keys[a..b]
+            })
+            .filter(|s| !s.is_empty())
+            .collect();
+        let lower: std::borrow::Cow<[u64]> = match lower_parts.as_slice() {
+            [one] => std::borrow::Cow::Borrowed(one),
+            many => std::borrow::Cow::Owned(many.concat()),
+        };
+        let upper: Vec<u64> = if live.len() == 1 {
+            let keys = &ranges[live[0]];
+            if rows.start == 0 && rows.end == n {
+                keys.par_iter().map(|&x| x.rotate_right(32)).collect()
+            } else {
+                keys.par_iter()
+                    .filter(|&&x| rows.contains(&(x & 0xFFFF_FFFF)))
+                    .map(|&x| x.rotate_right(32))
+                    .collect()
+            }
+        } else {
+            live.par_iter()
+                .flat_map(|&r| {
+                    ranges[r]
+                        .par_iter()
+                        .filter(|&&x| rows.contains(&(x & 0xFFFF_FFFF)))
+                        .map(|&x| x.rotate_right(32))
+                })
+                .collect()
+        };
+        let upper = sort_keys(&upper, rows.clone(), false);
+        let (ptr, cols) = assemble_rows(&lower, &upper, rows.clone());
+        drop((lower, upper));
+        for (i, p) in ptr.iter().enumerate().skip(1) {
+            row_ptr[rows.start as usize + i] = offset + p;
         }
-        out
-    };
-    pieces.into_par_iter().for_each(|(a, f, r)| {
-        let mut w = 0;
-        for (i, &k) in (a..).zip(&unique[a..(a + PIECE).min(u)]) {
-            if kept_before(i + 1) > kept_before(i) {
-                f[w] = k;
-                r[w] = k.rotate_right(32);
-                w += 1;
+        offset += cols.len() as u64;
+        for r in live {
+            if bounds[r + 1] <= rows.end {
+                ranges[r] = Vec::new();
             }
         }
-    });
-    drop(unique);
-    let rev = sort_keys(&rev, n, false);
-    let graph = Csr::from_lower_upper(&fwd, &rev, n as usize);
-    drop((fwd, rev));
-    debug_assert_eq!(graph.num_edges() as u64, e);
+        sink(&cols)?;
+        pb.set_position(rows.end);
+    }
+    pb.finish_and_clear();
+    assert_eq!(offset, e, "the generator emits exactly the requested edges");
     tracing::debug!("graph in {:.2} s", t.elapsed().as_secs_f64());
 
     let classes = cfg.preset.classes;
@@ -473,14 +596,41 @@ pub fn generate(cfg: &GenConfig) -> Result<Generated> {
     let splits = make_splits(cfg, n);
     tracing::debug!("labels and split in {:.2} s", t.elapsed().as_secs_f64());
     let labels_arc = Arc::new(labels.clone());
-    Ok(Generated {
+    Ok(GeneratedParts {
         name: cfg.preset.name.to_string(),
-        graph,
+        row_ptr,
         labels,
         num_classes: classes,
         splits,
         features: GenFeatures::new(cfg, labels_arc),
     })
+}
+
+/// The keys of `keys` (global positions `first..`) that `kept_before` keeps: position i is kept
+/// when `kept_before(i + 1) > kept_before(i)`. Pieces are written in parallel at offsets known
+/// in closed form.
+fn thin(keys: &[u64], first: usize, kept_before: &(dyn Fn(usize) -> usize + Sync)) -> Vec<u64> {
+    const PIECE: usize = 1 << 16;
+    let base = kept_before(first);
+    let mut out = vec![0u64; kept_before(first + keys.len()) - base];
+    let mut pieces = Vec::new();
+    let mut rest = out.as_mut_slice();
+    for a in (0..keys.len()).step_by(PIECE) {
+        let b = (a + PIECE).min(keys.len());
+        let (piece, tail) = rest.split_at_mut(kept_before(first + b) - kept_before(first + a));
+        pieces.push((a, b, piece));
+        rest = tail;
+    }
+    pieces.into_par_iter().for_each(|(a, b, piece)| {
+        let mut w = 0;
+        for (i, &k) in (first + a..).zip(&keys[a..b]) {
+            if kept_before(i + 1) > kept_before(i) {
+                piece[w] = k;
+                w += 1;
+            }
+        }
+    });
+    out
 }
 
 /// A random split of the preset's proportions, each part ascending.
@@ -618,6 +768,16 @@ mod tests {
         let c = generate(&small(8)).unwrap().into_dataset().unwrap();
         assert!(a == b, "same seed, different thread count must give the same dataset");
         assert!(a.graph != c.graph);
+    }
+
+    #[test]
+    fn row_ranges_do_not_change_the_graph() {
+        let one = generate(&small(11)).unwrap();
+        let mut cfg = small(11);
+        cfg.range_bytes_max = 16 << 10; // dozens of ranges
+        let many = generate(&cfg).unwrap();
+        assert!(one.graph == many.graph, "the range count must not change the output");
+        assert_eq!(one.labels, many.labels);
     }
 
     #[test]

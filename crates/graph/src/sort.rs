@@ -3,6 +3,8 @@
 //! turns edge lists into CSR rows without atomics, and its output order is fully determined by
 //! the keys (not by thread scheduling).
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 /// Shared write pointer for the scatter pass.
@@ -25,17 +27,23 @@ impl SharedMut {
 const BUCKET_TARGET: usize = 1 << 15;
 const BUCKETS_MAX: usize = 1 << 16;
 
-/// Sorts `keys` whose row part (`key >> 32`) is below `rows`; optionally drops duplicates.
+/// Sorts `keys` whose row part (`key >> 32`) lies in `rows`; optionally drops duplicates.
 /// Returns the sorted keys.
-pub fn sort_keys(keys: &[u64], rows: u64, dedup: bool) -> Vec<u64> {
+pub fn sort_keys(keys: &[u64], rows: Range<u64>, dedup: bool) -> Vec<u64> {
     if keys.is_empty() {
         return Vec::new();
     }
-    // bucket = key >> shift, with 2^(shift-32) rows per bucket
+    // bucket = (key - base) >> shift, with 2^(shift-32) rows per bucket
+    let base = rows.start << 32;
+    let span = (rows.end - rows.start).max(1);
     let want = (keys.len() / BUCKET_TARGET).clamp(1, BUCKETS_MAX) as u64;
-    let rows_per = (rows.div_ceil(want)).next_power_of_two().max(1);
+    let rows_per = (span.div_ceil(want)).next_power_of_two().max(1);
     let shift = 32 + rows_per.trailing_zeros();
-    let buckets = (rows.div_ceil(rows_per)).max(1) as usize;
+    let buckets = (span.div_ceil(rows_per)).max(1) as usize;
+    let bucket = |k: u64| {
+        debug_assert!(k >= base && (k >> 32) < rows.end, "key outside the row range");
+        ((k - base) >> shift) as usize
+    };
     let chunk = keys.len().div_ceil(rayon::current_num_threads() * 4).max(1 << 14);
     let chunks: Vec<&[u64]> = keys.chunks(chunk).collect();
 
@@ -45,7 +53,7 @@ pub fn sort_keys(keys: &[u64], rows: u64, dedup: bool) -> Vec<u64> {
         .map(|c| {
             let mut h = vec![0usize; buckets];
             for &k in *c {
-                h[(k >> shift) as usize] += 1;
+                h[bucket(k)] += 1;
             }
             h
         })
@@ -67,7 +75,7 @@ pub fn sort_keys(keys: &[u64], rows: u64, dedup: bool) -> Vec<u64> {
     let dst = SharedMut(out.as_mut_ptr());
     chunks.par_iter().zip(offsets).for_each(|(c, mut off)| {
         for &k in *c {
-            let b = (k >> shift) as usize;
+            let b = bucket(k);
             // SAFETY: off[b] walks this chunk's exclusive range for bucket b (sized by the
             // histogram), which lies inside out's capacity of keys.len().
             unsafe { dst.at(off[b]).write(k) };
@@ -114,10 +122,13 @@ pub fn sort_keys(keys: &[u64], rows: u64, dedup: bool) -> Vec<u64> {
     out
 }
 
-/// Row pointer (length `rows + 1`) of sorted keys, from one parallel scan for row changes.
-pub fn row_ptr_of_sorted(keys: &[u64], rows: usize) -> Vec<u64> {
-    let row = |i: usize| (keys[i] >> 32) as usize;
-    let mut ptr = vec![0u64; rows + 1];
+/// Row pointer (length `rows.len() + 1`, local to `rows.start`) of sorted keys whose rows lie
+/// in `rows`, from one parallel scan for row changes.
+pub fn row_ptr_of_sorted(keys: &[u64], rows: Range<u64>) -> Vec<u64> {
+    let first = rows.start as usize;
+    let row = |i: usize| (keys[i] >> 32) as usize - first;
+    let count = (rows.end - rows.start) as usize;
+    let mut ptr = vec![0u64; count + 1];
     if keys.is_empty() {
         return ptr;
     }
@@ -140,6 +151,35 @@ pub fn row_ptr_of_sorted(keys: &[u64], rows: usize) -> Vec<u64> {
     ptr
 }
 
+/// Rows `rows` of a symmetric graph from its two halves: `lower` keys `(v << 32) | u` with
+/// `u < v` and `upper` keys `(v << 32) | w` with `w > v`, each sorted, all rows in `rows`.
+/// Row `v` is its lower part followed by its upper part, sorted without merging. Returns the
+/// local row pointer and the columns.
+pub fn assemble_rows(lower: &[u64], upper: &[u64], rows: Range<u64>) -> (Vec<u64>, Vec<u32>) {
+    let (pl, pu) = (row_ptr_of_sorted(lower, rows.clone()), row_ptr_of_sorted(upper, rows));
+    let ptr: Vec<u64> = pl.par_iter().zip(&pu).map(|(a, b)| a + b).collect();
+    let mut cols = vec![0u32; lower.len() + upper.len()];
+    let mut pieces = Vec::new();
+    let mut rest = cols.as_mut_slice();
+    for r in crate::csr::balanced_ranges(&ptr, rayon::current_num_threads() * 8) {
+        let (c, tail) = rest.split_at_mut((ptr[r.end] - ptr[r.start]) as usize);
+        pieces.push((r, c));
+        rest = tail;
+    }
+    pieces.into_par_iter().for_each(|(r, c)| {
+        let mut w = 0;
+        for v in r {
+            let l = &lower[pl[v] as usize..pl[v + 1] as usize];
+            let u = &upper[pu[v] as usize..pu[v + 1] as usize];
+            for k in l.iter().chain(u) {
+                c[w] = *k as u32;
+                w += 1;
+            }
+        }
+    });
+    (ptr, cols)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,14 +192,23 @@ mod tests {
             let keys: Vec<u64> = (0..n).map(|_| (s.below(rows) << 32) | s.below(64)).collect();
             let mut want = keys.clone();
             want.sort_unstable();
-            assert_eq!(sort_keys(&keys, rows, false), want);
+            assert_eq!(sort_keys(&keys, 0..rows, false), want);
             want.dedup();
-            let got = sort_keys(&keys, rows, true);
+            let got = sort_keys(&keys, 0..rows, true);
             assert_eq!(got, want);
-            let ptr = row_ptr_of_sorted(&got, rows as usize);
+            let ptr = row_ptr_of_sorted(&got, 0..rows);
             for r in 0..rows as usize {
                 assert!(got[ptr[r] as usize..ptr[r + 1] as usize].iter().all(|&k| (k >> 32) as usize == r));
             }
+            // a sub-range of rows, offset
+            let lo = rows / 2;
+            let part: Vec<u64> = keys.iter().copied().filter(|k| k >> 32 >= lo).collect();
+            let mut want: Vec<u64> = part.clone();
+            want.sort_unstable();
+            assert_eq!(sort_keys(&part, lo..rows, false), want);
+            let ptr = row_ptr_of_sorted(&want, lo..rows);
+            assert_eq!(ptr.len() as u64, rows - lo + 1);
+            assert_eq!(*ptr.last().unwrap(), want.len() as u64);
         }
     }
 }

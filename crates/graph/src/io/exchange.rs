@@ -119,7 +119,76 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
     Ok(ds)
 }
 
-/// Writes the exchange layout; features come from `features` and are streamed.
+/// Writes the exchange layout in one forward pass: sources (the CSR's columns) streamed first,
+/// then targets from the row pointer, then the rest.
+pub struct ExchangeWriter {
+    dir: std::path::PathBuf,
+    edges: NpyWriter,
+    written: u64,
+}
+
+impl ExchangeWriter {
+    /// Starts `dir` for a graph of `num_edges` directed edges.
+    pub fn create(dir: &Path, num_edges: u64) -> Result<ExchangeWriter> {
+        std::fs::create_dir_all(dir).map_err(|e| GraphError::io(dir, e))?;
+        let edges = NpyWriter::create(&dir.join("edge_index.npy"), DType::I64, &[2, num_edges])?;
+        Ok(ExchangeWriter { dir: dir.to_path_buf(), edges, written: 0 })
+    }
+
+    /// Appends column indices (rows in order).
+    pub fn push_cols(&mut self, cols: &[u32]) -> Result<()> {
+        for c in cols.chunks(1 << 22) {
+            let v: Vec<i64> = c.par_iter().map(|&x| x as i64).collect();
+            self.edges.write(&v)?;
+        }
+        self.written += cols.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the targets and the other arrays.
+    pub fn finish(
+        mut self,
+        row_ptr: &[u64],
+        labels: &[i32],
+        splits: &Splits,
+        features: &dyn FeatureSource,
+    ) -> Result<()> {
+        let n = row_ptr.len() - 1;
+        assert_eq!(row_ptr[n], self.written, "row_ptr ends at the number of columns written");
+        for rows in crate::csr::balanced_ranges(row_ptr, (self.written as usize >> 22).max(1)) {
+            let v: Vec<i64> = rows
+                .into_par_iter()
+                .flat_map_iter(|r| std::iter::repeat_n(r as i64, (row_ptr[r + 1] - row_ptr[r]) as usize))
+                .collect();
+            self.edges.write(&v)?;
+        }
+        self.edges.finish()?;
+        let dir = &self.dir;
+        let dim = features.dim();
+        let mut w = NpyWriter::create(&dir.join("node_feat.npy"), DType::F32, &[n as u64, dim as u64])?;
+        let rows_per = ((32 << 20) / (dim * 4)).max(1);
+        let pb = progress::bar((n * dim * 4) as u64, "features", true);
+        let mut buf = Vec::new();
+        for r0 in (0..n).step_by(rows_per) {
+            let k = rows_per.min(n - r0);
+            buf.resize(k * dim, 0f32);
+            features.fill(r0, &mut buf)?;
+            w.write(&buf)?;
+            pb.inc((k * dim * 4) as u64);
+        }
+        pb.finish_and_clear();
+        w.finish()?;
+        let lab: Vec<i64> = labels.iter().map(|&y| y as i64).collect();
+        super::npy::write_array(&dir.join("node_label.npy"), DType::I64, &[n as u64], &lab)?;
+        for (name, ids) in splits.named() {
+            let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+            super::npy::write_array(&dir.join(format!("{name}_idx.npy")), DType::I64, &[v.len() as u64], &v)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes the exchange layout of an in-memory graph; features are streamed from `features`.
 pub fn write(
     dir: &Path,
     graph: &Csr,
@@ -127,44 +196,9 @@ pub fn write(
     splits: &Splits,
     features: &dyn FeatureSource,
 ) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| GraphError::io(dir, e))?;
-    let n = graph.num_nodes();
-    let e = graph.num_edges() as u64;
-    // edge_index: sources (the CSR's columns), then targets (the row of each entry)
-    let mut w = NpyWriter::create(&dir.join("edge_index.npy"), DType::I64, &[2, e])?;
-    for c in graph.col_idx().chunks(1 << 22) {
-        let v: Vec<i64> = c.par_iter().map(|&x| x as i64).collect();
-        w.write(&v)?;
-    }
-    for rows in graph.balanced_row_ranges((e as usize >> 22).max(1)) {
-        let v: Vec<i64> = rows
-            .into_par_iter()
-            .flat_map_iter(|r| std::iter::repeat_n(r as i64, graph.row(r).len()))
-            .collect();
-        w.write(&v)?;
-    }
-    w.finish()?;
-    let dim = features.dim();
-    let mut w = NpyWriter::create(&dir.join("node_feat.npy"), DType::F32, &[n as u64, dim as u64])?;
-    let rows_per = ((32 << 20) / (dim * 4)).max(1);
-    let pb = progress::bar((n * dim * 4) as u64, "features", true);
-    let mut buf = Vec::new();
-    for r0 in (0..n).step_by(rows_per) {
-        let k = rows_per.min(n - r0);
-        buf.resize(k * dim, 0f32);
-        features.fill(r0, &mut buf)?;
-        w.write(&buf)?;
-        pb.inc((k * dim * 4) as u64);
-    }
-    pb.finish_and_clear();
-    w.finish()?;
-    let lab: Vec<i64> = labels.iter().map(|&y| y as i64).collect();
-    super::npy::write_array(&dir.join("node_label.npy"), DType::I64, &[n as u64], &lab)?;
-    for (name, ids) in splits.named() {
-        let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
-        super::npy::write_array(&dir.join(format!("{name}_idx.npy")), DType::I64, &[v.len() as u64], &v)?;
-    }
-    Ok(())
+    let mut w = ExchangeWriter::create(dir, graph.num_edges() as u64)?;
+    w.push_cols(graph.col_idx())?;
+    w.finish(graph.row_ptr(), labels, splits, features)
 }
 
 /// Writes an in-memory dataset.

@@ -149,6 +149,128 @@ impl Out {
     }
 }
 
+/// Incremental xxh3 of consecutive `chunk_bytes` pieces of a stream: the leaves of a
+/// section's tree checksum, computed while the section is written.
+struct Leaves {
+    chunk_bytes: u64,
+    cur: xxhash_rust::xxh3::Xxh3,
+    cur_len: u64,
+    leaves: Vec<u64>,
+}
+
+impl Leaves {
+    fn new(chunk_bytes: u64) -> Self {
+        Leaves { chunk_bytes, cur: xxhash_rust::xxh3::Xxh3::new(), cur_len: 0, leaves: Vec::new() }
+    }
+    fn update(&mut self, mut b: &[u8]) {
+        while !b.is_empty() {
+            let take = ((self.chunk_bytes - self.cur_len) as usize).min(b.len());
+            self.cur.update(&b[..take]);
+            self.cur_len += take as u64;
+            b = &b[take..];
+            if self.cur_len == self.chunk_bytes {
+                self.leaves.push(self.cur.digest());
+                self.cur.reset();
+                self.cur_len = 0;
+            }
+        }
+    }
+    fn finish(mut self) -> u64 {
+        if self.cur_len > 0 {
+            self.leaves.push(self.cur.digest());
+        }
+        xxh3_64(as_bytes(&self.leaves))
+    }
+}
+
+/// Writes a native file in one forward pass: the column indices first, streamed in pieces
+/// (so a generator never holds them twice), then everything else. The section table records
+/// where each section landed, so file order need not be table order.
+pub struct NativeWriter {
+    path: PathBuf,
+    out: Out,
+    name: String,
+    num_nodes: u64,
+    col: Option<(u64, Leaves)>,
+    written_cols: u64,
+}
+
+impl NativeWriter {
+    /// Starts `path` (written as `path.grnd.partial` until [`NativeWriter::finish`]).
+    pub fn create(path: &Path, name: &str, num_nodes: u64) -> Result<NativeWriter> {
+        crate::csr::check_node_count(num_nodes)?;
+        let tmp = path.with_extension("grnd.partial");
+        let file = File::create(&tmp).map_err(|e| GraphError::io(&tmp, e))?;
+        let mut out = Out { path: tmp, w: BufWriter::with_capacity(8 << 20, file), pos: 0 };
+        out.write(&[0u8; HEADER_BYTES])?;
+        let col = Some((out.pos, Leaves::new(CHUNK_BYTES)));
+        Ok(NativeWriter {
+            path: path.to_path_buf(),
+            out,
+            name: name.to_string(),
+            num_nodes,
+            col,
+            written_cols: 0,
+        })
+    }
+
+    /// Appends column indices (rows in order).
+    pub fn push_cols(&mut self, cols: &[u32]) -> Result<()> {
+        let (_, leaves) = self.col.as_mut().expect("columns come before finish");
+        let b = as_bytes(cols);
+        leaves.update(b);
+        self.written_cols += cols.len() as u64;
+        self.out.write(b)
+    }
+
+    /// Writes the remaining sections and the header, syncs, and renames into place.
+    pub fn finish(
+        mut self,
+        row_ptr: &[u64],
+        labels: &[i32],
+        num_classes: u32,
+        splits: &Splits,
+        features: &dyn FeatureSource,
+    ) -> Result<()> {
+        let n = self.num_nodes as usize;
+        assert_eq!(row_ptr.len(), n + 1, "row_ptr has N + 1 entries");
+        assert_eq!(row_ptr[n], self.written_cols, "row_ptr ends at the number of columns written");
+        assert_eq!(labels.len(), n, "one label per node");
+        assert_eq!(features.rows(), n, "one feature row per node");
+        let (col_at, leaves) = self.col.take().expect("finish once");
+        let col = Section {
+            kind: Kind::ColIdx,
+            offset: col_at,
+            bytes: self.written_cols * 4,
+            chunk_bytes: CHUNK_BYTES,
+            checksum: leaves.finish(),
+        };
+        let out = &mut self.out;
+        let mut sections = vec![out.section(Kind::RowPtr, row_ptr)?, col, out.section(Kind::Labels, labels)?];
+        for (kind, ids) in
+            [(Kind::Train, &splits.train), (Kind::Valid, &splits.valid), (Kind::Test, &splits.test)]
+        {
+            sections.push(out.section(kind, ids)?);
+        }
+        sections.push(write_features(out, features)?);
+        let tmp = out.path.clone();
+        out.w.flush().map_err(|e| GraphError::io(&tmp, e))?;
+        let mut file = self.out.w.into_inner().map_err(|e| GraphError::io(&tmp, e.into_error()))?;
+        let header = encode_header(
+            &self.name,
+            self.num_nodes,
+            self.written_cols,
+            features.dim() as u64,
+            num_classes,
+            &sections,
+        );
+        file.seek(SeekFrom::Start(0)).map_err(|e| GraphError::io(&tmp, e))?;
+        file.write_all(&header).map_err(|e| GraphError::io(&tmp, e))?;
+        file.sync_all().map_err(|e| GraphError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &self.path).map_err(|e| GraphError::io(&self.path, e))
+    }
+}
+
 /// Writes a dataset whose features come from `features` (streamed in parallel batches).
 pub fn write(
     path: &Path,
@@ -159,39 +281,11 @@ pub fn write(
     splits: &Splits,
     features: &dyn FeatureSource,
 ) -> Result<()> {
-    let n = graph.num_nodes();
-    assert_eq!(labels.len(), n, "one label per node");
-    assert_eq!(features.rows(), n, "one feature row per node");
-    let tmp = path.with_extension("grnd.partial");
-    let file = File::create(&tmp).map_err(|e| GraphError::io(&tmp, e))?;
-    let mut out = Out { path: tmp.clone(), w: BufWriter::with_capacity(8 << 20, file), pos: 0 };
-    out.write(&[0u8; HEADER_BYTES])?;
-    let mut sections = vec![
-        out.section(Kind::RowPtr, graph.row_ptr())?,
-        out.section(Kind::ColIdx, graph.col_idx())?,
-        out.section(Kind::Labels, labels)?,
-    ];
-    for (kind, ids) in
-        [(Kind::Train, &splits.train), (Kind::Valid, &splits.valid), (Kind::Test, &splits.test)]
-    {
-        sections.push(out.section(kind, ids)?);
+    let mut w = NativeWriter::create(path, name, graph.num_nodes() as u64)?;
+    for piece in graph.col_idx().chunks(CHUNK_BYTES as usize / 4) {
+        w.push_cols(piece)?;
     }
-    sections.push(write_features(&mut out, features)?);
-    out.w.flush().map_err(|e| GraphError::io(&tmp, e))?;
-    let mut file = out.w.into_inner().map_err(|e| GraphError::io(&tmp, e.into_error()))?;
-    let header = encode_header(
-        name,
-        n as u64,
-        graph.num_edges() as u64,
-        features.dim() as u64,
-        num_classes,
-        &sections,
-    );
-    file.seek(SeekFrom::Start(0)).map_err(|e| GraphError::io(&tmp, e))?;
-    file.write_all(&header).map_err(|e| GraphError::io(&tmp, e))?;
-    file.sync_all().map_err(|e| GraphError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| GraphError::io(path, e))?;
-    Ok(())
+    w.finish(graph.row_ptr(), labels, num_classes, splits, features)
 }
 
 fn write_features(out: &mut Out, src: &dyn FeatureSource) -> Result<Section> {
