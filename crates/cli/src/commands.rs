@@ -56,8 +56,20 @@ struct Info {
     load_seconds: f64,
 }
 
+/// A byte count in the largest binary unit that keeps it at or above 1.
 fn gib(b: u64) -> String {
-    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = b as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < units.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{x:.2} {}", units[u])
+    }
 }
 
 fn info(a: InfoArgs) -> anyhow::Result<()> {

@@ -101,7 +101,9 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let e = flat.len() / 2;
     let (src, dst) = checked_pairs(&edge_path, (0..e).map(|i| (flat[i], flat[e + i])), n)?;
     drop(flat);
+    let spin = crate::progress::spinner("csr");
     let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
+    spin.finish_and_clear();
     let splits = Splits {
         train: ids(dir, "train_idx.npy", "train", n)?.into(),
         valid: ids(dir, "valid_idx.npy", "valid", n)?.into(),

@@ -104,7 +104,9 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let flat = edges.to_i64()?;
     let (src, dst) =
         super::exchange::checked_pairs(&edge_path, flat.chunks_exact(2).map(|p| (p[0], p[1])), n)?;
+    let spin = crate::progress::spinner("csr");
     let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
+    spin.finish_and_clear();
     let ds = Dataset {
         name: dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "igb".into()),
         graph,

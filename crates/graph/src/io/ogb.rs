@@ -107,7 +107,9 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
     };
     let splits =
         Splits { train: split("train")?.into(), valid: split("valid")?.into(), test: split("test")?.into() };
+    let spin = crate::progress::spinner("csr");
     let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
+    spin.finish_and_clear();
     let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let ds = Dataset { name, graph, features, labels: labels.into(), num_classes, splits };
     ds.validate(&dir)?;
