@@ -19,7 +19,7 @@ echo
 echo "== generate --preset $preset"
 for r in $(seq "$reps"); do
   rm -f "$file"
-  $bin generate --preset "$preset" --seed 0 --out "$file" 2>&1 | grep -o 'graph in.*' || true
+  $bin generate --preset "$preset" --seed 0 --out "$file" 2>&1 | grep -o 'generated and wrote.*' || true
 done
 size=$(stat -c %s "$file")
 echo "file: $file, $size bytes"
