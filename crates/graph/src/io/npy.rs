@@ -97,6 +97,8 @@ pub struct Npy {
     pub shape: Vec<u64>,
     /// Byte offset of the first element.
     pub data_offset: usize,
+    /// Column-major storage (2-D only); readers return row-major data either way.
+    pub fortran: bool,
     map: Arc<Mmap>,
 }
 
@@ -134,13 +136,14 @@ impl Npy {
             .map_err(|e| fmt(start as u64 + e.valid_up_to() as u64, "header is not text".into()))?;
         let (dtype, fortran, shape) =
             parse_header(header).map_err(|msg| fmt(start as u64, format!("bad header {header:?}: {msg}")))?;
-        if fortran && shape.len() > 1 {
+        if fortran && shape.len() > 2 {
             return Err(fmt(
                 start as u64,
-                "Fortran-ordered arrays are not supported; save with np.ascontiguousarray".into(),
+                "Fortran-ordered arrays of more than 2 dimensions are not supported; save with np.ascontiguousarray".into(),
             ));
         }
-        let npy = Npy { path: path.to_path_buf(), dtype, shape, data_offset: end, map };
+        let fortran = fortran && shape_is_2d(&shape);
+        let npy = Npy { path: path.to_path_buf(), dtype, shape, data_offset: end, fortran, map };
         npy.check_length(len)?;
         Ok(npy)
     }
@@ -148,7 +151,7 @@ impl Npy {
     /// Maps a headerless raw file (IGB large/full `node_feat.npy`) of known shape.
     pub fn open_raw(path: &Path, dtype: DType, shape: Vec<u64>) -> Result<Npy> {
         let (map, len) = map_file(path)?;
-        let npy = Npy { path: path.to_path_buf(), dtype, shape, data_offset: 0, map };
+        let npy = Npy { path: path.to_path_buf(), dtype, shape, data_offset: 0, fortran: false, map };
         npy.check_length(len)?;
         Ok(npy)
     }
@@ -211,7 +214,19 @@ impl Npy {
         Ok(())
     }
 
+    /// Storage position of row-major element `i`.
+    fn storage_index(&self, i: usize) -> usize {
+        if self.fortran {
+            let (r, c) = (self.shape[0] as usize, self.shape[1] as usize);
+            (i % c) * r + i / c
+        } else {
+            i
+        }
+    }
+
+    /// Row-major element `i`.
     fn elem<T: Pod>(&self, i: usize) -> T {
+        let i = self.storage_index(i);
         let s = std::mem::size_of::<T>();
         let b = &self.bytes()[i * s..(i + 1) * s];
         // SAFETY: `b` holds exactly size_of::<T>() bytes and T is Pod; read_unaligned has no
@@ -301,6 +316,26 @@ impl Npy {
                 format!("expected float32 or float64 features, found {other:?}"),
             )),
         }
+    }
+}
+
+fn shape_is_2d(shape: &[u64]) -> bool {
+    shape.len() == 2
+}
+
+/// Every element as f64, row-major (any numeric dtype but half precision).
+impl Npy {
+    pub fn to_f64(&self) -> Result<Vec<f64>> {
+        (0..self.len())
+            .map(|i| {
+                Ok(match self.dtype {
+                    DType::F32 => self.elem::<f32>(i) as f64,
+                    DType::F64 => self.elem::<f64>(i),
+                    DType::F16 => return Err(GraphError::format(&self.path, 0, "float16 is not supported")),
+                    _ => return self.to_i64().map(|v| v[i] as f64),
+                })
+            })
+            .collect()
     }
 }
 

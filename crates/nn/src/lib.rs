@@ -1,0 +1,20 @@
+//! GNN layers with forward and backward written by hand, the loss, the optimizers and models,
+//! all on the [`grinnder_tensor::Backend`] trait.
+//!
+//! Every layer has the same shape: `init`, `forward` returning what backward needs,
+//! `backward` accumulating parameter gradients and returning the input gradient, and
+//! `params_mut`. Each layer's module documents its formula and shapes.
+
+pub mod gcn;
+pub mod graph;
+pub mod layer_norm;
+pub mod linear;
+pub mod model;
+pub mod optim;
+pub mod param;
+pub mod sage;
+
+pub use graph::Graph;
+pub use model::{Kind, Model, ModelConfig, Norm};
+pub use optim::{OptimConfig, Optimizer};
+pub use param::Param;

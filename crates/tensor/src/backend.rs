@@ -1,0 +1,151 @@
+//! The Backend trait: the few operations every layer is written on (STYLE.md: it stays small).
+//! A backend owns where matrices live (host memory, GPU memory); layers only call these.
+//!
+//! Conventions: matrices are row-major `rows × cols`; `beta` in an output-producing operation
+//! means `out = result + beta · out` (`beta = 0` overwrites, `1` accumulates). Sparse
+//! operations take a structure (`Self::Sparse`) and a value set (`Self::Mat` of shape
+//! `nnz × k`, in CSR order; `k` = 1, or heads for attention).
+
+use crate::mat::Mat;
+use crate::scalar::Scalar;
+use crate::sparse::SparseMatrix;
+
+/// Where a dropout mask comes from: bit-identical wherever the same element is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaskKey {
+    pub seed: u64,
+    pub epoch: u64,
+    /// Which dropout site (layer and place within it).
+    pub site: u64,
+}
+
+/// Element-wise maps applied in place.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unary {
+    Relu,
+    Scale(f64),
+}
+
+/// Element-wise combinations `b = f(a, b)`, in place on `b`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Binary {
+    /// `b = a + b`
+    Add,
+    /// `b = b · [a > 0]` (ReLU backward given the ReLU output `a`)
+    ReluGrad,
+}
+
+/// Which side of a sparse matrix an edge reduction collects on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// Sum over each row's entries (a node's in-edges).
+    Row,
+    /// Sum over each column's entries (a node's out-edges).
+    Col,
+}
+
+/// One optimizer step's hyper-parameters (PyTorch's definitions; see `grinnder_nn::optim`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StepRule {
+    /// Adam with L2 decay added to the gradient (`decoupled = false`) or AdamW's decoupled
+    /// decay (`decoupled = true`); `t` is the 1-based step number.
+    Adam { lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64, decoupled: bool, t: u64 },
+    /// SGD with momentum in PyTorch's form `buf = m·buf + g; p -= lr·buf`, L2 decay added to `g`.
+    Sgd { lr: f64, momentum: f64, weight_decay: f64, first: bool },
+}
+
+/// Compute operations on matrices that live in the backend's memory.
+pub trait Backend: Send + Sync + 'static {
+    type T: Scalar;
+    type Mat: Send + Sync;
+    type Sparse: Send + Sync;
+
+    /// Moves a sparse structure into the backend.
+    fn sparse(&self, s: &SparseMatrix) -> Self::Sparse;
+    fn upload(&self, m: &Mat<Self::T>) -> Self::Mat;
+    fn download(&self, m: &Self::Mat) -> Mat<Self::T>;
+    fn zeros(&self, rows: usize, cols: usize) -> Self::Mat;
+    fn dims(&self, m: &Self::Mat) -> (usize, usize);
+    /// `dst = src` (same shape).
+    fn copy(&self, src: &Self::Mat, dst: &mut Self::Mat);
+
+    /// `c = alpha · op(a) · op(b) + beta · c`, `op` transposing when asked.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        alpha: f64,
+        a: &Self::Mat,
+        ta: bool,
+        b: &Self::Mat,
+        tb: bool,
+        beta: f64,
+        c: &mut Self::Mat,
+    );
+
+    /// `out = op(A) · x + beta · out` with `A` the structure `s` carrying values `vals[:, 0]`.
+    fn spmm(
+        &self,
+        s: &Self::Sparse,
+        vals: &Self::Mat,
+        transpose: bool,
+        x: &Self::Mat,
+        beta: f64,
+        out: &mut Self::Mat,
+    );
+
+    fn unary(&self, op: Unary, x: &mut Self::Mat);
+    fn binary(&self, op: Binary, a: &Self::Mat, b: &mut Self::Mat);
+    /// `x[r, :] += row` for every row (bias).
+    fn add_row(&self, row: &Self::Mat, x: &mut Self::Mat);
+    /// `out[0, :] = Σ_r x[r, :] + beta · out` (bias gradient).
+    fn col_sums(&self, x: &Self::Mat, beta: f64, out: &mut Self::Mat);
+
+    /// Inverted dropout in place: element `(r, c)` is kept with probability `1 - p` and scaled
+    /// by `1 / (1 - p)`, the decision keyed by (key, `first_row + r`, c). Applying it to a
+    /// gradient with the same key and rows is the backward pass.
+    fn dropout(&self, key: MaskKey, p: f64, first_row: usize, x: &mut Self::Mat);
+
+    /// LayerNorm over each row: `y = (x - μ) / sqrt(σ² + eps) · gamma + beta`, biased variance.
+    /// Writes `y` and per-row `(μ, 1/σ)` into `stats` (`rows × 2`).
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm(
+        &self,
+        x: &Self::Mat,
+        gamma: &Self::Mat,
+        beta: &Self::Mat,
+        eps: f64,
+        y: &mut Self::Mat,
+        stats: &mut Self::Mat,
+    );
+    /// Backward of [`Backend::layer_norm`]: writes `dx`, accumulates `dgamma`, `dbeta`.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_backward(
+        &self,
+        x: &Self::Mat,
+        gamma: &Self::Mat,
+        stats: &Self::Mat,
+        dy: &Self::Mat,
+        dx: &mut Self::Mat,
+        dgamma: &mut Self::Mat,
+        dbeta: &mut Self::Mat,
+    );
+
+    /// Softmax cross-entropy over the rows `rows` of `logits` with integer `labels` (indexed by
+    /// row): returns `(Σ loss, number of correct argmax predictions)` and writes
+    /// `grad[r] = scale · (softmax(logits[r]) - onehot)` for those rows (other rows untouched).
+    fn cross_entropy(
+        &self,
+        logits: &Self::Mat,
+        labels: &[i32],
+        rows: &[u32],
+        scale: f64,
+        grad: &mut Self::Mat,
+    ) -> (f64, usize);
+
+    /// Updates `p` in place from gradient `g` and optimizer state `s1`, `s2` (same shape;
+    /// Adam's moments, or SGD's momentum buffer in `s1`).
+    fn step(&self, rule: StepRule, p: &mut Self::Mat, g: &Self::Mat, s1: &mut Self::Mat, s2: &mut Self::Mat);
+
+    /// Number of `rows` whose argmax of `logits` equals their label.
+    fn count_correct(&self, logits: &Self::Mat, labels: &[i32], rows: &[u32]) -> usize;
+}

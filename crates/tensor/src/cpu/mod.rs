@@ -1,0 +1,117 @@
+//! The CPU backend: matrices in host memory, gemm through the `gemm` crate, everything else
+//! row-parallel with rayon. Generic over `f32` and `f64`.
+
+mod dense;
+mod sparse;
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::backend::{Backend, Binary, MaskKey, StepRule, Unary};
+use crate::mat::Mat;
+use crate::scalar::Scalar;
+use crate::sparse::SparseMatrix;
+
+/// The CPU backend for element type `T`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu<T>(PhantomData<T>);
+
+impl<T> Cpu<T> {
+    pub fn new() -> Self {
+        Cpu(PhantomData)
+    }
+}
+
+impl<T: Scalar> Backend for Cpu<T> {
+    type T = T;
+    type Mat = Mat<T>;
+    type Sparse = Arc<SparseMatrix>;
+
+    fn sparse(&self, s: &SparseMatrix) -> Self::Sparse {
+        Arc::new(s.clone())
+    }
+    fn upload(&self, m: &Mat<T>) -> Mat<T> {
+        m.clone()
+    }
+    fn download(&self, m: &Mat<T>) -> Mat<T> {
+        m.clone()
+    }
+    fn zeros(&self, rows: usize, cols: usize) -> Mat<T> {
+        Mat::zeros(rows, cols)
+    }
+    fn dims(&self, m: &Mat<T>) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+    fn copy(&self, src: &Mat<T>, dst: &mut Mat<T>) {
+        assert_eq!((src.rows, src.cols), (dst.rows, dst.cols), "copy between different shapes");
+        dst.data.copy_from_slice(&src.data);
+    }
+    fn gemm(&self, alpha: f64, a: &Mat<T>, ta: bool, b: &Mat<T>, tb: bool, beta: f64, c: &mut Mat<T>) {
+        dense::gemm(alpha, a, ta, b, tb, beta, c)
+    }
+    fn spmm(
+        &self,
+        s: &Self::Sparse,
+        vals: &Mat<T>,
+        transpose: bool,
+        x: &Mat<T>,
+        beta: f64,
+        out: &mut Mat<T>,
+    ) {
+        sparse::spmm(s, vals, transpose, x, beta, out)
+    }
+    fn unary(&self, op: Unary, x: &mut Mat<T>) {
+        dense::unary(op, x)
+    }
+    fn binary(&self, op: Binary, a: &Mat<T>, b: &mut Mat<T>) {
+        dense::binary(op, a, b)
+    }
+    fn add_row(&self, row: &Mat<T>, x: &mut Mat<T>) {
+        dense::add_row(row, x)
+    }
+    fn col_sums(&self, x: &Mat<T>, beta: f64, out: &mut Mat<T>) {
+        dense::col_sums(x, beta, out)
+    }
+    fn dropout(&self, key: MaskKey, p: f64, first_row: usize, x: &mut Mat<T>) {
+        dense::dropout(key, p, first_row, x)
+    }
+    fn layer_norm(
+        &self,
+        x: &Mat<T>,
+        gamma: &Mat<T>,
+        beta: &Mat<T>,
+        eps: f64,
+        y: &mut Mat<T>,
+        stats: &mut Mat<T>,
+    ) {
+        dense::layer_norm(x, gamma, beta, eps, y, stats)
+    }
+    fn layer_norm_backward(
+        &self,
+        x: &Mat<T>,
+        gamma: &Mat<T>,
+        stats: &Mat<T>,
+        dy: &Mat<T>,
+        dx: &mut Mat<T>,
+        dgamma: &mut Mat<T>,
+        dbeta: &mut Mat<T>,
+    ) {
+        dense::layer_norm_backward(x, gamma, stats, dy, dx, dgamma, dbeta)
+    }
+    fn cross_entropy(
+        &self,
+        logits: &Mat<T>,
+        labels: &[i32],
+        rows: &[u32],
+        scale: f64,
+        grad: &mut Mat<T>,
+    ) -> (f64, usize) {
+        dense::cross_entropy(logits, labels, rows, scale, grad)
+    }
+    fn step(&self, rule: StepRule, p: &mut Mat<T>, g: &Mat<T>, s1: &mut Mat<T>, s2: &mut Mat<T>) {
+        dense::step(rule, p, g, s1, s2)
+    }
+    fn count_correct(&self, logits: &Mat<T>, labels: &[i32], rows: &[u32]) -> usize {
+        dense::count_correct(logits, labels, rows)
+    }
+}

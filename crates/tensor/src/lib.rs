@@ -1,0 +1,18 @@
+//! Dense and sparse matrices and the small [`Backend`] trait every layer is written on, with
+//! its CPU implementation ([`Cpu`]).
+//!
+//! **Invariant:** this crate knows nothing of graphs, datasets or models: a graph reaches it as
+//! a [`SparseMatrix`] with value sets.
+
+pub mod backend;
+pub mod cpu;
+pub mod dropout;
+pub mod mat;
+pub mod scalar;
+pub mod sparse;
+
+pub use backend::{Backend, Binary, MaskKey, Side, StepRule, Unary};
+pub use cpu::Cpu;
+pub use mat::Mat;
+pub use scalar::Scalar;
+pub use sparse::SparseMatrix;

@@ -1,0 +1,33 @@
+//! Element types of the CPU kernels: `f32` for training, `f64` for gradient checks.
+
+use std::fmt::Debug;
+use std::iter::Sum;
+use std::ops::{AddAssign, DivAssign, MulAssign, SubAssign};
+
+use num_traits::Float;
+
+/// A floating-point element the kernels are generic over.
+pub trait Scalar:
+    Float + Debug + Default + Send + Sync + Sum + AddAssign + SubAssign + MulAssign + DivAssign + 'static
+{
+    fn of(x: f64) -> Self;
+    fn f64(self) -> f64;
+}
+
+impl Scalar for f32 {
+    fn of(x: f64) -> Self {
+        x as f32
+    }
+    fn f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl Scalar for f64 {
+    fn of(x: f64) -> Self {
+        x
+    }
+    fn f64(self) -> f64 {
+        self
+    }
+}

@@ -1,0 +1,60 @@
+//! `SparseMatrix`: the structure of a sparse matrix in CSR form together with its transpose,
+//! so that both `A·X` and `Aᵀ·X` run as row-parallel gathers without atomics. Values are
+//! separate (per stored entry, in CSR order), so one structure serves several value sets
+//! (normalisations, attention coefficients).
+//!
+//! Invariant: `t_perm[k]` is the CSR position of the k-th entry of the transpose, so
+//! `Aᵀ[t_row][t_col_idx[k]] = vals[t_perm[k]]`.
+
+/// CSR structure of an `rows × cols` matrix and of its transpose.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparseMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub row_ptr: Vec<u64>,
+    pub col_idx: Vec<u32>,
+    pub t_row_ptr: Vec<u64>,
+    pub t_col_idx: Vec<u32>,
+    pub t_perm: Vec<u64>,
+}
+
+impl SparseMatrix {
+    /// Builds the transpose of a CSR structure (each row's columns ascending).
+    pub fn new(rows: usize, cols: usize, row_ptr: Vec<u64>, col_idx: Vec<u32>) -> SparseMatrix {
+        assert_eq!(row_ptr.len(), rows + 1, "row_ptr has rows + 1 entries");
+        assert_eq!(row_ptr[rows] as usize, col_idx.len(), "row_ptr ends at the entry count");
+        let nnz = col_idx.len();
+        // transpose by a counting sort over columns; rows are visited in order, so every
+        // transposed row comes out ascending
+        let mut t_row_ptr = vec![0u64; cols + 1];
+        for &c in &col_idx {
+            assert!((c as usize) < cols, "column {c} out of range");
+            t_row_ptr[c as usize + 1] += 1;
+        }
+        for c in 0..cols {
+            t_row_ptr[c + 1] += t_row_ptr[c];
+        }
+        let mut cursor = t_row_ptr.clone();
+        let mut t_col_idx = vec![0u32; nnz];
+        let mut t_perm = vec![0u64; nnz];
+        for r in 0..rows {
+            for e in row_ptr[r]..row_ptr[r + 1] {
+                let c = col_idx[e as usize] as usize;
+                let at = cursor[c] as usize;
+                t_col_idx[at] = r as u32;
+                t_perm[at] = e;
+                cursor[c] += 1;
+            }
+        }
+        SparseMatrix { rows, cols, row_ptr, col_idx, t_row_ptr, t_col_idx, t_perm }
+    }
+
+    pub fn nnz(&self) -> usize {
+        self.col_idx.len()
+    }
+
+    /// Entries of row `r` as a CSR position range.
+    pub fn row_range(&self, r: usize) -> std::ops::Range<usize> {
+        self.row_ptr[r] as usize..self.row_ptr[r + 1] as usize
+    }
+}

@@ -1,0 +1,155 @@
+//! Every fast CPU kernel against a plain reference on random inputs.
+
+use grinnder_tensor::{Backend, Cpu, MaskKey, Mat, SparseMatrix, Unary};
+
+fn rand_mat(rows: usize, cols: usize, seed: u64) -> Mat<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data = (0..rows * cols)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        })
+        .collect();
+    Mat::from_vec(rows, cols, data)
+}
+
+fn naive_gemm(a: &Mat<f64>, ta: bool, b: &Mat<f64>, tb: bool) -> Mat<f64> {
+    let at = |i: usize, j: usize| if ta { a.data[j * a.cols + i] } else { a.data[i * a.cols + j] };
+    let bt = |i: usize, j: usize| if tb { b.data[j * b.cols + i] } else { b.data[i * b.cols + j] };
+    let (m, k) = if ta { (a.cols, a.rows) } else { (a.rows, a.cols) };
+    let n = if tb { b.rows } else { b.cols };
+    let mut c = Mat::zeros(m, n);
+    for i in 0..m {
+        for j in 0..n {
+            c.data[i * n + j] = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
+        }
+    }
+    c
+}
+
+#[test]
+fn gemm_matches_reference_for_every_transpose() {
+    let cpu = Cpu::<f64>::new();
+    for (m, k, n) in [(1, 1, 1), (7, 5, 3), (64, 33, 17), (130, 70, 40)] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let a = if ta { rand_mat(k, m, 1) } else { rand_mat(m, k, 1) };
+            let b = if tb { rand_mat(n, k, 2) } else { rand_mat(k, n, 2) };
+            let c0 = rand_mat(m, n, 3);
+            let mut c = c0.clone();
+            cpu.gemm(2.0, &a, ta, &b, tb, 0.5, &mut c);
+            let mut want = naive_gemm(&a, ta, &b, tb);
+            want.data.iter_mut().zip(&c0.data).for_each(|(w, c)| *w = 2.0 * *w + 0.5 * c);
+            assert!(c.max_rel_err(&want, 1.0) < 1e-13, "{m}×{k}×{n} ta={ta} tb={tb}");
+            let cf = Cpu::<f32>::new();
+            let mut c32 = c0.cast::<f32>();
+            cf.gemm(2.0, &a.cast(), ta, &b.cast(), tb, 0.5, &mut c32);
+            // f32 inputs carry ~6e-8 relative rounding; sums of k terms of size ~1 give ~1e-6 absolute
+            assert!(c32.cast::<f64>().max_rel_err(&want, 1.0) < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn spmm_and_its_transpose_match_dense_products() {
+    let cpu = Cpu::<f64>::new();
+    // a 5 × 4 sparse matrix
+    let row_ptr = vec![0, 2, 2, 5, 6, 7];
+    let col_idx = vec![0, 3, 1, 2, 3, 0, 2];
+    let s = SparseMatrix::new(5, 4, row_ptr.clone(), col_idx.clone());
+    let vals = rand_mat(7, 1, 9);
+    let mut dense = Mat::zeros(5, 4);
+    for r in 0..5 {
+        for e in row_ptr[r]..row_ptr[r + 1] {
+            dense.data[r * 4 + col_idx[e as usize] as usize] = vals.data[e as usize];
+        }
+    }
+    let x = rand_mat(4, 3, 4);
+    let mut out = rand_mat(5, 3, 5);
+    let sp = cpu.sparse(&s);
+    cpu.spmm(&sp, &vals, false, &x, 0.0, &mut out);
+    assert!(out.max_rel_err(&naive_gemm(&dense, false, &x, false), 1e-12) < 1e-12);
+    let g = rand_mat(5, 3, 6);
+    let mut outt = Mat::zeros(4, 3);
+    cpu.spmm(&sp, &vals, true, &g, 0.0, &mut outt);
+    assert!(outt.max_rel_err(&naive_gemm(&dense, true, &g, false), 1e-12) < 1e-12);
+}
+
+#[test]
+fn dropout_masks_are_keyed_and_consistent() {
+    let cpu = Cpu::<f64>::new();
+    let key = MaskKey { seed: 1, epoch: 2, site: 3 };
+    let mut whole = Mat::from_vec(100, 8, vec![1.0; 800]);
+    cpu.dropout(key, 0.5, 0, &mut whole);
+    // the same rows computed as a separate block get the same mask
+    let mut part = Mat::from_vec(10, 8, vec![1.0; 80]);
+    cpu.dropout(key, 0.5, 40, &mut part);
+    assert_eq!(&whole.data[40 * 8..50 * 8], &part.data[..]);
+    let kept = whole.data.iter().filter(|&&v| v != 0.0).count();
+    assert!((300..500).contains(&kept), "kept {kept} of 800 at p = 0.5");
+    assert!(whole.data.iter().all(|&v| v == 0.0 || v == 2.0));
+    let mut other = Mat::from_vec(100, 8, vec![1.0; 800]);
+    cpu.dropout(MaskKey { epoch: 3, ..key }, 0.5, 0, &mut other);
+    assert_ne!(whole, other);
+}
+
+#[test]
+fn layer_norm_backward_matches_finite_differences() {
+    let cpu = Cpu::<f64>::new();
+    let (x, gamma, beta, dy) = (rand_mat(4, 6, 1), rand_mat(1, 6, 2), rand_mat(1, 6, 3), rand_mat(4, 6, 4));
+    let loss = |x: &Mat<f64>, gamma: &Mat<f64>| {
+        let (mut y, mut st) = (Mat::zeros(4, 6), Mat::zeros(4, 2));
+        cpu.layer_norm(x, gamma, &beta, 1e-5, &mut y, &mut st);
+        y.data.iter().zip(&dy.data).map(|(a, b)| a * b).sum::<f64>()
+    };
+    let (mut y, mut st) = (Mat::zeros(4, 6), Mat::zeros(4, 2));
+    cpu.layer_norm(&x, &gamma, &beta, 1e-5, &mut y, &mut st);
+    let (mut dx, mut dg, mut db) = (Mat::zeros(4, 6), Mat::zeros(1, 6), Mat::zeros(1, 6));
+    cpu.layer_norm_backward(&x, &gamma, &st, &dy, &mut dx, &mut dg, &mut db);
+    let h = 1e-6;
+    for i in 0..x.data.len() {
+        let (mut p, mut m) = (x.clone(), x.clone());
+        p.data[i] += h;
+        m.data[i] -= h;
+        let fd = (loss(&p, &gamma) - loss(&m, &gamma)) / (2.0 * h);
+        assert!((fd - dx.data[i]).abs() <= 1e-6 * fd.abs().max(1e-3), "dx[{i}]: {fd} vs {}", dx.data[i]);
+    }
+    for j in 0..6 {
+        let (mut p, mut m) = (gamma.clone(), gamma.clone());
+        p.data[j] += h;
+        m.data[j] -= h;
+        let fd = (loss(&x, &p) - loss(&x, &m)) / (2.0 * h);
+        assert!((fd - dg.data[j]).abs() <= 1e-6 * fd.abs().max(1e-3), "dgamma[{j}]");
+        let sum: f64 = (0..4).map(|r| dy.data[r * 6 + j]).sum();
+        assert!((db.data[j] - sum).abs() < 1e-12);
+    }
+}
+
+#[test]
+fn cross_entropy_matches_definition() {
+    let cpu = Cpu::<f64>::new();
+    let logits = rand_mat(5, 3, 7);
+    let labels = [0, 2, 1, 1, 0];
+    let rows = [1u32, 3, 4];
+    let mut grad = Mat::zeros(5, 3);
+    let (loss, correct) = cpu.cross_entropy(&logits, &labels, &rows, 1.0 / 3.0, &mut grad);
+    let mut want = 0.0;
+    let mut want_correct = 0;
+    for &r in &rows {
+        let z = logits.row(r as usize);
+        let lse = z.iter().map(|v| v.exp()).sum::<f64>().ln();
+        want += lse - z[labels[r as usize] as usize];
+        let am = (0..3).max_by(|&a, &b| z[a].total_cmp(&z[b])).unwrap();
+        want_correct += (am as i32 == labels[r as usize]) as usize;
+        let gs: f64 = grad.row(r as usize).iter().sum();
+        assert!(gs.abs() < 1e-12, "softmax gradient rows sum to zero");
+    }
+    assert!((loss - want).abs() < 1e-12);
+    assert_eq!(correct, want_correct);
+    assert!(grad.row(0).iter().all(|&g| g == 0.0), "rows outside the set are untouched");
+    let mut x = rand_mat(2, 2, 1);
+    let before = x.clone();
+    cpu.unary(Unary::Relu, &mut x);
+    assert!(x.data.iter().zip(&before.data).all(|(a, b)| *a == b.max(0.0)));
+}
