@@ -26,8 +26,8 @@ impl<B: Backend> Graph<B> {
     /// Builds from a CSR without self loops.
     pub fn new(b: &B, csr: &Csr) -> Self {
         let looped_csr = csr.with_self_loops();
-        let gcn: Vec<B::T> = norm::gcn_norm(&looped_csr).into_iter().map(|x| B::T::of(x)).collect();
-        let mean: Vec<B::T> = norm::mean_norm(csr).into_iter().map(|x| B::T::of(x)).collect();
+        let gcn: Vec<B::T> = norm::gcn_norm(&looped_csr).into_iter().map(B::T::of).collect();
+        let mean: Vec<B::T> = norm::mean_norm(csr).into_iter().map(B::T::of).collect();
         let (ne, nl) = (mean.len(), gcn.len());
         Graph {
             num_nodes: csr.num_nodes(),
