@@ -22,6 +22,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Train a GNN on a dataset, full-graph (every node and edge, every epoch).
+    Train(Box<TrainArgs>),
     /// Print a dataset's statistics and the memory full-graph training needs.
     Info(InfoArgs),
     /// Convert a dataset (OGB raw, IGB, npy) into the fast native `.grnd` file.
@@ -149,6 +151,196 @@ pub struct GenerateArgs {
     /// Output layout.
     #[arg(long, value_enum, default_value_t = GenFormat::Native)]
     pub format: GenFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelArg {
+    Gcn,
+    Sage,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NormArg {
+    None,
+    Layer,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeatureNormArg {
+    None,
+    Row,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimArg {
+    Adam,
+    Adamw,
+    Sgd,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrecisionArg {
+    F32,
+    F64,
+}
+
+/// Training settings: each may come from a flag or from `--config FILE.toml` (same names,
+/// with `_` for `-`); flags win, then the file, then the defaults shown.
+#[derive(Args, Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSettings {
+    /// Model family [default: gcn].
+    #[arg(long, value_enum)]
+    pub model: Option<ModelArg>,
+    /// Number of layers [default: 2].
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Hidden width [default: 16].
+    #[arg(long)]
+    pub hidden: Option<usize>,
+    /// Dropout after each hidden layer [default: 0.5].
+    #[arg(long)]
+    pub dropout: Option<f64>,
+    /// Dropout on the input features [default: the --dropout value, as Kipf & Welling; 0 keeps
+    /// the input fixed, so the first aggregation is computed once].
+    #[arg(long)]
+    pub input_dropout: Option<f64>,
+    /// Input feature preprocessing: row (PyG's NormalizeFeatures: shift by the global minimum,
+    /// divide each row by its sum) or none [default: row].
+    #[arg(long, value_enum)]
+    pub feature_norm: Option<FeatureNormArg>,
+    /// Normalisation between layers [default: none].
+    #[arg(long, value_enum)]
+    pub norm: Option<NormArg>,
+    /// Residual connections between layers of equal width [default: false].
+    #[arg(long)]
+    pub residual: Option<bool>,
+    /// Optimizer [default: adam].
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimArg>,
+    /// Learning rate [default: 0.01].
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Weight decay (L2 for adam and sgd, decoupled for adamw) [default: 5e-4].
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// SGD momentum [default: 0.9].
+    #[arg(long)]
+    pub momentum: Option<f64>,
+    /// Epochs [default: 200].
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Evaluate every this many epochs [default: 1].
+    #[arg(long)]
+    pub eval_every: Option<usize>,
+    /// Seed of initialisation and dropout [default: 0].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Arithmetic precision [default: f32].
+    #[arg(long, value_enum)]
+    pub precision: Option<PrecisionArg>,
+}
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub input: Input,
+    #[command(flatten)]
+    pub settings: TrainSettings,
+    /// Read settings from a TOML file (flags override it).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Write one JSON object per evaluated epoch, then a summary line with "final": true.
+    #[arg(long)]
+    pub metrics_out: Option<PathBuf>,
+    /// Draw loss and accuracy curves into a PNG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// Validated training settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainPlan {
+    pub config: grinnder_engine::TrainConfig,
+    pub precision: PrecisionArg,
+}
+
+impl TrainArgs {
+    /// Merges flags over the config file over the defaults, and validates once.
+    pub fn plan(&self) -> anyhow::Result<TrainPlan> {
+        let file: TrainSettings = match &self.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))?;
+                toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+            }
+            None => TrainSettings::default(),
+        };
+        let f = &self.settings;
+        macro_rules! pick {
+            ($field:ident, $default:expr) => {
+                f.$field.or(file.$field).unwrap_or($default)
+            };
+        }
+        let layers = pick!(layers, 2);
+        let hidden = pick!(hidden, 16);
+        let dropout = pick!(dropout, 0.5);
+        let input_dropout = pick!(input_dropout, dropout);
+        let lr = pick!(lr, 0.01);
+        let weight_decay = pick!(weight_decay, 5e-4);
+        let momentum = pick!(momentum, 0.9);
+        let epochs = pick!(epochs, 200);
+        let eval_every = pick!(eval_every, 1);
+        anyhow::ensure!(layers >= 1, "--layers must be at least 1");
+        anyhow::ensure!(hidden >= 1, "--hidden must be at least 1");
+        for (name, p) in [("--dropout", dropout), ("--input-dropout", input_dropout)] {
+            anyhow::ensure!((0.0..1.0).contains(&p), "{name} must be in [0, 1), got {p}");
+        }
+        anyhow::ensure!(lr > 0.0 && lr.is_finite(), "--lr must be positive, got {lr}");
+        anyhow::ensure!(weight_decay >= 0.0, "--weight-decay must be non-negative");
+        anyhow::ensure!((0.0..1.0).contains(&momentum), "--momentum must be in [0, 1)");
+        anyhow::ensure!(epochs >= 1, "--epochs must be at least 1");
+        anyhow::ensure!(eval_every >= 1, "--eval-every must be at least 1");
+        let optim = match pick!(optimizer, OptimArg::Adam) {
+            OptimArg::Adam => grinnder_nn::OptimConfig::Adam { lr, weight_decay },
+            OptimArg::Adamw => grinnder_nn::OptimConfig::Adamw { lr, weight_decay },
+            OptimArg::Sgd => grinnder_nn::OptimConfig::Sgd { lr, momentum, weight_decay },
+        };
+        let model = grinnder_nn::ModelConfig {
+            kind: match pick!(model, ModelArg::Gcn) {
+                ModelArg::Gcn => grinnder_nn::Kind::Gcn,
+                ModelArg::Sage => grinnder_nn::Kind::Sage,
+            },
+            layers,
+            hidden,
+            dropout,
+            input_dropout,
+            norm: match pick!(norm, NormArg::None) {
+                NormArg::None => grinnder_nn::Norm::None,
+                NormArg::Layer => grinnder_nn::Norm::Layer,
+            },
+            residual: pick!(residual, false),
+            seed: pick!(seed, 0),
+        };
+        Ok(TrainPlan {
+            config: grinnder_engine::TrainConfig {
+                model,
+                optim,
+                epochs,
+                eval_every,
+                feature_norm: match pick!(feature_norm, FeatureNormArg::Row) {
+                    FeatureNormArg::None => grinnder_engine::FeatureNorm::None,
+                    FeatureNormArg::Row => grinnder_engine::FeatureNorm::Row,
+                },
+            },
+            precision: pick!(precision, PrecisionArg::F32),
+        })
+    }
 }
 
 impl Input {

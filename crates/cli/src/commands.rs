@@ -13,6 +13,7 @@ use crate::args::{Command, ConvertArgs, ExportArgs, ExportFormat, GenFormat, Gen
 
 pub fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
+        Command::Train(a) => crate::train::run(*a),
         Command::Info(a) => info(a),
         Command::Convert(a) => convert(a),
         Command::Export(a) => export(a),

@@ -3,6 +3,8 @@
 
 mod args;
 mod commands;
+mod plot;
+mod train;
 
 use clap::Parser;
 

@@ -113,3 +113,73 @@ fn failures_are_clear_and_exit_nonzero() {
     let o = grinnder(&["info", "--gpu-mem", "lots"]);
     assert!(!o.status.success());
 }
+
+#[test]
+fn train_writes_metrics_and_a_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("m.jsonl");
+    let plot = dir.path().join("curves.png");
+    let o = grinnder(&[
+        "-q",
+        "train",
+        "--epochs",
+        "4",
+        "--hidden",
+        "8",
+        "--metrics-out",
+        metrics.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("test accuracy"), "{}", stdout(&o));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5, "four epochs and the final line");
+    for (i, m) in lines[..4].iter().enumerate() {
+        assert_eq!(m["epoch"], i);
+        for k in ["loss", "train_acc", "valid_acc", "test_acc", "epoch_s", "peak_host_bytes"] {
+            assert!(m[k].is_number(), "key {k} in {m}");
+        }
+    }
+    let last = &lines[4];
+    assert_eq!(last["final"], true);
+    let best = last["best_epoch"].as_u64().unwrap() as usize;
+    assert_eq!(
+        last["test_acc"], lines[best]["test_acc"],
+        "final test accuracy is the best-validation epoch's"
+    );
+    let png = std::fs::read(&plot).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+}
+
+#[test]
+fn train_config_file_and_flag_precedence() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, "model = \"sage\"\nepochs = 2\nhidden = 4\nlr = 0.05\n").unwrap();
+    let metrics = dir.path().join("m.jsonl");
+    let o = grinnder(&[
+        "-q",
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--epochs",
+        "3",
+        "--metrics-out",
+        metrics.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let n = std::fs::read_to_string(&metrics).unwrap().lines().count();
+    assert_eq!(n, 4, "the flag (3 epochs) overrides the file (2)");
+    std::fs::write(&cfg, "epochz = 2\n").unwrap();
+    let o = grinnder(&["-q", "train", "--config", cfg.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("epochz"), "{}", stderr(&o));
+    let o = grinnder(&["-q", "train", "--dropout", "1.5"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--dropout"), "{}", stderr(&o));
+}

@@ -12,9 +12,23 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The drop threshold of probability `p` on 16-bit uniforms.
+#[inline]
+pub fn threshold(p: f64) -> u32 {
+    (p * 65536.0).round() as u32
+}
+
+/// Keep decisions for columns `4q .. 4q + 4` of `row`: one hash yields four 16-bit uniforms,
+/// an element is kept when its uniform is at least `threshold(p)` (probability `1 - p` up to
+/// 2⁻¹⁶).
+#[inline]
+pub fn keep4(key: MaskKey, row: u64, quad: u64, threshold: u32) -> [bool; 4] {
+    let h = mix(mix(mix(mix(mix(key.seed) ^ key.epoch) ^ key.site) ^ row) ^ quad);
+    std::array::from_fn(|i| ((h >> (16 * i)) & 0xFFFF) as u32 >= threshold)
+}
+
 /// True when element (`row`, `col`) survives dropout with probability `p`.
 #[inline]
 pub fn keep(key: MaskKey, row: u64, col: u64, p: f64) -> bool {
-    let h = mix(mix(mix(mix(mix(key.seed) ^ key.epoch) ^ key.site) ^ row) ^ col);
-    ((h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)) >= p
+    keep4(key, row, col / 4, threshold(p))[(col % 4) as usize]
 }

@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use crate::backend::{Binary, MaskKey, StepRule, Unary};
-use crate::dropout::keep;
+use crate::dropout::{keep4, threshold};
 use crate::mat::Mat;
 use crate::scalar::Scalar;
 
@@ -119,9 +119,13 @@ pub fn dropout<T: Scalar>(key: MaskKey, p: f64, first_row: usize, x: &mut Mat<T>
     }
     let scale = T::of(1.0 / (1.0 - p));
     let d = x.cols;
+    let t = threshold(p);
     x.data.par_chunks_mut(d.max(1)).enumerate().for_each(|(r, row)| {
-        for (c, v) in row.iter_mut().enumerate() {
-            *v = if keep(key, (first_row + r) as u64, c as u64, p) { *v * scale } else { T::zero() };
+        for (q, quad) in row.chunks_mut(4).enumerate() {
+            let k = keep4(key, (first_row + r) as u64, q as u64, t);
+            for (v, keep) in quad.iter_mut().zip(k) {
+                *v = if keep { *v * scale } else { T::zero() };
+            }
         }
     });
 }

@@ -1,0 +1,86 @@
+//! `grinnder train`: load, validate the settings once, train in memory, report.
+
+use std::io::Write;
+
+use anyhow::Context;
+use grinnder_engine::{train, EpochMetrics, Summary};
+use grinnder_graph::{io, progress, Dataset};
+use grinnder_tensor::{Backend, Cpu};
+
+use crate::args::{PrecisionArg, TrainArgs, TrainPlan};
+
+pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    let plan = a.plan()?;
+    let path = a.input.path()?;
+    let ds = io::open(&path, a.input.format(), &a.input.options()?)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let m = &plan.config.model;
+    tracing::info!(
+        "{}: {} nodes, {} edges; {:?} {} layers, hidden {}, dropout {}, {:?}, {} epochs, {} threads",
+        ds.name,
+        ds.num_nodes(),
+        ds.graph.num_edges(),
+        m.kind,
+        m.layers,
+        m.hidden,
+        m.dropout,
+        plan.config.optim,
+        plan.config.epochs,
+        rayon::current_num_threads()
+    );
+    let mut metrics_file = match &a.metrics_out {
+        Some(p) => Some(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
+        None => None,
+    };
+    let mut history = Vec::new();
+    let summary = match plan.precision {
+        PrecisionArg::F32 => run_on(&Cpu::<f32>::new(), &ds, &plan, &mut metrics_file, &mut history)?,
+        PrecisionArg::F64 => run_on(&Cpu::<f64>::new(), &ds, &plan, &mut metrics_file, &mut history)?,
+    };
+    if let Some(f) = metrics_file.as_mut() {
+        let mut v = serde_json::to_value(&summary)?;
+        v["final"] = true.into();
+        writeln!(f, "{v}")?;
+    }
+    if let Some(p) = &a.plot {
+        crate::plot::curves(p, &ds.name, &history).with_context(|| format!("cannot draw {}", p.display()))?;
+    }
+    println!(
+        "test accuracy {:.2} % (epoch {} of best validation accuracy {:.2} %); final loss {:.4}; {:.4} s per epoch (median), peak host memory {:.2} GiB",
+        summary.test_acc * 100.0,
+        summary.best_epoch,
+        summary.best_valid_acc * 100.0,
+        summary.final_loss,
+        summary.epoch_s_median,
+        summary.peak_host_bytes as f64 / (1u64 << 30) as f64
+    );
+    Ok(())
+}
+
+fn run_on<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    plan: &TrainPlan,
+    file: &mut Option<std::fs::File>,
+    history: &mut Vec<EpochMetrics>,
+) -> anyhow::Result<Summary> {
+    let pb = progress::bar(plan.config.epochs as u64, "train", false);
+    let mut write_err = None;
+    let summary = train(b, ds, &plan.config, &mut |m| {
+        pb.set_position(m.epoch as u64 + 1);
+        pb.set_message(format!("loss {:.3} val {:.1}%", m.loss, m.valid_acc * 100.0));
+        if let Some(f) = file.as_mut() {
+            if let Err(e) =
+                serde_json::to_string(m).map_err(std::io::Error::other).and_then(|s| writeln!(f, "{s}"))
+            {
+                write_err.get_or_insert(e);
+            }
+        }
+        history.push(m.clone());
+    })?;
+    pb.finish_and_clear();
+    if let Some(e) = write_err {
+        return Err(e).context("cannot write the metrics file");
+    }
+    Ok(summary)
+}

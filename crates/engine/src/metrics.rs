@@ -1,0 +1,47 @@
+//! What training reports: per-epoch figures and the final summary.
+
+use serde::Serialize;
+
+/// One epoch's figures (the keys of `--metrics-out`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EpochMetrics {
+    pub epoch: usize,
+    /// Mean cross-entropy over the training nodes (train mode: with dropout).
+    pub loss: f64,
+    pub train_acc: f64,
+    pub valid_acc: f64,
+    pub test_acc: f64,
+    /// Seconds of the training step (forward, loss, backward, optimizer).
+    pub epoch_s: f64,
+    /// Seconds of the evaluation pass.
+    pub eval_s: f64,
+    /// Peak resident memory of the process so far.
+    pub peak_host_bytes: u64,
+}
+
+/// The run's outcome.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    pub epochs: usize,
+    pub best_epoch: usize,
+    pub best_valid_acc: f64,
+    /// Test accuracy at the best validation epoch.
+    pub test_acc: f64,
+    pub final_loss: f64,
+    /// Median training-step time.
+    pub epoch_s_median: f64,
+    pub peak_host_bytes: u64,
+}
+
+/// Peak resident set size of this process (Linux `VmHWM`; 0 where unavailable).
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
