@@ -9,6 +9,9 @@ use plotters::style::{register_font, FontStyle};
 
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
+/// A curve: its legend, colour and the figure it plots.
+type Series = (&'static str, RGBColor, fn(&EpochMetrics) -> f64);
+
 pub fn curves(path: &Path, title: &str, history: &[EpochMetrics]) -> anyhow::Result<()> {
     anyhow::ensure!(!history.is_empty(), "no evaluated epoch to plot");
     register_font("sans-serif", FontStyle::Normal, FONT)
@@ -43,7 +46,7 @@ pub fn curves(path: &Path, title: &str, history: &[EpochMetrics]) -> anyhow::Res
         .x_label_formatter(&|x| format!("{x:.0}"))
         .label_style(("sans-serif", 13))
         .draw()?;
-    let series: [(&str, RGBColor, fn(&EpochMetrics) -> f64); 3] = [
+    let series: [Series; 3] = [
         ("train", BLUE, |m| m.train_acc),
         ("valid", GREEN, |m| m.valid_acc),
         ("test", BLACK, |m| m.test_acc),

@@ -1,5 +1,6 @@
 //! Model gradients against f64 central finite differences for every option; f32 against f64;
 //! node relabelling permutes outputs and leaves parameter gradients unchanged.
+#![allow(clippy::needless_range_loop)] // index loops mirror the formulas being checked
 
 use grinnder_graph::rng::Stream;
 use grinnder_graph::{BuildOptions, Csr};
