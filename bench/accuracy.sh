@@ -20,4 +20,5 @@ run() { # name dataset args...
 }
 run "Cora GCN" data/cora --model gcn
 run "Cora SAGE" data/cora --model sage
+run "Cora GAT (8 heads x 8)" data/cora --model gat --hidden 8 --heads 8
 [ -d "$pubmed" ] && run "PubMed GCN" "$pubmed" --model gcn || echo "PubMed not found at $pubmed"

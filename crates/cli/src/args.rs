@@ -158,6 +158,7 @@ pub struct GenerateArgs {
 pub enum ModelArg {
     Gcn,
     Sage,
+    Gat,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -214,6 +215,12 @@ pub struct TrainSettings {
     /// divide each row by its sum) or none [default: row].
     #[arg(long, value_enum)]
     pub feature_norm: Option<FeatureNormArg>,
+    /// GAT: attention heads of hidden layers, concatenated (the output layer has one) [default: 8].
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// GAT: dropout on attention coefficients [default: the --dropout value].
+    #[arg(long)]
+    pub attn_dropout: Option<f64>,
     /// Normalisation between layers [default: none].
     #[arg(long, value_enum)]
     pub norm: Option<NormArg>,
@@ -291,6 +298,9 @@ impl TrainArgs {
         let hidden = pick!(hidden, 16);
         let dropout = pick!(dropout, 0.5);
         let input_dropout = pick!(input_dropout, dropout);
+        let attn_dropout = pick!(attn_dropout, dropout);
+        let heads = pick!(heads, 8);
+        anyhow::ensure!(heads >= 1, "--heads must be at least 1");
         let lr = pick!(lr, 0.01);
         let weight_decay = pick!(weight_decay, 5e-4);
         let momentum = pick!(momentum, 0.9);
@@ -298,7 +308,9 @@ impl TrainArgs {
         let eval_every = pick!(eval_every, 1);
         anyhow::ensure!(layers >= 1, "--layers must be at least 1");
         anyhow::ensure!(hidden >= 1, "--hidden must be at least 1");
-        for (name, p) in [("--dropout", dropout), ("--input-dropout", input_dropout)] {
+        for (name, p) in
+            [("--dropout", dropout), ("--input-dropout", input_dropout), ("--attn-dropout", attn_dropout)]
+        {
             anyhow::ensure!((0.0..1.0).contains(&p), "{name} must be in [0, 1), got {p}");
         }
         anyhow::ensure!(lr > 0.0 && lr.is_finite(), "--lr must be positive, got {lr}");
@@ -315,7 +327,10 @@ impl TrainArgs {
             kind: match pick!(model, ModelArg::Gcn) {
                 ModelArg::Gcn => grinnder_nn::Kind::Gcn,
                 ModelArg::Sage => grinnder_nn::Kind::Sage,
+                ModelArg::Gat => grinnder_nn::Kind::Gat,
             },
+            heads,
+            attn_dropout,
             layers,
             hidden,
             dropout,

@@ -12,6 +12,7 @@
 use grinnder_tensor::{Backend, Binary, MaskKey, Unary};
 use serde::{Deserialize, Serialize};
 
+use crate::gat::{GatCache, GatConv};
 use crate::gcn::{GcnCache, GcnConv};
 use crate::graph::Graph;
 use crate::layer_norm::LayerNorm;
@@ -24,6 +25,7 @@ use crate::sage::{SageCache, SageConv};
 pub enum Kind {
     Gcn,
     Sage,
+    Gat,
 }
 
 /// Normalisation between layers.
@@ -47,22 +49,39 @@ pub struct ModelConfig {
     pub input_dropout: f64,
     pub norm: Norm,
     pub residual: bool,
+    /// GAT: attention heads of hidden layers (the output layer has one).
+    pub heads: usize,
+    /// GAT: dropout on the attention coefficients.
+    pub attn_dropout: f64,
     pub seed: u64,
 }
 
 enum Conv<B: Backend> {
     Gcn(GcnConv<B>),
     Sage(SageConv<B>),
+    Gat(GatConv<B>),
 }
 
 enum Cache<B: Backend> {
     Gcn(GcnCache<B>),
     Sage(SageCache<B>),
+    Gat(GatCache<B>),
 }
 
 impl<B: Backend> Conv<B> {
-    fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, Cache<B>) {
+    fn forward(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        attn: Option<(MaskKey, f64)>,
+    ) -> (B::Mat, Cache<B>) {
         match self {
+            Conv::Gat(c) => {
+                let (y, k) = c.forward(b, g, x, attn);
+                (y, Cache::Gat(k))
+            }
             Conv::Gcn(c) => {
                 let (y, k) = c.forward(b, g, x, pre);
                 (y, Cache::Gcn(k))
@@ -83,9 +102,11 @@ impl<B: Backend> Conv<B> {
         pre: Option<&B::Mat>,
         cache: Cache<B>,
         dy: &B::Mat,
+        attn: Option<(MaskKey, f64)>,
         need_dx: bool,
     ) -> Option<B::Mat> {
         match (self, cache) {
+            (Conv::Gat(c), Cache::Gat(k)) => c.backward(b, g, x, k, dy, attn, need_dx),
             (Conv::Gcn(c), Cache::Gcn(k)) => c.backward(b, g, x, pre, k, dy, need_dx),
             (Conv::Sage(c), Cache::Sage(k)) => c.backward(b, g, x, pre, k, dy, need_dx),
             _ => unreachable!("a cache always comes from its own layer"),
@@ -96,6 +117,7 @@ impl<B: Backend> Conv<B> {
         match self {
             Conv::Gcn(c) => c.params_mut(),
             Conv::Sage(c) => c.params_mut(),
+            Conv::Gat(c) => c.params_mut(),
         }
     }
 }
@@ -123,13 +145,17 @@ pub struct Model<B: Backend> {
 
 /// Dropout site numbers: hidden layer l uses site l; the input uses this one.
 const INPUT_SITE: u64 = 1 << 20;
+/// Attention dropout of layer l uses site `ATTN_SITE + l`.
+const ATTN_SITE: u64 = 1 << 21;
 
 impl<B: Backend> Model<B> {
     /// Initialises a model for `in_dim` input features and `classes` outputs.
     pub fn init(b: &B, config: ModelConfig, in_dim: usize, classes: usize) -> Self {
         assert!(config.layers >= 1, "a model has at least one layer");
+        let heads = if config.kind == Kind::Gat { config.heads.max(1) } else { 1 };
+        // widths between layers (a GAT hidden layer concatenates its heads)
         let dims: Vec<usize> = std::iter::once(in_dim)
-            .chain(std::iter::repeat_n(config.hidden, config.layers - 1))
+            .chain(std::iter::repeat_n(config.hidden * heads, config.layers - 1))
             .chain([classes])
             .collect();
         let convs = (0..config.layers)
@@ -139,12 +165,16 @@ impl<B: Backend> Model<B> {
                 match config.kind {
                     Kind::Gcn => Conv::Gcn(GcnConv::init(b, &name, dims[l], dims[l + 1], seed)),
                     Kind::Sage => Conv::Sage(SageConv::init(b, &name, dims[l], dims[l + 1], seed)),
+                    Kind::Gat if l + 1 < config.layers => {
+                        Conv::Gat(GatConv::init(b, &name, dims[l], config.hidden, heads, true, seed))
+                    }
+                    Kind::Gat => Conv::Gat(GatConv::init(b, &name, dims[l], classes, 1, false, seed)),
                 }
             })
             .collect();
         let norms = match config.norm {
             Norm::Layer => (0..config.layers - 1)
-                .map(|l| LayerNorm::init(b, &format!("norms.{l}"), config.hidden))
+                .map(|l| LayerNorm::init(b, &format!("norms.{l}"), config.hidden * heads))
                 .collect(),
             Norm::None => Vec::new(),
         };
@@ -154,11 +184,19 @@ impl<B: Backend> Model<B> {
     /// Precomputes the first layer's aggregation of a fixed input (no input dropout).
     pub fn prepare(&mut self, b: &B, g: &Graph<B>, x: &B::Mat) {
         if self.config.input_dropout == 0.0 {
-            self.pre = Some(match self.config.kind {
-                Kind::Gcn => GcnConv::aggregate(b, g, x),
-                Kind::Sage => SageConv::aggregate(b, g, x),
-            });
+            self.pre = match self.config.kind {
+                Kind::Gcn => Some(GcnConv::aggregate(b, g, x)),
+                Kind::Sage => Some(SageConv::aggregate(b, g, x)),
+                // attention depends on the parameters: nothing to precompute
+                Kind::Gat => None,
+            };
         }
+    }
+
+    /// Attention dropout of layer `l` in training.
+    fn attn(&self, train: bool, epoch: u64, l: usize) -> Option<(MaskKey, f64)> {
+        let key = MaskKey { seed: self.config.seed, epoch, site: ATTN_SITE + l as u64 };
+        (train && self.config.attn_dropout > 0.0).then_some((key, self.config.attn_dropout))
     }
 
     pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {
@@ -191,7 +229,7 @@ impl<B: Backend> Model<B> {
         for (l, conv) in self.convs.iter().enumerate() {
             let input = h.as_ref().unwrap_or(x);
             let pre = if l == 0 && h.is_none() { self.pre.as_ref() } else { None };
-            let (mut z, cache) = conv.forward(b, g, input, pre);
+            let (mut z, cache) = conv.forward(b, g, input, pre, self.attn(train, epoch, l));
             tape.caches.push(cache);
             if l + 1 == layers {
                 tape.inputs.push(h);
@@ -239,7 +277,8 @@ impl<B: Backend> Model<B> {
             let input = input_owned.as_ref().unwrap_or(x);
             let pre = if l == 0 && input_owned.is_none() { self.pre.as_ref() } else { None };
             let need_dx = l > 0;
-            let dx = self.convs[l].backward(b, g, input, pre, cache, &grad, need_dx);
+            let attn = self.attn(true, epoch, l);
+            let dx = self.convs[l].backward(b, g, input, pre, cache, &grad, attn, need_dx);
             let Some(mut dx) = dx else { break };
             if let Some(r) = pending.take() {
                 b.binary(Binary::Add, &r, &mut dx);

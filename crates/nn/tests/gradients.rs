@@ -52,11 +52,13 @@ fn loss_and_grads<B: Backend>(
 
 fn configs() -> Vec<ModelConfig> {
     let mut out = Vec::new();
-    for kind in [Kind::Gcn, Kind::Sage] {
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
         for (layers, hidden) in [(1, 4), (2, 3), (2, 7), (3, 6)] {
             for norm in [Norm::None, Norm::Layer] {
                 for residual in [false, true] {
                     for (dropout, input_dropout) in [(0.0, 0.0), (0.4, 0.3)] {
+                        // GAT: 2 heads (concatenated in hidden layers), attention dropout too
+                        let (heads, attn_dropout) = if kind == Kind::Gat { (2, dropout) } else { (1, 0.0) };
                         out.push(ModelConfig {
                             kind,
                             layers,
@@ -65,6 +67,8 @@ fn configs() -> Vec<ModelConfig> {
                             input_dropout,
                             norm,
                             residual,
+                            heads,
+                            attn_dropout,
                             seed: 11,
                         });
                     }
@@ -83,6 +87,12 @@ fn model_gradients_match_finite_differences() {
     let x = random_x(4);
     for cfg in configs() {
         let mut model = Model::init(&b, cfg.clone(), F, C);
+        // check at a generic point: with zero biases, a row whose attention is all dropped
+        // sits exactly on a ReLU kink, where central differences average two slopes
+        let mut s = Stream::new(&[77]);
+        for p in model.params_mut() {
+            p.value.data.iter_mut().for_each(|v| *v += 0.1 * s.normal());
+        }
         model.prepare(&b, &g, &x);
         let (_, grads) = loss_and_grads(&b, &mut model, &g, &x);
         let h = 1e-5;
@@ -123,6 +133,8 @@ fn fixed_input_precomputation_changes_nothing() {
                 input_dropout: 0.0,
                 norm: Norm::None,
                 residual: false,
+                heads: 1,
+                attn_dropout: 0.0,
                 seed: 2,
             };
             let mut plain = Model::init(&b, cfg.clone(), F, C);
@@ -185,7 +197,7 @@ fn relabelling_nodes_permutes_outputs_and_keeps_gradients() {
         px.row_mut(perm[v] as usize).copy_from_slice(x.row(v));
     }
     let (g, pg) = (Graph::new(&b, &csr), Graph::new(&b, &pcsr));
-    for kind in [Kind::Gcn, Kind::Sage] {
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
         for norm in [Norm::None, Norm::Layer] {
             let cfg = ModelConfig {
                 kind,
@@ -193,6 +205,8 @@ fn relabelling_nodes_permutes_outputs_and_keeps_gradients() {
                 hidden: 6,
                 dropout: 0.0,
                 input_dropout: 0.0,
+                heads: 3,
+                attn_dropout: 0.0,
                 norm,
                 residual: true,
                 seed: 4,

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use grinnder_graph::io::npy::Npy;
 use grinnder_graph::{BuildOptions, Csr, SelfLoops};
+use grinnder_nn::gat::GatConv;
 use grinnder_nn::gcn::GcnConv;
 use grinnder_nn::layer_norm::LayerNorm;
 use grinnder_nn::sage::SageConv;
@@ -96,6 +97,33 @@ fn sage_conv_matches_pyg_in_both_evaluation_orders() {
         close(&conv.lin_l.bias.as_ref().unwrap().grad, case, "grad_lin_l_bias.npy");
         close(&conv.lin_r.weight.grad, case, "grad_lin_r_weight.npy");
     }
+}
+
+fn gat_case(case: &str, heads: usize, concat: bool) {
+    let b = B::new();
+    let x = load(case, "x.npy");
+    let g = graph(case, x.rows as u64);
+    let dy = load(case, "upstream.npy");
+    let out_dim = load(case, "param_att_src.npy").cols;
+    let mut conv = GatConv::init(&b, "gat", x.cols, out_dim, heads, concat, 0);
+    set(&mut conv.lin.weight, case, "param_lin_weight.npy");
+    set(&mut conv.att_src, case, "param_att_src.npy");
+    set(&mut conv.att_dst, case, "param_att_dst.npy");
+    set(&mut conv.bias, case, "param_bias.npy");
+    let (y, cache) = conv.forward(&b, &g, &x, None);
+    close(&y, case, "out.npy");
+    let dx = conv.backward(&b, &g, &x, cache, &dy, None, true).unwrap();
+    close(&dx, case, "grad_x.npy");
+    close(&conv.lin.weight.grad, case, "grad_lin_weight.npy");
+    close(&conv.att_src.grad, case, "grad_att_src.npy");
+    close(&conv.att_dst.grad, case, "grad_att_dst.npy");
+    close(&conv.bias.grad, case, "grad_bias.npy");
+}
+
+#[test]
+fn gat_conv_matches_pyg_concat_and_mean() {
+    gat_case("gat_h2_concat", 2, true);
+    gat_case("gat_h3_mean", 3, false);
 }
 
 #[test]

@@ -82,7 +82,9 @@ pub trait Backend: Send + Sync + 'static {
         c: &mut Self::Mat,
     );
 
-    /// `out = op(A) · x + beta · out` with `A` the structure `s` carrying values `vals[:, 0]`.
+    /// `out = op(A) · x + beta · out` with `A` the structure `s` carrying values `vals`. With
+    /// `k = vals.cols > 1` (attention heads), `x` has `k` column blocks of width `x.cols / k`
+    /// and block `h` is multiplied by the matrix of values `vals[:, h]`.
     fn spmm(
         &self,
         s: &Self::Sparse,
@@ -92,6 +94,50 @@ pub trait Backend: Send + Sync + 'static {
         beta: f64,
         out: &mut Self::Mat,
     );
+
+    /// Sampled dense-dense product over the entries of `s`: `out[e, h] = a[r, block h] ·
+    /// b[c, block h]` for entry `e = (r, c)`, `k = out.cols` blocks.
+    fn sddmm(&self, s: &Self::Sparse, a: &Self::Mat, b: &Self::Mat, out: &mut Self::Mat);
+
+    /// Per-head dot products: `out[v, h] = Σ_f z[v, h·F + f] · att[h, f]` (`att` is `k × F`).
+    fn head_dots(&self, z: &Self::Mat, att: &Self::Mat, out: &mut Self::Mat);
+    /// Backward of [`Backend::head_dots`] for upstream `ds` (`n × k`): accumulates
+    /// `dz[v, h·F + f] += ds[v, h] · att[h, f]` and `datt[h, f] += Σ_v ds[v, h] · z[v, h·F + f]`.
+    fn head_dots_backward(
+        &self,
+        z: &Self::Mat,
+        att: &Self::Mat,
+        ds: &Self::Mat,
+        dz: &mut Self::Mat,
+        datt: &mut Self::Mat,
+    );
+
+    /// Attention coefficients: for entry `e = (r, c)` and head `h`, score
+    /// `LeakyReLU(src[c, h] + dst[r, h])` with `slope`, softmax over each row's entries.
+    fn edge_softmax(
+        &self,
+        s: &Self::Sparse,
+        src: &Self::Mat,
+        dst: &Self::Mat,
+        slope: f64,
+        alpha: &mut Self::Mat,
+    );
+    /// Backward of [`Backend::edge_softmax`] through the LeakyReLU: `dpre[e] = leaky'(pre[e]) ·
+    /// α[e] · (dα[e] − Σ_{e' in row} α[e'] dα[e'])`.
+    #[allow(clippy::too_many_arguments)]
+    fn edge_softmax_backward(
+        &self,
+        s: &Self::Sparse,
+        src: &Self::Mat,
+        dst: &Self::Mat,
+        slope: f64,
+        alpha: &Self::Mat,
+        dalpha: &Self::Mat,
+        dpre: &mut Self::Mat,
+    );
+    /// Inverted dropout on per-entry values (`nnz × k`), the decision for entry `(r, c)`, head
+    /// `h` keyed by (key, r, c·k + h): the same wherever the entry is computed.
+    fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Self::Mat);
 
     fn unary(&self, op: Unary, x: &mut Self::Mat);
     fn binary(&self, op: Binary, a: &Self::Mat, b: &mut Self::Mat);

@@ -60,6 +60,33 @@ impl<T: Scalar> Backend for Cpu<T> {
     ) {
         sparse::spmm(s, vals, transpose, x, beta, out)
     }
+    fn sddmm(&self, s: &Self::Sparse, a: &Mat<T>, b: &Mat<T>, out: &mut Mat<T>) {
+        sparse::sddmm(s, a, b, out)
+    }
+    fn head_dots(&self, z: &Mat<T>, att: &Mat<T>, out: &mut Mat<T>) {
+        sparse::head_dots(z, att, out)
+    }
+    fn head_dots_backward(&self, z: &Mat<T>, att: &Mat<T>, ds: &Mat<T>, dz: &mut Mat<T>, datt: &mut Mat<T>) {
+        sparse::head_dots_backward(z, att, ds, dz, datt)
+    }
+    fn edge_softmax(&self, s: &Self::Sparse, src: &Mat<T>, dst: &Mat<T>, slope: f64, alpha: &mut Mat<T>) {
+        sparse::edge_softmax(s, src, dst, slope, alpha)
+    }
+    fn edge_softmax_backward(
+        &self,
+        s: &Self::Sparse,
+        src: &Mat<T>,
+        dst: &Mat<T>,
+        slope: f64,
+        alpha: &Mat<T>,
+        dalpha: &Mat<T>,
+        dpre: &mut Mat<T>,
+    ) {
+        sparse::edge_softmax_backward(s, src, dst, slope, alpha, dalpha, dpre)
+    }
+    fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Mat<T>) {
+        sparse::edge_dropout(s, key, p, vals)
+    }
     fn unary(&self, op: Unary, x: &mut Mat<T>) {
         dense::unary(op, x)
     }

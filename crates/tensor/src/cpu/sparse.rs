@@ -3,6 +3,8 @@
 
 use rayon::prelude::*;
 
+use crate::backend::MaskKey;
+use crate::dropout::keep;
 use crate::mat::Mat;
 use crate::scalar::Scalar;
 use crate::sparse::SparseMatrix;
@@ -33,10 +35,188 @@ pub fn spmm<T: Scalar>(
         let range = ptr[r] as usize..ptr[r + 1] as usize;
         for (k, &col) in range.clone().zip(&idx[range]) {
             let e = if transpose { s.t_perm[k] as usize } else { k };
-            let w = vals.data[e * vc];
             let xr = &x.data[col as usize * d..][..d];
-            for (o, &xv) in o.iter_mut().zip(xr) {
-                *o += w * xv;
+            if vc == 1 {
+                let w = vals.data[e];
+                for (o, &xv) in o.iter_mut().zip(xr) {
+                    *o += w * xv;
+                }
+            } else {
+                let f = d / vc;
+                for (h, (ob, xb)) in o.chunks_mut(f).zip(xr.chunks(f)).enumerate() {
+                    let w = vals.data[e * vc + h];
+                    for (o, &xv) in ob.iter_mut().zip(xb) {
+                        *o += w * xv;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// `out[e, h] = a[r, block h] · b[c, block h]` for every stored entry `e = (r, c)`.
+pub fn sddmm<T: Scalar>(s: &SparseMatrix, a: &Mat<T>, b: &Mat<T>, out: &mut Mat<T>) {
+    let k = out.cols;
+    assert_eq!(out.rows, s.nnz(), "sddmm: one output row per stored entry");
+    assert_eq!((a.cols, b.cols), (a.cols, a.cols), "sddmm: operands of different widths");
+    assert_eq!((a.rows, b.rows), (s.rows, s.cols), "sddmm: operand rows");
+    let f = a.cols / k;
+    rows_of_entries(s, out, |r, entries, out| {
+        let ar = a.row(r);
+        for (e, o) in entries.zip(out.chunks_mut(k)) {
+            let br = b.row(s.col_idx[e] as usize);
+            for (h, o) in o.iter_mut().enumerate() {
+                *o = ar[h * f..(h + 1) * f].iter().zip(&br[h * f..(h + 1) * f]).map(|(&x, &y)| x * y).sum();
+            }
+        }
+    });
+}
+
+/// Runs `f(row, entry range, that range's output rows)` for every row in parallel, over a
+/// per-entry output matrix (`nnz × k`).
+fn rows_of_entries<T: Scalar>(
+    s: &SparseMatrix,
+    out: &mut Mat<T>,
+    f: impl Fn(usize, std::ops::Range<usize>, &mut [T]) + Sync,
+) {
+    let k = out.cols;
+    let mut pieces = Vec::with_capacity(s.rows);
+    let mut rest = out.data.as_mut_slice();
+    for r in 0..s.rows {
+        let range = s.row_range(r);
+        let (p, tail) = rest.split_at_mut(range.len() * k);
+        pieces.push((r, range, p));
+        rest = tail;
+    }
+    pieces.into_par_iter().with_min_len(64).for_each(|(r, range, p)| f(r, range, p));
+}
+
+/// `out[v, h] = Σ_f z[v, h·F + f] · att[h, f]`.
+pub fn head_dots<T: Scalar>(z: &Mat<T>, att: &Mat<T>, out: &mut Mat<T>) {
+    let (k, f) = (att.rows, att.cols);
+    assert_eq!((z.cols, out.cols, out.rows), (k * f, k, z.rows), "head_dots shapes");
+    out.data.par_chunks_mut(k).zip(z.data.par_chunks(k * f)).for_each(|(o, zr)| {
+        for (h, o) in o.iter_mut().enumerate() {
+            *o = zr[h * f..(h + 1) * f].iter().zip(att.row(h)).map(|(&x, &a)| x * a).sum();
+        }
+    });
+}
+
+/// Backward of [`head_dots`]: accumulates `dz` and `datt`.
+pub fn head_dots_backward<T: Scalar>(
+    z: &Mat<T>,
+    att: &Mat<T>,
+    ds: &Mat<T>,
+    dz: &mut Mat<T>,
+    datt: &mut Mat<T>,
+) {
+    let (k, f) = (att.rows, att.cols);
+    dz.data.par_chunks_mut(k * f).zip(ds.data.par_chunks(k)).for_each(|(dzr, dsr)| {
+        for h in 0..k {
+            for (d, &a) in dzr[h * f..(h + 1) * f].iter_mut().zip(att.row(h)) {
+                *d += dsr[h] * a;
+            }
+        }
+    });
+    let acc = z
+        .data
+        .par_chunks(k * f)
+        .zip(ds.data.par_chunks(k))
+        .fold(
+            || vec![T::zero(); k * f],
+            |mut acc, (zr, dsr)| {
+                for h in 0..k {
+                    for j in 0..f {
+                        acc[h * f + j] += dsr[h] * zr[h * f + j];
+                    }
+                }
+                acc
+            },
+        )
+        .reduce(
+            || vec![T::zero(); k * f],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, &y)| *x += y);
+                a
+            },
+        );
+    datt.data.iter_mut().zip(acc).for_each(|(d, a)| *d += a);
+}
+
+#[inline]
+fn leaky<T: Scalar>(x: T, slope: T) -> T {
+    if x > T::zero() {
+        x
+    } else {
+        x * slope
+    }
+}
+
+/// Softmax over each row's entries of `LeakyReLU(src[c, h] + dst[r, h])`.
+pub fn edge_softmax<T: Scalar>(s: &SparseMatrix, src: &Mat<T>, dst: &Mat<T>, slope: f64, alpha: &mut Mat<T>) {
+    let k = alpha.cols;
+    assert_eq!((alpha.rows, src.cols, dst.cols), (s.nnz(), k, k), "edge_softmax shapes");
+    let slope = T::of(slope);
+    rows_of_entries(s, alpha, |r, entries, out| {
+        let dr = dst.row(r);
+        for h in 0..k {
+            let mut m = T::neg_infinity();
+            for (i, e) in entries.clone().enumerate() {
+                let x = leaky(src.data[s.col_idx[e] as usize * k + h] + dr[h], slope);
+                out[i * k + h] = x;
+                m = m.max(x);
+            }
+            let mut sum = T::zero();
+            for i in 0..entries.len() {
+                let x = (out[i * k + h] - m).exp();
+                out[i * k + h] = x;
+                sum += x;
+            }
+            for i in 0..entries.len() {
+                out[i * k + h] /= sum;
+            }
+        }
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn edge_softmax_backward<T: Scalar>(
+    s: &SparseMatrix,
+    src: &Mat<T>,
+    dst: &Mat<T>,
+    slope: f64,
+    alpha: &Mat<T>,
+    dalpha: &Mat<T>,
+    dpre: &mut Mat<T>,
+) {
+    let k = alpha.cols;
+    let slope = T::of(slope);
+    rows_of_entries(s, dpre, |r, entries, out| {
+        let dr = dst.row(r);
+        let base = entries.start;
+        for h in 0..k {
+            let dot: T = entries.clone().map(|e| alpha.data[e * k + h] * dalpha.data[e * k + h]).sum();
+            for e in entries.clone() {
+                let pre = src.data[s.col_idx[e] as usize * k + h] + dr[h];
+                let g = alpha.data[e * k + h] * (dalpha.data[e * k + h] - dot);
+                out[(e - base) * k + h] = if pre > T::zero() { g } else { g * slope };
+            }
+        }
+    });
+}
+
+pub fn edge_dropout<T: Scalar>(s: &SparseMatrix, key: MaskKey, p: f64, vals: &mut Mat<T>) {
+    assert!((0.0..1.0).contains(&p), "dropout probability {p} outside [0, 1)");
+    if p == 0.0 {
+        return;
+    }
+    let k = vals.cols as u64;
+    let scale = T::of(1.0 / (1.0 - p));
+    rows_of_entries(s, vals, |r, entries, out| {
+        for (e, o) in entries.zip(out.chunks_mut(k as usize)) {
+            let c = s.col_idx[e] as u64;
+            for (h, v) in o.iter_mut().enumerate() {
+                *v = if keep(key, r as u64, c * k + h as u64, p) { *v * scale } else { T::zero() };
             }
         }
     });

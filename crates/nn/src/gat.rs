@@ -1,0 +1,168 @@
+//! GATConv (Veličković et al.; PyG's definition, self loops added): for heads h = 1..H,
+//! `z = x Wᵀ` split into heads `z_h` (`[n, F]` each),
+//! `e_{uv,h} = LeakyReLU_{0.2}(a_src,h · z_{u,h} + a_dst,h · z_{v,h})` for every edge `u → v` of
+//! `A + I`, `α_{uv,h} = softmax_u(e_{uv,h})` over `v`'s in-neighbours (its own self loop
+//! included), attention dropout on `α`, `y_{v,h} = Σ_u α_{uv,h} z_{u,h}`; heads concatenated
+//! (`[n, H·F]`) or averaged (`[n, F]`), then `+ b`.
+//! Shapes: `x` `[n, in]`, `W` `[H·F, in]`, `a_src`, `a_dst` `[H, F]`, `b` `[1, H·F]` or `[1, F]`.
+//! Exact under partitioning: a destination's whole in-neighbourhood is in its partition.
+
+use grinnder_tensor::{Backend, MaskKey, Mat};
+
+use crate::graph::Graph;
+use crate::linear::Linear;
+use crate::param::Param;
+
+pub const NEGATIVE_SLOPE: f64 = 0.2;
+
+pub struct GatConv<B: Backend> {
+    pub lin: Linear<B>,
+    pub att_src: Param<B>,
+    pub att_dst: Param<B>,
+    pub bias: Param<B>,
+    pub heads: usize,
+    pub concat: bool,
+    /// `[H·F, F]` with `1/H` on each head's diagonal: averaging heads is a product with it.
+    mean: Option<B::Mat>,
+}
+
+pub struct GatCache<B: Backend> {
+    z: B::Mat,
+    s_src: B::Mat,
+    s_dst: B::Mat,
+    /// attention coefficients before dropout
+    alpha: B::Mat,
+}
+
+impl<B: Backend> GatConv<B> {
+    /// `out_dim` is the width per head.
+    pub fn init(
+        b: &B,
+        name: &str,
+        in_dim: usize,
+        out_dim: usize,
+        heads: usize,
+        concat: bool,
+        seed: u64,
+    ) -> Self {
+        let width = heads * out_dim;
+        let mean = (!concat).then(|| {
+            let mut m = Mat::<B::T>::zeros(width, out_dim);
+            let w = <B::T as grinnder_tensor::Scalar>::of(1.0 / heads as f64);
+            for h in 0..heads {
+                for f in 0..out_dim {
+                    m.data[(h * out_dim + f) * out_dim + f] = w;
+                }
+            }
+            b.upload(&m)
+        });
+        GatConv {
+            lin: Linear::init(b, &format!("{name}.lin"), in_dim, width, false, seed),
+            att_src: Param::glorot(b, format!("{name}.att_src"), heads, out_dim, seed),
+            att_dst: Param::glorot(b, format!("{name}.att_dst"), heads, out_dim, seed),
+            bias: Param::zeros(b, format!("{name}.bias"), 1, if concat { width } else { out_dim }),
+            heads,
+            concat,
+            mean,
+        }
+    }
+
+    fn dropped(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        alpha: &B::Mat,
+        dropout: Option<(MaskKey, f64)>,
+    ) -> Option<B::Mat> {
+        let (key, p) = dropout.filter(|&(_, p)| p > 0.0)?;
+        let (r, c) = b.dims(alpha);
+        let mut a = b.zeros(r, c);
+        b.copy(alpha, &mut a);
+        b.edge_dropout(&g.looped, key, p, &mut a);
+        Some(a)
+    }
+
+    /// Forward; `dropout` is the attention dropout (key, probability) in training.
+    pub fn forward(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        x: &B::Mat,
+        dropout: Option<(MaskKey, f64)>,
+    ) -> (B::Mat, GatCache<B>) {
+        let n = b.dims(x).0;
+        let z = self.lin.forward(b, x);
+        let (mut s_src, mut s_dst) = (b.zeros(n, self.heads), b.zeros(n, self.heads));
+        b.head_dots(&z, &self.att_src.value, &mut s_src);
+        b.head_dots(&z, &self.att_dst.value, &mut s_dst);
+        let mut alpha = b.zeros(b.dims(&g.gcn_vals).0, self.heads);
+        b.edge_softmax(&g.looped, &s_src, &s_dst, NEGATIVE_SLOPE, &mut alpha);
+        let dropped = self.dropped(b, g, &alpha, dropout);
+        let mut agg = b.zeros(n, b.dims(&z).1);
+        b.spmm(&g.looped, dropped.as_ref().unwrap_or(&alpha), false, &z, 0.0, &mut agg);
+        let mut y = match &self.mean {
+            None => agg,
+            Some(m) => {
+                let mut y = b.zeros(n, b.dims(m).1);
+                b.gemm(1.0, &agg, false, m, false, 0.0, &mut y);
+                y
+            }
+        };
+        b.add_row(&self.bias.value, &mut y);
+        (y, GatCache { z, s_src, s_dst, alpha })
+    }
+
+    /// Backward: accumulates parameter gradients, returns `dx` when asked. `dropout` must be
+    /// what forward was given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &mut self,
+        b: &B,
+        g: &Graph<B>,
+        x: &B::Mat,
+        cache: GatCache<B>,
+        dy: &B::Mat,
+        dropout: Option<(MaskKey, f64)>,
+        need_dx: bool,
+    ) -> Option<B::Mat> {
+        let GatCache { z, s_src, s_dst, alpha } = cache;
+        let (n, width) = b.dims(&z);
+        b.col_sums(dy, 1.0, &mut self.bias.grad);
+        let dagg_owned = self.mean.as_ref().map(|m| {
+            let mut d = b.zeros(n, width);
+            b.gemm(1.0, dy, false, m, true, 0.0, &mut d);
+            d
+        });
+        let dagg = dagg_owned.as_ref().unwrap_or(dy);
+        let dropped = self.dropped(b, g, &alpha, dropout);
+        let mut dz = b.zeros(n, width);
+        b.spmm(&g.looped, dropped.as_ref().unwrap_or(&alpha), true, dagg, 0.0, &mut dz);
+        drop(dropped);
+        let nnz = b.dims(&alpha).0;
+        let mut dalpha = b.zeros(nnz, self.heads);
+        b.sddmm(&g.looped, dagg, &z, &mut dalpha);
+        if let Some((key, p)) = dropout.filter(|&(_, p)| p > 0.0) {
+            b.edge_dropout(&g.looped, key, p, &mut dalpha);
+        }
+        let mut dpre = b.zeros(nnz, self.heads);
+        b.edge_softmax_backward(&g.looped, &s_src, &s_dst, NEGATIVE_SLOPE, &alpha, &dalpha, &mut dpre);
+        drop((alpha, dalpha));
+        let ones = b.upload(&Mat::from_vec(
+            n,
+            self.heads,
+            vec![<B::T as grinnder_tensor::Scalar>::of(1.0); n * self.heads],
+        ));
+        let (mut ds_src, mut ds_dst) = (b.zeros(n, self.heads), b.zeros(n, self.heads));
+        b.spmm(&g.looped, &dpre, true, &ones, 0.0, &mut ds_src);
+        b.spmm(&g.looped, &dpre, false, &ones, 0.0, &mut ds_dst);
+        b.head_dots_backward(&z, &self.att_src.value, &ds_src, &mut dz, &mut self.att_src.grad);
+        b.head_dots_backward(&z, &self.att_dst.value, &ds_dst, &mut dz, &mut self.att_dst.grad);
+        self.lin.backward(b, x, &dz, need_dx)
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+        let mut v = self.lin.params_mut();
+        v.extend([&mut self.att_src, &mut self.att_dst, &mut self.bias]);
+        v
+    }
+}
