@@ -8,6 +8,11 @@ mod train;
 
 use clap::Parser;
 
+/// Large matrices are allocated and freed every epoch; mimalloc keeps freed pages for reuse
+/// instead of returning them to the kernel and faulting them in (zeroed) again.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = args::Cli::parse();
     tracing_subscriber::fmt()

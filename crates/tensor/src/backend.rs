@@ -139,6 +139,11 @@ pub trait Backend: Send + Sync + 'static {
     /// `h` keyed by (key, r, c·k + h): the same wherever the entry is computed.
     fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Self::Mat);
 
+    /// `out[i, :] = x[idx[i], :]` (a partition's own and halo rows from a larger matrix).
+    fn gather_rows(&self, x: &Self::Mat, idx: &[u32], out: &mut Self::Mat);
+    /// `out[idx[i], :] += src[i, :]` (halo gradients back to their owners); indices may repeat.
+    fn scatter_add_rows(&self, src: &Self::Mat, idx: &[u32], out: &mut Self::Mat);
+
     fn unary(&self, op: Unary, x: &mut Self::Mat);
     fn binary(&self, op: Binary, a: &Self::Mat, b: &mut Self::Mat);
     /// `x[r, :] += row` for every row (bias).

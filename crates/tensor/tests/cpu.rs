@@ -52,6 +52,32 @@ fn gemm_matches_reference_for_every_transpose() {
 }
 
 #[test]
+fn gemm_with_a_long_inner_dimension_splits_it_exactly() {
+    // weight-gradient shapes: small output, inner dimension over all nodes (the K-split path,
+    // taken with more than one thread)
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    pool.install(gemm_long_inner);
+}
+
+fn gemm_long_inner() {
+    let cpu = Cpu::<f64>::new();
+    for (m, n, k, ta, tb) in
+        [(3, 4, 20_000, true, false), (40, 9, 9_000, true, false), (5, 7, 10_000, false, true)]
+    {
+        let a = if ta { rand_mat(k, m, 11) } else { rand_mat(m, k, 11) };
+        let b = if tb { rand_mat(n, k, 12) } else { rand_mat(k, n, 12) };
+        let c0 = rand_mat(m, n, 13);
+        for beta in [0.0, 1.0] {
+            let mut c = c0.clone();
+            cpu.gemm(0.5, &a, ta, &b, tb, beta, &mut c);
+            let mut want = naive_gemm(&a, ta, &b, tb);
+            want.data.iter_mut().zip(&c0.data).for_each(|(w, c)| *w = 0.5 * *w + beta * c);
+            assert!(c.max_rel_err(&want, 1.0) < 1e-12, "{m}×{k}×{n} beta={beta}");
+        }
+    }
+}
+
+#[test]
 fn spmm_and_its_transpose_match_dense_products() {
     let cpu = Cpu::<f64>::new();
     // a 5 × 4 sparse matrix
@@ -152,4 +178,26 @@ fn cross_entropy_matches_definition() {
     let before = x.clone();
     cpu.unary(Unary::Relu, &mut x);
     assert!(x.data.iter().zip(&before.data).all(|(a, b)| *a == b.max(0.0)));
+}
+
+#[test]
+fn gather_and_scatter_add_are_adjoint() {
+    let cpu = Cpu::<f64>::new();
+    let x = rand_mat(6, 3, 1);
+    let idx = [4u32, 0, 4, 5, 2];
+    let mut g = Mat::zeros(5, 3);
+    cpu.gather_rows(&x, &idx, &mut g);
+    for (i, &r) in idx.iter().enumerate() {
+        assert_eq!(g.row(i), x.row(r as usize));
+    }
+    // <gather(x), y> = <x, scatter_add(y)>
+    let y = rand_mat(5, 3, 2);
+    let mut s = Mat::zeros(6, 3);
+    cpu.scatter_add_rows(&y, &idx, &mut s);
+    let lhs: f64 = g.data.iter().zip(&y.data).map(|(a, b)| a * b).sum();
+    let rhs: f64 = x.data.iter().zip(&s.data).map(|(a, b)| a * b).sum();
+    assert!((lhs - rhs).abs() < 1e-12);
+    assert!(s.row(1).iter().all(|&v| v == 0.0), "rows never indexed stay untouched");
+    let want: Vec<f64> = (0..3).map(|j| y.data[j] + y.data[2 * 3 + j]).collect();
+    assert!(s.row(4).iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-15), "repeated rows add up");
 }

@@ -27,6 +27,42 @@ pub fn gemm<T: Scalar>(alpha: f64, a: &Mat<T>, ta: bool, b: &Mat<T>, tb: bool, b
     let (a_rs, a_cs) = if ta { (1, a.cols as isize) } else { (a.cols as isize, 1) };
     let (b_rs, b_cs) = if tb { (1, b.cols as isize) } else { (b.cols as isize, 1) };
     let threads = rayon::current_num_threads();
+    // A small output with a long inner dimension (weight gradients: out × in over all nodes)
+    // leaves the gemm crate little to split; split the inner dimension instead, one partial
+    // product per task, summed in a fixed order.
+    if threads > 1 && k >= 1 << 13 && m * n <= 1 << 18 {
+        let parts = threads * 2;
+        let bounds: Vec<usize> = (0..=parts).map(|p| k * p / parts).collect();
+        let partials: Vec<Vec<T>> = bounds
+            .windows(2)
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|w| {
+                let mut part = vec![T::zero(); m * n];
+                // SAFETY: rows/columns k0..k1 of op(a) and op(b) lie inside a and b (k1 <= k);
+                // `part` is m×n, row-major, owned by this task.
+                unsafe {
+                    raw_gemm(
+                        (m, n, w[1] - w[0]),
+                        part.as_mut_ptr(),
+                        false,
+                        (a.data.as_ptr().offset(w[0] as isize * a_cs), a_rs, a_cs),
+                        (b.data.as_ptr().offset(w[0] as isize * b_rs), b_rs, b_cs),
+                        T::zero(),
+                        T::one(),
+                        gemm::Parallelism::None,
+                    )
+                };
+                part
+            })
+            .collect();
+        let (alpha, beta) = (T::of(alpha), T::of(beta));
+        c.data.par_iter_mut().enumerate().for_each(|(i, c)| {
+            let sum = partials.iter().fold(T::zero(), |s, p| s + p[i]);
+            *c = if beta == T::zero() { alpha * sum } else { alpha * sum + beta * *c };
+        });
+        return;
+    }
     let par = if m * n * k > 1 << 15 && threads > 1 {
         gemm::Parallelism::Rayon(threads)
     } else {
@@ -35,26 +71,41 @@ pub fn gemm<T: Scalar>(alpha: f64, a: &Mat<T>, ta: bool, b: &Mat<T>, tb: bool, b
     // SAFETY: the pointers cover a (m×k), b (k×n) and c (m×n) under the given strides, as the
     // shape assertions above guarantee; c does not alias a or b (distinct borrows).
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
+        raw_gemm(
+            (m, n, k),
             c.data.as_mut_ptr(),
-            1,
-            c.cols as isize,
             beta != 0.0,
-            a.data.as_ptr(),
-            a_cs,
-            a_rs,
-            b.data.as_ptr(),
-            b_cs,
-            b_rs,
+            (a.data.as_ptr(), a_rs, a_cs),
+            (b.data.as_ptr(), b_rs, b_cs),
             T::of(beta),
             T::of(alpha),
-            false,
-            false,
-            false,
             par,
+        )
+    }
+}
+
+/// `dst (m×n, row-major) = dst_scale · dst + prod_scale · op(a) · op(b)`, operands given as
+/// (pointer, row stride, column stride).
+///
+/// # Safety
+/// The pointers and strides must describe valid m×k, k×n and m×n arrays; `dst` must not alias
+/// the operands.
+#[allow(clippy::too_many_arguments)]
+unsafe fn raw_gemm<T: Scalar>(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut T,
+    read_dst: bool,
+    (a, a_rs, a_cs): (*const T, isize, isize),
+    (b, b_rs, b_cs): (*const T, isize, isize),
+    dst_scale: T,
+    prod_scale: T,
+    par: gemm::Parallelism,
+) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        gemm::gemm(
+            m, n, k, dst, 1, n as isize, read_dst, a, a_cs, a_rs, b, b_cs, b_rs, dst_scale, prod_scale,
+            false, false, false, par,
         )
     }
 }
@@ -279,4 +330,39 @@ pub fn step<T: Scalar>(rule: StepRule, p: &mut Mat<T>, g: &Mat<T>, s1: &mut Mat<
             });
         }
     }
+}
+
+pub fn gather_rows<T: Scalar>(x: &Mat<T>, idx: &[u32], out: &mut Mat<T>) {
+    assert_eq!((out.rows, out.cols), (idx.len(), x.cols), "gather: output shape");
+    let d = x.cols;
+    out.data
+        .par_chunks_mut(d.max(1))
+        .zip(idx.par_iter())
+        .for_each(|(o, &i)| o.copy_from_slice(x.row(i as usize)));
+}
+
+/// Rows are grouped by destination first (a counting sort of `idx`), so each destination row
+/// is summed by one task, in input order: deterministic and free of atomics.
+pub fn scatter_add_rows<T: Scalar>(src: &Mat<T>, idx: &[u32], out: &mut Mat<T>) {
+    assert_eq!((src.rows, src.cols), (idx.len(), out.cols), "scatter-add: input shape");
+    let d = out.cols;
+    let mut ptr = vec![0usize; out.rows + 1];
+    for &i in idx {
+        assert!((i as usize) < out.rows, "scatter-add: row {i} out of range");
+        ptr[i as usize + 1] += 1;
+    }
+    for r in 0..out.rows {
+        ptr[r + 1] += ptr[r];
+    }
+    let mut order = vec![0u32; idx.len()];
+    let mut cursor = ptr.clone();
+    for (k, &i) in idx.iter().enumerate() {
+        order[cursor[i as usize]] = k as u32;
+        cursor[i as usize] += 1;
+    }
+    out.data.par_chunks_mut(d.max(1)).enumerate().for_each(|(r, o)| {
+        for &k in &order[ptr[r]..ptr[r + 1]] {
+            o.iter_mut().zip(src.row(k as usize)).for_each(|(o, &v)| *o += v);
+        }
+    });
 }

@@ -87,6 +87,12 @@ impl<T: Scalar> Backend for Cpu<T> {
     fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Mat<T>) {
         sparse::edge_dropout(s, key, p, vals)
     }
+    fn gather_rows(&self, x: &Mat<T>, idx: &[u32], out: &mut Mat<T>) {
+        dense::gather_rows(x, idx, out)
+    }
+    fn scatter_add_rows(&self, src: &Mat<T>, idx: &[u32], out: &mut Mat<T>) {
+        dense::scatter_add_rows(src, idx, out)
+    }
     fn unary(&self, op: Unary, x: &mut Mat<T>) {
         dense::unary(op, x)
     }
