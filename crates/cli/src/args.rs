@@ -24,6 +24,8 @@ pub struct Cli {
 pub enum Command {
     /// Train a GNN on a dataset, full-graph (every node and edge, every epoch).
     Train(Box<TrainArgs>),
+    /// Partition a dataset and print the quality of the partitioning.
+    Partition(PartitionArgs),
     /// Print a dataset's statistics and the memory full-graph training needs.
     Info(InfoArgs),
     /// Convert a dataset (OGB raw, IGB, npy) into the fast native `.grnd` file.
@@ -72,6 +74,41 @@ pub enum InputFormat {
 pub enum NonFiniteArg {
     Refuse,
     Report,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartitionerArg {
+    Metis,
+    Random,
+    Contiguous,
+}
+
+#[derive(Args, Debug)]
+pub struct PartitionArgs {
+    #[command(flatten)]
+    pub input: Input,
+    /// Number of partitions (one or more values, comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    pub parts: Vec<usize>,
+    /// Partitioner (Spinner and dependency-aware LPA are to come).
+    #[arg(long, value_enum, default_value_t = PartitionerArg::Metis)]
+    pub partitioner: PartitionerArg,
+    /// Seed of randomised partitioners.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print one JSON object per partition count instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl PartitionArgs {
+    pub fn method(&self) -> grinnder_partition::Method {
+        match self.partitioner {
+            PartitionerArg::Metis => grinnder_partition::Method::Metis { seed: self.seed },
+            PartitionerArg::Random => grinnder_partition::Method::Random { seed: self.seed },
+            PartitionerArg::Contiguous => grinnder_partition::Method::Contiguous,
+        }
+    }
 }
 
 #[derive(Args, Debug)]

@@ -9,12 +9,15 @@ use grinnder_graph::io::{self, exchange, igb, native, ogb};
 use grinnder_graph::{stats, Dataset};
 use serde::Serialize;
 
-use crate::args::{Command, ConvertArgs, ExportArgs, ExportFormat, GenFormat, GenerateArgs, InfoArgs, Input};
+use crate::args::{
+    Command, ConvertArgs, ExportArgs, ExportFormat, GenFormat, GenerateArgs, InfoArgs, Input, PartitionArgs,
+};
 
 pub fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
         Command::Train(a) => crate::train::run(*a),
         Command::Info(a) => info(a),
+        Command::Partition(a) => partition(a),
         Command::Convert(a) => convert(a),
         Command::Export(a) => export(a),
         Command::Generate(a) => generate(a),
@@ -194,5 +197,59 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
         e as f64 / total / 1e6,
         a.out.display()
     );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct PartitionReport {
+    partitioner: String,
+    parts: usize,
+    balance: f64,
+    edge_cut: u64,
+    halo_volume: u64,
+    replication_factor: f64,
+    seconds: f64,
+    peak_host_bytes: u64,
+}
+
+fn partition(a: PartitionArgs) -> anyhow::Result<()> {
+    let (ds, _) = load(&a.input)?;
+    if !a.json {
+        println!("{} nodes, {} edges; partitioner {:?}", ds.num_nodes(), ds.graph.num_edges(), a.partitioner);
+        println!(
+            "{:>6} {:>8} {:>12} {:>12} {:>8} {:>9} {:>10}",
+            "parts", "balance", "edge cut", "halo volume", "repl.", "time s", "peak RSS"
+        );
+    }
+    for &parts in &a.parts {
+        let t = Instant::now();
+        let p = grinnder_partition::partition(&ds.graph, parts, a.method())?;
+        let seconds = t.elapsed().as_secs_f64();
+        let q = grinnder_partition::quality(&ds.graph, &p);
+        let r = PartitionReport {
+            partitioner: format!("{:?}", a.partitioner).to_lowercase(),
+            parts,
+            balance: q.balance,
+            edge_cut: q.edge_cut,
+            halo_volume: q.halo_volume,
+            replication_factor: q.replication_factor,
+            seconds,
+            peak_host_bytes: grinnder_engine::metrics::peak_rss_bytes(),
+        };
+        if a.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            println!(
+                "{:>6} {:>8.3} {:>12} {:>12} {:>8.3} {:>9.2} {:>10}",
+                parts,
+                r.balance,
+                r.edge_cut,
+                r.halo_volume,
+                r.replication_factor,
+                r.seconds,
+                gib(r.peak_host_bytes)
+            );
+        }
+    }
     Ok(())
 }

@@ -183,3 +183,17 @@ fn train_config_file_and_flag_precedence() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--dropout"), "{}", stderr(&o));
 }
+
+#[test]
+fn partition_prints_quality_for_each_count() {
+    let o = grinnder(&["partition", "--parts", "1,3", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["halo_volume"], 0, "one partition has no halo");
+    assert!(rows[1]["halo_volume"].as_u64().unwrap() > 0);
+    assert!(rows[1]["balance"].as_f64().unwrap() <= 1.10);
+    let o = grinnder(&["partition", "--parts", "100000"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("at most one partition per node"), "{}", stderr(&o));
+}

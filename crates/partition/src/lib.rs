@@ -1,0 +1,13 @@
+//! Partitioning: which partition owns each node, the renumbering that makes partitions
+//! contiguous id ranges, their quality, and the partitioned graph the layer-wise executor
+//! gathers from (DESIGN.md §3, §5).
+//!
+//! **Invariant:** after renumbering, partition `p` owns exactly the ids `ptr[p]..ptr[p + 1]`.
+
+pub mod partitioned;
+pub mod partitioner;
+pub mod quality;
+
+pub use partitioned::{renumber_ids, renumber_rows, PartitionGraph, PartitionedGraph};
+pub use partitioner::{partition, Method, PartitionError, Partitioning};
+pub use quality::{quality, Quality};
