@@ -79,6 +79,8 @@ pub enum NonFiniteArg {
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PartitionerArg {
     Metis,
+    Spinner,
+    Lpa,
     Random,
     Contiguous,
 }
@@ -90,7 +92,7 @@ pub struct PartitionArgs {
     /// Number of partitions (one or more values, comma separated).
     #[arg(long, value_delimiter = ',', default_value = "4")]
     pub parts: Vec<usize>,
-    /// Partitioner (Spinner and dependency-aware LPA are to come).
+    /// Partitioner: METIS k-way, Spinner, dependency-aware LPA (halo volume), random, contiguous.
     #[arg(long, value_enum, default_value_t = PartitionerArg::Metis)]
     pub partitioner: PartitionerArg,
     /// Seed of randomised partitioners.
@@ -105,6 +107,8 @@ impl PartitionArgs {
     pub fn method(&self) -> grinnder_partition::Method {
         match self.partitioner {
             PartitionerArg::Metis => grinnder_partition::Method::Metis { seed: self.seed },
+            PartitionerArg::Spinner => grinnder_partition::Method::Spinner { seed: self.seed },
+            PartitionerArg::Lpa => grinnder_partition::Method::Lpa { seed: self.seed },
             PartitionerArg::Random => grinnder_partition::Method::Random { seed: self.seed },
             PartitionerArg::Contiguous => grinnder_partition::Method::Contiguous,
         }

@@ -4,6 +4,7 @@
 //!
 //! **Invariant:** after renumbering, partition `p` owns exactly the ids `ptr[p]..ptr[p + 1]`.
 
+pub mod lpa;
 pub mod partitioned;
 pub mod partitioner;
 pub mod quality;

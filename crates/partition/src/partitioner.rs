@@ -4,6 +4,8 @@
 use grinnder_graph::rng::hash_key;
 use grinnder_graph::Csr;
 
+use crate::lpa::{propagate, LpaConfig, Objective};
+
 /// How to partition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
@@ -15,6 +17,10 @@ pub enum Method {
     /// METIS k-way (multilevel, minimises edge cut; imbalance ≤ 3 %), through the `metis` crate
     /// built with 32-bit indices.
     Metis { seed: u64 },
+    /// Spinner: balanced label propagation scored by edges kept inside partitions.
+    Spinner { seed: u64 },
+    /// Dependency-aware label propagation: the same, scored by halo volume.
+    Lpa { seed: u64 },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -92,6 +98,8 @@ pub fn partition(graph: &Csr, parts: usize, method: Method) -> Result<Partitioni
         Method::Contiguous => (0..n).map(|v| (v * parts / n.max(1)) as u32).collect(),
         Method::Metis { .. } if parts == 1 => vec![0; n],
         Method::Metis { seed } => metis_kway(graph, parts, seed)?,
+        Method::Spinner { seed } => propagate(graph, parts, &LpaConfig::new(Objective::EdgeCut, seed)),
+        Method::Lpa { seed } => propagate(graph, parts, &LpaConfig::new(Objective::Halo, seed)),
     };
     Ok(Partitioning::from_parts(parts, part))
 }

@@ -16,9 +16,11 @@ fn graph(n: usize, edges: &[(u32, u32)]) -> Csr {
 }
 
 fn method(k: u8, seed: u64) -> Method {
-    match k % 3 {
+    match k % 5 {
         0 => Method::Random { seed },
         1 => Method::Contiguous,
+        2 => Method::Spinner { seed },
+        3 => Method::Lpa { seed },
         _ => Method::Metis { seed: seed % 1000 },
     }
 }
@@ -152,4 +154,28 @@ fn metis_beats_random_on_a_community_graph() {
         random.edge_cut
     );
     assert!(metis.halo_volume < random.halo_volume, "halo {} vs {}", metis.halo_volume, random.halo_volume);
+}
+
+#[test]
+fn label_propagation_is_balanced_deterministic_and_beats_random() {
+    use grinnder_graph::generate::{generate, preset, GenConfig};
+    let g = generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.02, 4)).unwrap().graph;
+    let random = quality(&g, &partition(&g, 8, Method::Random { seed: 1 }).unwrap());
+    for m in [Method::Spinner { seed: 5 }, Method::Lpa { seed: 5 }] {
+        let p = partition(&g, 8, m).unwrap();
+        let q = quality(&g, &p);
+        assert!(q.balance <= 1.10, "{m:?}: balance {}", q.balance);
+        assert!(
+            q.halo_volume < random.halo_volume,
+            "{m:?}: halo {} vs random {}",
+            q.halo_volume,
+            random.halo_volume
+        );
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(|| partition(&g, 8, m).unwrap());
+        assert_eq!(one, p, "{m:?} depends on the thread count");
+    }
 }
