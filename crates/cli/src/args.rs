@@ -101,9 +101,28 @@ pub struct PartitionArgs {
     /// Print one JSON object per partition count instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Cache partitionings here [default: $XDG_CACHE_HOME/grinnder, else ~/.cache/grinnder].
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Neither read nor write the partition cache.
+    #[arg(long)]
+    pub no_cache: bool,
 }
 
 impl PartitionArgs {
+    /// The cache directory in use, if any.
+    pub fn cache(&self) -> Option<PathBuf> {
+        if self.no_cache {
+            return None;
+        }
+        self.cache_dir.clone().or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                .map(|d| d.join("grinnder"))
+        })
+    }
+
     pub fn method(&self) -> grinnder_partition::Method {
         match self.partitioner {
             PartitionerArg::Metis => grinnder_partition::Method::Metis { seed: self.seed },

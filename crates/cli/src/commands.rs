@@ -209,6 +209,8 @@ struct PartitionReport {
     halo_volume: u64,
     replication_factor: f64,
     seconds: f64,
+    /// Read from the partition cache (then `seconds` is the cache read).
+    cached: bool,
     peak_host_bytes: u64,
 }
 
@@ -223,8 +225,12 @@ fn partition(a: PartitionArgs) -> anyhow::Result<()> {
     }
     for &parts in &a.parts {
         let t = Instant::now();
-        let p = grinnder_partition::partition(&ds.graph, parts, a.method())?;
+        let cache = a.cache();
+        let (p, outcome) =
+            grinnder_partition::partition_cached(&ds.graph, parts, a.method(), cache.as_deref())?;
         let seconds = t.elapsed().as_secs_f64();
+        let cached = matches!(outcome, grinnder_partition::CacheOutcome::Hit(_));
+        tracing::debug!("partition cache: {outcome:?}");
         let q = grinnder_partition::quality(&ds.graph, &p);
         let r = PartitionReport {
             partitioner: format!("{:?}", a.partitioner).to_lowercase(),
@@ -234,20 +240,22 @@ fn partition(a: PartitionArgs) -> anyhow::Result<()> {
             halo_volume: q.halo_volume,
             replication_factor: q.replication_factor,
             seconds,
+            cached,
             peak_host_bytes: grinnder_engine::metrics::peak_rss_bytes(),
         };
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         } else {
             println!(
-                "{:>6} {:>8.3} {:>12} {:>12} {:>8.3} {:>9.2} {:>10}",
+                "{:>6} {:>8.3} {:>12} {:>12} {:>8.3} {:>9.2} {:>10}{}",
                 parts,
                 r.balance,
                 r.edge_cut,
                 r.halo_volume,
                 r.replication_factor,
                 r.seconds,
-                gib(r.peak_host_bytes)
+                gib(r.peak_host_bytes),
+                if cached { "  (cached)" } else { "" }
             );
         }
     }

@@ -186,14 +186,21 @@ fn train_config_file_and_flag_precedence() {
 
 #[test]
 fn partition_prints_quality_for_each_count() {
-    let o = grinnder(&["partition", "--parts", "1,3", "--json"]);
+    let cache = tempfile::tempdir().unwrap();
+    let cache_dir = cache.path().to_str().unwrap();
+    let o = grinnder(&["partition", "--parts", "1,3", "--json", "--cache-dir", cache_dir]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0]["halo_volume"], 0, "one partition has no halo");
     assert!(rows[1]["halo_volume"].as_u64().unwrap() > 0);
     assert!(rows[1]["balance"].as_f64().unwrap() <= 1.10);
-    let o = grinnder(&["partition", "--parts", "100000"]);
+    assert_eq!(rows[1]["cached"], false);
+    let again = grinnder(&["partition", "--parts", "3", "--json", "--cache-dir", cache_dir]);
+    let row: serde_json::Value = serde_json::from_str(stdout(&again).trim()).unwrap();
+    assert_eq!(row["cached"], true, "the second run reads the cache");
+    assert_eq!(row["halo_volume"], rows[1]["halo_volume"]);
+    let o = grinnder(&["partition", "--parts", "100000", "--no-cache"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("at most one partition per node"), "{}", stderr(&o));
 }

@@ -4,11 +4,13 @@
 //!
 //! **Invariant:** after renumbering, partition `p` owns exactly the ids `ptr[p]..ptr[p + 1]`.
 
+pub mod cache;
 pub mod lpa;
 pub mod partitioned;
 pub mod partitioner;
 pub mod quality;
 
+pub use cache::{partition_cached, CacheOutcome};
 pub use partitioned::{renumber_ids, renumber_rows, PartitionGraph, PartitionedGraph};
 pub use partitioner::{partition, Method, PartitionError, Partitioning};
 pub use quality::{quality, Quality};
