@@ -8,6 +8,7 @@
 
 use grinnder_tensor::Backend;
 
+use crate::aggregate;
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::param::Param;
@@ -29,36 +30,18 @@ impl<B: Backend> GcnConv<B> {
 
     /// `Â x`, the aggregation of an input (what a fixed input can have done once).
     pub fn aggregate(b: &B, g: &Graph<B>, x: &B::Mat) -> B::Mat {
-        let (n, d) = b.dims(x);
-        let mut t = b.zeros(n, d);
-        b.spmm(&g.looped, &g.gcn_vals, false, x, 0.0, &mut t);
-        t
+        aggregate::aggregate(b, &g.looped, &g.gcn_vals, x)
     }
 
     /// Forward; `pre` is `Â x` when the caller has it.
     pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, GcnCache<B>) {
-        let (n, _) = b.dims(x);
-        let out_dim = self.lin.out_dim(b);
-        if let Some(t) = pre {
-            return (self.lin.forward(b, t), GcnCache { agg: None });
-        }
-        if self.lin.in_dim(b) <= out_dim {
-            let t = Self::aggregate(b, g, x);
-            (self.lin.forward(b, &t), GcnCache { agg: Some(t) })
-        } else {
-            let mut h = b.zeros(n, out_dim);
-            b.gemm(1.0, x, false, &self.lin.weight.value, true, 0.0, &mut h);
-            let mut y = b.zeros(n, out_dim);
-            b.spmm(&g.looped, &g.gcn_vals, false, &h, 0.0, &mut y);
-            if let Some(bias) = &self.lin.bias {
-                b.add_row(&bias.value, &mut y);
-            }
-            (y, GcnCache { agg: None })
-        }
+        let (y, agg) = aggregate::forward(b, &self.lin, &g.looped, &g.gcn_vals, x, pre);
+        (y, GcnCache { agg })
     }
 
     /// Backward: accumulates parameter gradients, returns `dx` when asked. `pre` must be what
     /// forward was given.
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &mut self,
         b: &B,
@@ -69,25 +52,10 @@ impl<B: Backend> GcnConv<B> {
         dy: &B::Mat,
         need_dx: bool,
     ) -> Option<B::Mat> {
-        if let Some(t) = pre.or(cache.agg.as_ref()) {
-            let dt = self.lin.backward(b, t, dy, need_dx)?;
-            let mut dx = b.zeros(b.dims(&dt).0, b.dims(&dt).1);
-            b.spmm(&g.looped, &g.gcn_vals, true, &dt, 0.0, &mut dx);
-            return Some(dx);
-        }
-        // transform first: y = Â h + b, h = x Wᵀ
-        let (n, out_dim) = b.dims(dy);
-        let mut dh = b.zeros(n, out_dim);
-        b.spmm(&g.looped, &g.gcn_vals, true, dy, 0.0, &mut dh);
-        b.gemm(1.0, &dh, true, x, false, 1.0, &mut self.lin.weight.grad);
-        if let Some(bias) = &mut self.lin.bias {
-            b.col_sums(dy, 1.0, &mut bias.grad);
-        }
-        need_dx.then(|| {
-            let mut dx = b.zeros(n, self.lin.in_dim(b));
-            b.gemm(1.0, &dh, false, &self.lin.weight.value, false, 0.0, &mut dx);
-            dx
-        })
+        let agg = pre.or(cache.agg.as_ref());
+        let mut dx = None;
+        aggregate::backward(b, &mut self.lin, &g.looped, &g.gcn_vals, x, agg, dy, need_dx, &mut dx);
+        dx
     }
 
     pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {

@@ -5,6 +5,7 @@
 //! `backward` accumulating parameter gradients and returning the input gradient, and
 //! `params_mut`. Each layer's module documents its formula and shapes.
 
+pub mod aggregate;
 pub mod gat;
 pub mod gcn;
 pub mod graph;

@@ -6,6 +6,7 @@
 
 use grinnder_tensor::Backend;
 
+use crate::aggregate;
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::param::Param;
@@ -31,30 +32,11 @@ impl<B: Backend> SageConv<B> {
 
     /// `Ā x`.
     pub fn aggregate(b: &B, g: &Graph<B>, x: &B::Mat) -> B::Mat {
-        let (n, d) = b.dims(x);
-        let mut m = b.zeros(n, d);
-        b.spmm(&g.plain, &g.mean_vals, false, x, 0.0, &mut m);
-        m
+        aggregate::aggregate(b, &g.plain, &g.mean_vals, x)
     }
 
     pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, SageCache<B>) {
-        let n = b.dims(x).0;
-        let out_dim = self.lin_l.out_dim(b);
-        let (mut y, agg) = if let Some(m) = pre {
-            (self.lin_l.forward(b, m), None)
-        } else if self.lin_l.in_dim(b) <= out_dim {
-            let m = Self::aggregate(b, g, x);
-            (self.lin_l.forward(b, &m), Some(m))
-        } else {
-            let mut h = b.zeros(n, out_dim);
-            b.gemm(1.0, x, false, &self.lin_l.weight.value, true, 0.0, &mut h);
-            let mut y = b.zeros(n, out_dim);
-            b.spmm(&g.plain, &g.mean_vals, false, &h, 0.0, &mut y);
-            if let Some(bias) = &self.lin_l.bias {
-                b.add_row(&bias.value, &mut y);
-            }
-            (y, None)
-        };
+        let (mut y, agg) = aggregate::forward(b, &self.lin_l, &g.plain, &g.mean_vals, x, pre);
         self.lin_r.forward_into(b, x, 1.0, &mut y);
         (y, SageCache { agg })
     }
@@ -70,23 +52,9 @@ impl<B: Backend> SageConv<B> {
         dy: &B::Mat,
         need_dx: bool,
     ) -> Option<B::Mat> {
+        let agg = pre.or(cache.agg.as_ref());
         let mut dx = self.lin_r.backward(b, x, dy, need_dx);
-        if let Some(m) = pre.or(cache.agg.as_ref()) {
-            if let (Some(dm), Some(dx)) = (self.lin_l.backward(b, m, dy, need_dx), dx.as_mut()) {
-                b.spmm(&g.plain, &g.mean_vals, true, &dm, 1.0, dx);
-            }
-            return dx;
-        }
-        let (n, out_dim) = b.dims(dy);
-        let mut dh = b.zeros(n, out_dim);
-        b.spmm(&g.plain, &g.mean_vals, true, dy, 0.0, &mut dh);
-        b.gemm(1.0, &dh, true, x, false, 1.0, &mut self.lin_l.weight.grad);
-        if let Some(bias) = &mut self.lin_l.bias {
-            b.col_sums(dy, 1.0, &mut bias.grad);
-        }
-        if let Some(dx) = dx.as_mut() {
-            b.gemm(1.0, &dh, false, &self.lin_l.weight.value, false, 1.0, dx);
-        }
+        aggregate::backward(b, &mut self.lin_l, &g.plain, &g.mean_vals, x, agg, dy, need_dx, &mut dx);
         dx
     }
 

@@ -1,0 +1,86 @@
+//! `y = A · x · Wᵀ + b` for a fixed sparse `A` (a structure and its value set) — the part GCN
+//! and SAGE share — evaluated on the narrower side: `(A x) Wᵀ` when `in ≤ out` (the
+//! aggregation `A x` is kept for backward, or given precomputed for a fixed input), else
+//! `A (x Wᵀ)`. Every order computes the same function and gradients.
+
+use grinnder_tensor::Backend;
+
+use crate::linear::Linear;
+
+/// `A x`.
+pub fn aggregate<B: Backend>(b: &B, s: &B::Sparse, vals: &B::Mat, x: &B::Mat) -> B::Mat {
+    let (n, d) = b.dims(x);
+    let mut t = b.zeros(n, d);
+    b.spmm(s, vals, false, x, 0.0, &mut t);
+    t
+}
+
+/// Forward; `pre` is `A x` when the caller has it. Returns `y` and the aggregation to keep for
+/// backward (when this call computed one).
+pub fn forward<B: Backend>(
+    b: &B,
+    lin: &Linear<B>,
+    s: &B::Sparse,
+    vals: &B::Mat,
+    x: &B::Mat,
+    pre: Option<&B::Mat>,
+) -> (B::Mat, Option<B::Mat>) {
+    if let Some(t) = pre {
+        return (lin.forward(b, t), None);
+    }
+    let out_dim = lin.out_dim(b);
+    if lin.in_dim(b) <= out_dim {
+        let t = aggregate(b, s, vals, x);
+        return (lin.forward(b, &t), Some(t));
+    }
+    let n = b.dims(x).0;
+    let mut h = b.zeros(n, out_dim);
+    b.gemm(1.0, x, false, &lin.weight.value, true, 0.0, &mut h);
+    let mut y = b.zeros(n, out_dim);
+    b.spmm(s, vals, false, &h, 0.0, &mut y);
+    if let Some(bias) = &lin.bias {
+        b.add_row(&bias.value, &mut y);
+    }
+    (y, None)
+}
+
+/// Backward: accumulates `lin`'s gradients; when `need_dx`, adds `dx` into `dx_acc` (allocated
+/// when `None`). `agg` is `A x` when forward used it (precomputed or kept), `None` when it
+/// transformed first.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<B: Backend>(
+    b: &B,
+    lin: &mut Linear<B>,
+    s: &B::Sparse,
+    vals: &B::Mat,
+    x: &B::Mat,
+    agg: Option<&B::Mat>,
+    dy: &B::Mat,
+    need_dx: bool,
+    dx_acc: &mut Option<B::Mat>,
+) {
+    let n = b.dims(dy).0;
+    let in_dim = lin.in_dim(b);
+    let beta = if dx_acc.is_some() { 1.0 } else { 0.0 };
+    if need_dx && dx_acc.is_none() {
+        *dx_acc = Some(b.zeros(n, in_dim));
+    }
+    let dx = dx_acc.as_mut().filter(|_| need_dx);
+    if let Some(t) = agg {
+        if let (Some(dt), Some(dx)) = (lin.backward(b, t, dy, need_dx), dx) {
+            b.spmm(s, vals, true, &dt, beta, dx);
+        }
+    } else {
+        // transform first: y = A h + b, h = x Wᵀ
+        let out_dim = b.dims(dy).1;
+        let mut dh = b.zeros(n, out_dim);
+        b.spmm(s, vals, true, dy, 0.0, &mut dh);
+        b.gemm(1.0, &dh, true, x, false, 1.0, &mut lin.weight.grad);
+        if let Some(bias) = &mut lin.bias {
+            b.col_sums(dy, 1.0, &mut bias.grad);
+        }
+        if let Some(dx) = dx {
+            b.gemm(1.0, &dh, false, &lin.weight.value, false, beta, dx);
+        }
+    }
+}
