@@ -1,8 +1,11 @@
-//! Executors that train a model on a dataset. Today: the in-memory full-graph trainer, the
-//! reference every faster executor is checked against.
+//! Executors that train a model on a dataset: the in-memory full-graph trainer (the reference
+//! every other executor is checked against) and the layer-wise, partition-wise executor over
+//! the tiered store.
 
 pub mod memory;
 pub mod metrics;
+pub mod tiered;
 
-pub use memory::{train, FeatureNorm, TrainConfig, TrainError};
+pub use memory::{train, train_tiered, FeatureNorm, TrainConfig, TrainError};
 pub use metrics::{EpochMetrics, Summary};
+pub use tiered::{CacheMode, Executor, TierDtype, TieredConfig};

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::{peak_rss_bytes, EpochMetrics, Summary};
+use crate::tiered::{Executor, PhaseStats, TieredConfig};
 
 /// Everything the trainer needs, validated by the caller (the CLI).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -31,6 +32,10 @@ pub enum TrainError {
     NoTrainingNodes,
     #[error("the dataset has no classes (no labelled node)")]
     NoClasses,
+    #[error("partitioning failed: {0}")]
+    Partition(String),
+    #[error("storage tier: {0}")]
+    Storage(String),
 }
 
 /// Preprocessing of the input features.
@@ -63,13 +68,8 @@ pub fn features<B: Backend>(b: &B, ds: &Dataset, norm: FeatureNorm) -> B::Mat {
     b.upload(&Mat::from_vec(ds.num_nodes(), ds.features.dim, data))
 }
 
-/// Trains `cfg` on `ds`; `on_epoch` sees every epoch's figures as they are made.
-pub fn train<B: Backend>(
-    b: &B,
-    ds: &Dataset,
-    cfg: &TrainConfig,
-    on_epoch: &mut dyn FnMut(&EpochMetrics),
-) -> Result<Summary, TrainError> {
+/// Refuses datasets the trainers cannot train on, with the reason.
+pub fn check_dataset(ds: &Dataset) -> Result<(), TrainError> {
     for (split, ids) in ds.splits.named() {
         if let Some(&node) = ids.iter().find(|&&v| ds.labels[v as usize] == NO_LABEL) {
             return Err(TrainError::Unlabelled { split, node });
@@ -81,14 +81,20 @@ pub fn train<B: Backend>(
     if ds.num_classes == 0 {
         return Err(TrainError::NoClasses);
     }
-    let g = Graph::new(b, &ds.graph);
-    let x = features(b, ds, cfg.feature_norm);
-    let mut model = Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize);
-    model.prepare(b, &g, &x);
-    let mut opt = Optimizer::new(cfg.optim);
-    let labels: &[i32] = &ds.labels;
-    let train_ids: &[u32] = &ds.splits.train;
-    let n_train = train_ids.len() as f64;
+    Ok(())
+}
+
+/// The epoch loop both trainers share: `step` trains one epoch and returns the summed training
+/// loss (and the executor's phase figures); `eval` returns correct counts on train, valid and
+/// test. Keeps the test accuracy at the best validation epoch.
+pub fn run_epochs(
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+    step: &mut dyn FnMut(u64) -> Result<(f64, Option<PhaseStats>), TrainError>,
+    eval: &mut dyn FnMut(u64) -> Result<[usize; 3], TrainError>,
+) -> Result<Summary, TrainError> {
+    let n_train = ds.splits.train.len() as f64;
     let mut best: Option<(usize, f64, f64)> = None;
     let mut times = Vec::with_capacity(cfg.epochs);
     let mut last_loss = f64::NAN;
@@ -96,14 +102,7 @@ pub fn train<B: Backend>(
     for epoch in 0..cfg.epochs {
         let _span = tracing::debug_span!("epoch", epoch).entered();
         let t = Instant::now();
-        model.zero_grad(b);
-        let (logits, tape) = model.forward(b, &g, &x, true, epoch as u64);
-        let (rows, cols) = b.dims(&logits);
-        let mut dlogits = b.zeros(rows, cols);
-        let (loss_sum, _) = b.cross_entropy(&logits, labels, train_ids, 1.0 / n_train, &mut dlogits);
-        drop(logits);
-        model.backward(b, &g, &x, tape, dlogits);
-        opt.step(b, model.params_mut());
+        let (loss_sum, tier) = step(epoch as u64)?;
         let epoch_s = t.elapsed().as_secs_f64();
         times.push(epoch_s);
         last_loss = loss_sum / n_train;
@@ -111,23 +110,25 @@ pub fn train<B: Backend>(
             continue;
         }
         let t = Instant::now();
-        let (eval, _) = model.forward(b, &g, &x, false, epoch as u64);
-        let acc = |ids: &[u32]| {
-            if ids.is_empty() {
+        let correct = eval(epoch as u64)?;
+        let acc = |k: usize| {
+            let n = ds.splits.named()[k].1.len();
+            if n == 0 {
                 0.0
             } else {
-                b.count_correct(&eval, labels, ids) as f64 / ids.len() as f64
+                correct[k] as f64 / n as f64
             }
         };
         let m = EpochMetrics {
             epoch,
             loss: last_loss,
-            train_acc: acc(train_ids),
-            valid_acc: acc(&ds.splits.valid),
-            test_acc: acc(&ds.splits.test),
+            train_acc: acc(0),
+            valid_acc: acc(1),
+            test_acc: acc(2),
             epoch_s,
             eval_s: t.elapsed().as_secs_f64(),
             peak_host_bytes: peak_rss_bytes(),
+            tier,
         };
         if best.is_none_or(|(_, v, _)| m.valid_acc > v) {
             best = Some((epoch, m.valid_acc, m.test_acc));
@@ -146,4 +147,78 @@ pub fn train<B: Backend>(
         epoch_s_median: times.get(times.len() / 2).copied().unwrap_or(0.0),
         peak_host_bytes: peak_rss_bytes(),
     })
+}
+
+/// Trains `cfg` on `ds`; `on_epoch` sees every epoch's figures as they are made.
+pub fn train<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<Summary, TrainError> {
+    check_dataset(ds)?;
+    let g = Graph::new(b, &ds.graph);
+    let x = features(b, ds, cfg.feature_norm);
+    let model =
+        std::cell::RefCell::new(Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize));
+    model.borrow_mut().prepare(b, &g, &x);
+    let mut opt = Optimizer::new(cfg.optim);
+    let labels: &[i32] = &ds.labels;
+    let train_ids: &[u32] = &ds.splits.train;
+    let n_train = train_ids.len() as f64;
+    let mut step = |epoch: u64| {
+        let mut model = model.borrow_mut();
+        model.zero_grad(b);
+        let (logits, tape) = model.forward(b, &g, &x, true, epoch);
+        let (rows, cols) = b.dims(&logits);
+        let mut dlogits = b.zeros(rows, cols);
+        let (loss_sum, _) = b.cross_entropy(&logits, labels, train_ids, 1.0 / n_train, &mut dlogits);
+        drop(logits);
+        model.backward(b, &g, &x, tape, dlogits);
+        opt.step(b, model.params_mut());
+        Ok((loss_sum, None))
+    };
+    let mut eval = |epoch: u64| {
+        let (eval, _) = model.borrow().forward(b, &g, &x, false, epoch);
+        Ok(ds.splits.named().map(|(_, ids)| b.count_correct(&eval, labels, ids)))
+    };
+    run_epochs(ds, cfg, on_epoch, &mut step, &mut eval)
+}
+
+/// Trains `cfg` on `ds` with the layer-wise, partition-wise executor over the tiered store.
+pub fn train_tiered<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    tc: &TieredConfig,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<Summary, TrainError> {
+    let ex = std::cell::RefCell::new(Executor::new(b, ds, &cfg.model, cfg.feature_norm, tc)?);
+    {
+        let e = ex.borrow();
+        tracing::info!(
+            "{} partitions; host cache {}, mode {:?}; blocks need {:.1} MiB; storage {}",
+            tc.parts,
+            e.plan
+                .cache_bytes
+                .map_or("unlimited".to_string(), |c| format!("{:.1} MiB", c as f64 / 1048576.0)),
+            e.plan.mode,
+            e.plan.block_bytes as f64 / 1048576.0,
+            match e.store_direct_io() {
+                None => "none",
+                Some(true) => "O_DIRECT",
+                Some(false) => "buffered",
+            }
+        );
+    }
+    let mut opt = Optimizer::new(cfg.optim);
+    let mut step = |epoch: u64| {
+        let mut e = ex.borrow_mut();
+        e.model.zero_grad(b);
+        let (loss, _) = e.forward_backward(epoch)?;
+        opt.step(b, e.model.params_mut());
+        Ok((loss, Some(e.take_stats())))
+    };
+    let mut eval = |epoch: u64| ex.borrow_mut().evaluate(epoch);
+    run_epochs(ds, cfg, on_epoch, &mut step, &mut eval)
 }

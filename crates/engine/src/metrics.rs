@@ -17,6 +17,9 @@ pub struct EpochMetrics {
     pub eval_s: f64,
     /// Peak resident memory of the process so far.
     pub peak_host_bytes: u64,
+    /// The tiered executor's phase times and store counters (training step only).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<crate::tiered::PhaseStats>,
 }
 
 /// The run's outcome.

@@ -2,8 +2,10 @@
 //!
 //! Model: a degree-corrected stochastic block model. Every node gets a community (sizes follow
 //! a gentle power law) and a weight θ from a capped Pareto distribution (heavy-tailed degrees).
-//! Each undirected edge picks its first end with probability ∝ θ, and its second end ∝ θ inside
-//! the first end's community with probability `intra`, else ∝ θ over all nodes. Duplicates and
+//! Communities are cut into blocks of `block` nodes (a second, finer level of locality, as the
+//! categories and sub-categories of a co-purchase graph). Each undirected edge picks its first end
+//! with probability ∝ θ, and its second end ∝ θ inside the first end's block with probability
+//! `local`, inside its community with probability `intra`, else over all nodes. Duplicates and
 //! self loops are removed and the pair set is topped up, then thinned evenly, so the graph has
 //! exactly the preset's edge count. Labels are the community's class, replaced by a random
 //! class with probability `label_noise`; features are class-conditional Gaussians.
@@ -88,8 +90,12 @@ pub struct GenConfig {
     /// Multiplies nodes and edges (average degree is kept).
     pub scale: f64,
     pub seed: u64,
-    /// Probability that an edge stays inside its first end's community.
+    /// Probability that an edge's second end is drawn inside its first end's block.
+    pub local: f64,
+    /// Probability that it is drawn inside its first end's community (anywhere in it).
     pub intra: f64,
+    /// Nodes per block (communities are cut into consecutive blocks of this size).
+    pub block: u64,
     /// Probability that a node's label is a random class instead of its community's.
     pub label_noise: f64,
     /// Pareto exponent of the degree weights (larger: lighter tail).
@@ -108,7 +114,9 @@ impl GenConfig {
             preset,
             scale,
             seed,
-            intra: 0.8,
+            local: 0.6,
+            intra: 0.35,
+            block: 4096,
             label_noise: 0.1,
             degree_exponent: 2.5,
             class_separation: 4.0,
@@ -284,11 +292,13 @@ impl Shuffle {
 
 /// Communities (contiguous ranges of model indices) and degree weights, with samplers.
 ///
-/// All alias entries live in one table: `0..n` samples over every node, `n + comm_ptr[c] ..`
-/// over community `c`; every alias target is stored as a model index, so a draw from either
-/// part resolves the same way, without branches.
+/// All alias entries live in one table of three segments: `0..n` samples over every node,
+/// `n + comm_ptr[c] ..` over community `c`, `2n + start ..` over the block starting at model
+/// index `start`; every alias target is stored as a model index, so a draw from any segment
+/// resolves the same way, without branches.
 struct Model {
     n: u64,
+    block: u64,
     comm_ptr: Vec<u64>,
     table: HugeTable,
     shuffle: Shuffle,
@@ -326,7 +336,22 @@ impl Model {
             })
             .collect();
         table.extend(locals.into_iter().flatten());
-        Model { n, comm_ptr, table: HugeTable::new(&table), shuffle: Shuffle::new(n, seed) }
+        let block = cfg.block.max(1);
+        let blocks: Vec<(u64, u64)> = (0..k)
+            .flat_map(|c| {
+                let (lo, hi) = (comm_ptr[c], comm_ptr[c + 1]);
+                (lo..hi).step_by(block as usize).map(move |b| (b, (b + block).min(hi)))
+            })
+            .collect();
+        let locals: Vec<Vec<(u32, u32)>> = blocks
+            .into_par_iter()
+            .map(|(lo, hi)| {
+                let local = Alias::new(&theta[lo as usize..hi as usize]);
+                local.entries.into_iter().map(|(t, a)| (t, a + lo as u32)).collect()
+            })
+            .collect();
+        table.extend(locals.into_iter().flatten());
+        Model { n, block, comm_ptr, table: HugeTable::new(&table), shuffle: Shuffle::new(n, seed) }
     }
 
     #[inline]
@@ -339,15 +364,14 @@ impl Model {
         self.community_of_index(self.shuffle.index(v))
     }
 
-    /// Resolves a draw over the table part `[base, base + len)`: the low 32 bits of `r` pick
-    /// the entry, the high 32 bits are compared with its threshold. Branch-free, so that the
-    /// loads of a batch overlap.
+    /// Resolves a draw over model indices `[start, start + len)` of the table segment `seg`
+    /// (0, n or 2n): the low 32 bits of `r` pick the entry, the high 32 bits are compared with
+    /// its threshold. Branch-free, so that the loads of a batch overlap.
     #[inline(always)]
-    fn resolve(&self, base: u64, len: u64, r: u64) -> u64 {
-        let slot = ((r as u32 as u64 * len) >> 32) + base;
-        let e = self.table.get(slot as usize);
+    fn resolve(&self, seg: u64, start: u64, len: u64, r: u64) -> u64 {
+        let own = start + ((r as u32 as u64 * len) >> 32);
+        let e = self.table.get((seg + own) as usize);
         let (t, a) = (e as u32, (e >> 32) as u32);
-        let own = slot - (base.min(self.n) & (0u64.wrapping_sub((base >= self.n) as u64)));
         let m = 0u64.wrapping_sub((((r >> 32) as u32) < t) as u64);
         (own & m) | (a as u64 & !m)
     }
@@ -357,24 +381,29 @@ impl Model {
     /// overlap in memory.
     fn sample_chunk(&self, cfg: &GenConfig, round: u64, ci: u64, out: &mut [u64]) {
         const BATCH: usize = 64;
-        let intra_threshold = (cfg.intra * 256.0) as u64;
+        let local_threshold = (cfg.local * 256.0) as u64;
+        let intra_threshold = ((cfg.local + cfg.intra) * 256.0) as u64;
         let mut s = Stream::new(&[cfg.seed, EDGES, round, ci]);
         let mut ii = [0u64; BATCH];
         let mut jj = [0u64; BATCH];
         for batch in out.chunks_mut(BATCH) {
             let m = batch.len();
             for i in &mut ii[..m] {
-                *i = self.resolve(0, self.n, s.next_u64());
+                *i = self.resolve(0, 0, self.n, s.next_u64());
             }
             for k in 0..m {
                 let d = s.next_u64();
                 let c = self.community_of_index(ii[k]);
-                let (base, len) = if (d & 0xFF) < intra_threshold {
-                    (self.n + self.comm_ptr[c], self.comm_ptr[c + 1] - self.comm_ptr[c])
+                let (lo, hi) = (self.comm_ptr[c], self.comm_ptr[c + 1]);
+                let (seg, start, len) = if (d & 0xFF) < local_threshold {
+                    let b = lo + (ii[k] - lo) / self.block * self.block;
+                    (2 * self.n, b, (b + self.block).min(hi) - b)
+                } else if (d & 0xFF) < intra_threshold {
+                    (self.n, lo, hi - lo)
                 } else {
-                    (0, self.n)
+                    (0, 0, self.n)
                 };
-                jj[k] = self.resolve(base, len, d.rotate_right(8));
+                jj[k] = self.resolve(seg, start, len, d.rotate_right(8));
             }
             for (k, key) in batch.iter_mut().enumerate() {
                 let (i, mut j) = (ii[k], jj[k]);
@@ -382,7 +411,7 @@ impl Model {
                     if j != i {
                         break;
                     }
-                    j = self.resolve(0, self.n, s.next_u64());
+                    j = self.resolve(0, 0, self.n, s.next_u64());
                 }
                 let (u, v) = (self.shuffle.id(i), self.shuffle.id(j));
                 // a pair that stayed a self loop is dropped later

@@ -5,13 +5,13 @@
 
 use grinnder_tensor::Backend;
 
+use crate::graph::{Adjacency, Graph};
 use crate::linear::Linear;
 
-/// `A x`.
-pub fn aggregate<B: Backend>(b: &B, s: &B::Sparse, vals: &B::Mat, x: &B::Mat) -> B::Mat {
-    let (n, d) = b.dims(x);
-    let mut t = b.zeros(n, d);
-    b.spmm(s, vals, false, x, 0.0, &mut t);
+/// `A x` (`g.rows` rows).
+pub fn aggregate<B: Backend>(b: &B, g: &Graph<B>, a: &Adjacency<B>, x: &B::Mat) -> B::Mat {
+    let mut t = b.zeros(g.rows, b.dims(x).1);
+    b.spmm(&a.s, &a.vals, false, x, 0.0, &mut t);
     t
 }
 
@@ -20,8 +20,8 @@ pub fn aggregate<B: Backend>(b: &B, s: &B::Sparse, vals: &B::Mat, x: &B::Mat) ->
 pub fn forward<B: Backend>(
     b: &B,
     lin: &Linear<B>,
-    s: &B::Sparse,
-    vals: &B::Mat,
+    g: &Graph<B>,
+    a: &Adjacency<B>,
     x: &B::Mat,
     pre: Option<&B::Mat>,
 ) -> (B::Mat, Option<B::Mat>) {
@@ -30,36 +30,35 @@ pub fn forward<B: Backend>(
     }
     let out_dim = lin.out_dim(b);
     if lin.in_dim(b) <= out_dim {
-        let t = aggregate(b, s, vals, x);
+        let t = aggregate(b, g, a, x);
         return (lin.forward(b, &t), Some(t));
     }
-    let n = b.dims(x).0;
-    let mut h = b.zeros(n, out_dim);
+    let mut h = b.zeros(b.dims(x).0, out_dim);
     b.gemm(1.0, x, false, &lin.weight.value, true, 0.0, &mut h);
-    let mut y = b.zeros(n, out_dim);
-    b.spmm(s, vals, false, &h, 0.0, &mut y);
+    let mut y = b.zeros(g.rows, out_dim);
+    b.spmm(&a.s, &a.vals, false, &h, 0.0, &mut y);
     if let Some(bias) = &lin.bias {
         b.add_row(&bias.value, &mut y);
     }
     (y, None)
 }
 
-/// Backward: accumulates `lin`'s gradients; when `need_dx`, adds `dx` into `dx_acc` (allocated
-/// when `None`). `agg` is `A x` when forward used it (precomputed or kept), `None` when it
+/// Backward: accumulates `lin`'s gradients; when `need_dx`, adds `dx` (`g.cols` rows) into
+/// `dx_acc` (allocated when `None`). `agg` is `A x` when forward used it (precomputed or kept), `None` when it
 /// transformed first.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<B: Backend>(
     b: &B,
     lin: &mut Linear<B>,
-    s: &B::Sparse,
-    vals: &B::Mat,
+    g: &Graph<B>,
+    a: &Adjacency<B>,
     x: &B::Mat,
     agg: Option<&B::Mat>,
     dy: &B::Mat,
     need_dx: bool,
     dx_acc: &mut Option<B::Mat>,
 ) {
-    let n = b.dims(dy).0;
+    let n = g.cols;
     let in_dim = lin.in_dim(b);
     let beta = if dx_acc.is_some() { 1.0 } else { 0.0 };
     if need_dx && dx_acc.is_none() {
@@ -68,13 +67,13 @@ pub fn backward<B: Backend>(
     let dx = dx_acc.as_mut().filter(|_| need_dx);
     if let Some(t) = agg {
         if let (Some(dt), Some(dx)) = (lin.backward(b, t, dy, need_dx), dx) {
-            b.spmm(s, vals, true, &dt, beta, dx);
+            b.spmm(&a.s, &a.vals, true, &dt, beta, dx);
         }
     } else {
         // transform first: y = A h + b, h = x Wᵀ
         let out_dim = b.dims(dy).1;
         let mut dh = b.zeros(n, out_dim);
-        b.spmm(s, vals, true, dy, 0.0, &mut dh);
+        b.spmm(&a.s, &a.vals, true, dy, 0.0, &mut dh);
         b.gemm(1.0, &dh, true, x, false, 1.0, &mut lin.weight.grad);
         if let Some(bias) = &mut lin.bias {
             b.col_sums(dy, 1.0, &mut bias.grad);

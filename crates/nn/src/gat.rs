@@ -78,7 +78,7 @@ impl<B: Backend> GatConv<B> {
         let (r, c) = b.dims(alpha);
         let mut a = b.zeros(r, c);
         b.copy(alpha, &mut a);
-        b.edge_dropout(&g.looped, key, p, &mut a);
+        b.edge_dropout(&g.looped().s, key, p, &mut a);
         Some(a)
     }
 
@@ -90,16 +90,19 @@ impl<B: Backend> GatConv<B> {
         x: &B::Mat,
         dropout: Option<(MaskKey, f64)>,
     ) -> (B::Mat, GatCache<B>) {
-        let n = b.dims(x).0;
+        let n = g.rows;
+        let a = g.looped();
         let z = self.lin.forward(b, x);
-        let (mut s_src, mut s_dst) = (b.zeros(n, self.heads), b.zeros(n, self.heads));
+        let ni = b.dims(&z).0;
+        // destination scores are only read for the output rows, which come first
+        let (mut s_src, mut s_dst) = (b.zeros(ni, self.heads), b.zeros(ni, self.heads));
         b.head_dots(&z, &self.att_src.value, &mut s_src);
         b.head_dots(&z, &self.att_dst.value, &mut s_dst);
-        let mut alpha = b.zeros(b.dims(&g.gcn_vals).0, self.heads);
-        b.edge_softmax(&g.looped, &s_src, &s_dst, NEGATIVE_SLOPE, &mut alpha);
+        let mut alpha = b.zeros(a.nnz, self.heads);
+        b.edge_softmax(&a.s, &s_src, &s_dst, NEGATIVE_SLOPE, &mut alpha);
         let dropped = self.dropped(b, g, &alpha, dropout);
         let mut agg = b.zeros(n, b.dims(&z).1);
-        b.spmm(&g.looped, dropped.as_ref().unwrap_or(&alpha), false, &z, 0.0, &mut agg);
+        b.spmm(&a.s, dropped.as_ref().unwrap_or(&alpha), false, &z, 0.0, &mut agg);
         let mut y = match &self.mean {
             None => agg,
             Some(m) => {
@@ -126,7 +129,9 @@ impl<B: Backend> GatConv<B> {
         need_dx: bool,
     ) -> Option<B::Mat> {
         let GatCache { z, s_src, s_dst, alpha } = cache;
-        let (n, width) = b.dims(&z);
+        let a = g.looped();
+        let (ni, width) = b.dims(&z);
+        let n = g.rows;
         b.col_sums(dy, 1.0, &mut self.bias.grad);
         let dagg_owned = self.mean.as_ref().map(|m| {
             let mut d = b.zeros(n, width);
@@ -135,26 +140,33 @@ impl<B: Backend> GatConv<B> {
         });
         let dagg = dagg_owned.as_ref().unwrap_or(dy);
         let dropped = self.dropped(b, g, &alpha, dropout);
-        let mut dz = b.zeros(n, width);
-        b.spmm(&g.looped, dropped.as_ref().unwrap_or(&alpha), true, dagg, 0.0, &mut dz);
+        let mut dz = b.zeros(ni, width);
+        b.spmm(&a.s, dropped.as_ref().unwrap_or(&alpha), true, dagg, 0.0, &mut dz);
         drop(dropped);
         let nnz = b.dims(&alpha).0;
         let mut dalpha = b.zeros(nnz, self.heads);
-        b.sddmm(&g.looped, dagg, &z, &mut dalpha);
+        b.sddmm(&a.s, dagg, &z, &mut dalpha);
         if let Some((key, p)) = dropout.filter(|&(_, p)| p > 0.0) {
-            b.edge_dropout(&g.looped, key, p, &mut dalpha);
+            b.edge_dropout(&a.s, key, p, &mut dalpha);
         }
         let mut dpre = b.zeros(nnz, self.heads);
-        b.edge_softmax_backward(&g.looped, &s_src, &s_dst, NEGATIVE_SLOPE, &alpha, &dalpha, &mut dpre);
+        b.edge_softmax_backward(&a.s, &s_src, &s_dst, NEGATIVE_SLOPE, &alpha, &dalpha, &mut dpre);
         drop((alpha, dalpha));
-        let ones = b.upload(&Mat::from_vec(
-            n,
-            self.heads,
-            vec![<B::T as grinnder_tensor::Scalar>::of(1.0); n * self.heads],
-        ));
-        let (mut ds_src, mut ds_dst) = (b.zeros(n, self.heads), b.zeros(n, self.heads));
-        b.spmm(&g.looped, &dpre, true, &ones, 0.0, &mut ds_src);
-        b.spmm(&g.looped, &dpre, false, &ones, 0.0, &mut ds_dst);
+        let ones = |rows: usize| {
+            let one = <B::T as grinnder_tensor::Scalar>::of(1.0);
+            b.upload(&Mat::from_vec(rows, self.heads, vec![one; rows * self.heads]))
+        };
+        // source scores collect over each input's out-edges, destination scores over each
+        // output's in-edges (then padded to the input rows; the halo has none)
+        let mut ds_src = b.zeros(ni, self.heads);
+        b.spmm(&a.s, &dpre, true, &ones(n), 0.0, &mut ds_src);
+        let mut ds_dst = b.zeros(n, self.heads);
+        b.spmm(&a.s, &dpre, false, &ones(ni), 0.0, &mut ds_dst);
+        if ni != n {
+            let mut padded = b.zeros(ni, self.heads);
+            g.add_own_rows(b, &ds_dst, &mut padded);
+            ds_dst = padded;
+        }
         b.head_dots_backward(&z, &self.att_src.value, &ds_src, &mut dz, &mut self.att_src.grad);
         b.head_dots_backward(&z, &self.att_dst.value, &ds_dst, &mut dz, &mut self.att_dst.grad);
         self.lin.backward(b, x, &dz, need_dx)

@@ -1,20 +1,41 @@
 //! The graph as layers see it: sparse structures on the backend with the whole-graph
 //! normalisations (DESIGN.md §3) as value sets.
+//!
+//! A graph is bipartite in general: `rows` output nodes (targets) and `cols ≥ rows` input
+//! nodes, the targets first (input row `r < rows` is output row `r`'s own input), then the
+//! halo. The whole graph is the square case. Node ids key dropout masks, so that a node gets
+//! the same mask in every partition that computes it.
 
 use grinnder_graph::{norm, Csr};
 use grinnder_tensor::{Backend, Mat, Scalar, SparseMatrix};
 
+/// A sparse structure and one value set on it.
+pub struct Adjacency<B: Backend> {
+    pub s: B::Sparse,
+    pub vals: B::Mat,
+    pub nnz: usize,
+}
+
+impl<B: Backend> Adjacency<B> {
+    pub fn new(b: &B, s: &SparseMatrix, vals: &[f64]) -> Self {
+        assert_eq!(vals.len(), s.nnz(), "one value per entry");
+        let v: Vec<B::T> = vals.iter().map(|&x| B::T::of(x)).collect();
+        Adjacency { s: b.sparse(s), vals: b.upload(&Mat::from_vec(v.len(), 1, v)), nnz: s.nnz() }
+    }
+}
+
 /// Adjacency for message passing (rows = targets), with and without self loops.
 pub struct Graph<B: Backend> {
-    pub num_nodes: usize,
-    /// `A + I`, for GCN and GAT.
-    pub looped: B::Sparse,
-    /// GCN's `D̂^{-1/2} (A + I) D̂^{-1/2}` on `looped`.
-    pub gcn_vals: B::Mat,
-    /// `A`, for SAGE.
-    pub plain: B::Sparse,
-    /// Mean aggregation's `1 / in-degree(v)` on `plain`.
-    pub mean_vals: B::Mat,
+    /// Output rows.
+    pub rows: usize,
+    /// Input rows: the `rows` targets first, then halo sources.
+    pub cols: usize,
+    /// `A + I` with GCN's `D̂^{-1/2} (A + I) D̂^{-1/2}` (GCN and GAT).
+    pub looped: Option<Adjacency<B>>,
+    /// `A` with mean aggregation's `1 / in-degree(v)` (SAGE).
+    pub plain: Option<Adjacency<B>>,
+    /// Node id of every input row (the first `rows` are the outputs'); `None`: the index.
+    pub ids: Option<Vec<u32>>,
 }
 
 fn sparse(csr: &Csr) -> SparseMatrix {
@@ -23,18 +44,59 @@ fn sparse(csr: &Csr) -> SparseMatrix {
 }
 
 impl<B: Backend> Graph<B> {
-    /// Builds from a CSR without self loops.
+    /// The whole graph, from a CSR without self loops, with both adjacencies.
     pub fn new(b: &B, csr: &Csr) -> Self {
         let looped_csr = csr.with_self_loops();
-        let gcn: Vec<B::T> = norm::gcn_norm(&looped_csr).into_iter().map(B::T::of).collect();
-        let mean: Vec<B::T> = norm::mean_norm(csr).into_iter().map(B::T::of).collect();
-        let (ne, nl) = (mean.len(), gcn.len());
+        let n = csr.num_nodes();
         Graph {
-            num_nodes: csr.num_nodes(),
-            looped: b.sparse(&sparse(&looped_csr)),
-            gcn_vals: b.upload(&Mat::from_vec(nl, 1, gcn)),
-            plain: b.sparse(&sparse(csr)),
-            mean_vals: b.upload(&Mat::from_vec(ne, 1, mean)),
+            rows: n,
+            cols: n,
+            looped: Some(Adjacency::new(b, &sparse(&looped_csr), &norm::gcn_norm(&looped_csr))),
+            plain: Some(Adjacency::new(b, &sparse(csr), &norm::mean_norm(csr))),
+            ids: None,
+        }
+    }
+
+    /// `A + I` (panics when the graph was built without it: GCN and GAT need it).
+    pub fn looped(&self) -> &Adjacency<B> {
+        self.looped.as_ref().expect("this graph was built without self loops, which GCN and GAT need")
+    }
+
+    /// `A` (panics when the graph was built without it: SAGE needs it).
+    pub fn plain(&self) -> &Adjacency<B> {
+        self.plain.as_ref().expect("this graph was built without the plain adjacency, which SAGE needs")
+    }
+
+    /// Node ids of the output rows (`None`: the row index).
+    pub fn row_ids(&self) -> Option<&[u32]> {
+        self.ids.as_ref().map(|ids| &ids[..self.rows])
+    }
+
+    /// Node ids of the input rows (`None`: the row index).
+    pub fn col_ids(&self) -> Option<&[u32]> {
+        self.ids.as_deref()
+    }
+
+    /// The output rows' own inputs, `x`'s first `rows` rows, as a copy; `None` when `x` has
+    /// no other rows (use `x` itself).
+    pub fn own_rows(&self, b: &B, x: &B::Mat) -> Option<B::Mat> {
+        let (n, d) = b.dims(x);
+        if n == self.rows {
+            return None;
+        }
+        let idx: Vec<u32> = (0..self.rows as u32).collect();
+        let mut out = b.zeros(self.rows, d);
+        b.gather_rows(x, &idx, &mut out);
+        Some(out)
+    }
+
+    /// Adds `d` (`rows × k`) into the first `rows` rows of `dx` (`cols × k`).
+    pub fn add_own_rows(&self, b: &B, d: &B::Mat, dx: &mut B::Mat) {
+        if b.dims(dx).0 == self.rows {
+            b.binary(grinnder_tensor::Binary::Add, d, dx);
+        } else {
+            let idx: Vec<u32> = (0..self.rows as u32).collect();
+            b.scatter_add_rows(d, &idx, dx);
         }
     }
 }

@@ -122,16 +122,26 @@ impl<B: Backend> Conv<B> {
     }
 }
 
-/// Everything backward needs from one forward pass.
-pub struct Tape<B: Backend> {
+/// What one layer's backward needs from its forward (see [`Model::layer_forward`]).
+pub struct LayerTape<B: Backend> {
     epoch: u64,
-    /// `h_l` for every layer (`h_0` only when input dropout made a copy).
-    inputs: Vec<Option<B::Mat>>,
-    caches: Vec<Cache<B>>,
-    /// pre-norm conv outputs and LayerNorm statistics, per hidden layer with a norm
-    norm_in: Vec<Option<(B::Mat, B::Mat)>>,
-    /// post-dropout activations of hidden layers (the ReLU/dropout gradient mask)
-    act: Vec<Option<B::Mat>>,
+    /// The conv's input when input dropout made a copy of the layer input.
+    dropped_input: Option<B::Mat>,
+    cache: Cache<B>,
+    /// pre-norm conv output and LayerNorm statistics (hidden layers with a norm)
+    norm_in: Option<(B::Mat, B::Mat)>,
+    /// post-dropout activation (hidden layers): the ReLU gradient mask
+    act: Option<B::Mat>,
+    residual: bool,
+    /// a hidden layer (norm, ReLU, dropout, residual follow the conv)
+    hidden: bool,
+}
+
+/// Everything backward needs from one whole-model forward pass.
+pub struct Tape<B: Backend> {
+    /// `h_1 .. h_{L-1}`
+    hidden: Vec<B::Mat>,
+    layers: Vec<LayerTape<B>>,
 }
 
 /// A GNN with its parameters on backend `B`.
@@ -141,6 +151,8 @@ pub struct Model<B: Backend> {
     norms: Vec<LayerNorm<B>>,
     /// `Â x` for a fixed input, once [`Model::prepare`] ran.
     pre: Option<B::Mat>,
+    /// Width of every layer's input, then the output width.
+    dims: Vec<usize>,
 }
 
 /// Dropout site numbers: hidden layer l uses site l; the input uses this one.
@@ -178,19 +190,36 @@ impl<B: Backend> Model<B> {
                 .collect(),
             Norm::None => Vec::new(),
         };
-        Model { config, convs, norms, pre: None }
+        Model { config, convs, norms, pre: None, dims }
     }
 
-    /// Precomputes the first layer's aggregation of a fixed input (no input dropout).
-    pub fn prepare(&mut self, b: &B, g: &Graph<B>, x: &B::Mat) {
-        if self.config.input_dropout == 0.0 {
-            self.pre = match self.config.kind {
-                Kind::Gcn => Some(GcnConv::aggregate(b, g, x)),
-                Kind::Sage => Some(SageConv::aggregate(b, g, x)),
-                // attention depends on the parameters: nothing to precompute
-                Kind::Gat => None,
-            };
+    /// The first layer's aggregation of a fixed input (no input dropout), for GCN and SAGE;
+    /// `None` when there is nothing to precompute. The rows are `g`'s output rows.
+    pub fn aggregate_input(&self, b: &B, g: &Graph<B>, x: &B::Mat) -> Option<B::Mat> {
+        if self.config.input_dropout != 0.0 {
+            return None;
         }
+        match self.config.kind {
+            Kind::Gcn => Some(GcnConv::aggregate(b, g, x)),
+            Kind::Sage => Some(SageConv::aggregate(b, g, x)),
+            // attention depends on the parameters: nothing to precompute
+            Kind::Gat => None,
+        }
+    }
+
+    /// Precomputes the first layer's aggregation of a fixed input for [`Model::forward`].
+    pub fn prepare(&mut self, b: &B, g: &Graph<B>, x: &B::Mat) {
+        self.pre = self.aggregate_input(b, g, x);
+    }
+
+    /// Number of layers.
+    pub fn layers(&self) -> usize {
+        self.convs.len()
+    }
+
+    /// Width of layer `l`'s input (`l = layers()`: the output width).
+    pub fn dim(&self, l: usize) -> usize {
+        self.dims[l]
     }
 
     /// Attention dropout of layer `l` in training.
@@ -211,101 +240,189 @@ impl<B: Backend> Model<B> {
         }
     }
 
-    /// Forward pass; `train` applies dropout with masks keyed by `epoch`. Returns the logits
-    /// and the tape for [`Model::backward`].
+    /// Forward pass of the whole model on a square graph; `train` applies dropout with masks
+    /// keyed by `epoch`. Returns the logits and the tape for [`Model::backward`].
     pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, train: bool, epoch: u64) -> (B::Mat, Tape<B>) {
-        let key = |site| MaskKey { seed: self.config.seed, epoch, site };
-        let layers = self.convs.len();
-        let mut tape =
-            Tape { epoch, inputs: Vec::new(), caches: Vec::new(), norm_in: Vec::new(), act: Vec::new() };
-        let mut h: Option<B::Mat> = None; // None: the layer input is `x` itself
-        if train && self.config.input_dropout > 0.0 {
-            let (n, d) = b.dims(x);
-            let mut x0 = b.zeros(n, d);
-            b.copy(x, &mut x0);
-            b.dropout(key(INPUT_SITE), self.config.input_dropout, 0, &mut x0);
-            h = Some(x0);
-        }
-        for (l, conv) in self.convs.iter().enumerate() {
-            let input = h.as_ref().unwrap_or(x);
-            let pre = if l == 0 && h.is_none() { self.pre.as_ref() } else { None };
-            let (mut z, cache) = conv.forward(b, g, input, pre, self.attn(train, epoch, l));
-            tape.caches.push(cache);
-            if l + 1 == layers {
-                tape.inputs.push(h);
-                return (z, tape);
+        let mut tape = Tape { hidden: Vec::new(), layers: Vec::new() };
+        for l in 0..self.layers() {
+            let input = if l == 0 { x } else { &tape.hidden[l - 1] };
+            let pre = if l == 0 { self.pre.as_ref() } else { None };
+            // a hidden output without residual is its own ReLU mask: kept once, in `hidden`
+            let (y, t) = self.layer_forward_impl(b, g, l, input, pre, train, epoch, false);
+            tape.layers.push(t);
+            if l + 1 == self.layers() {
+                return (y, tape);
             }
-            let norm_in = self.norms.get(l).map(|ln| {
-                let (y, stats) = ln.forward(b, &z);
-                (std::mem::replace(&mut z, y), stats)
-            });
-            tape.norm_in.push(norm_in);
-            b.unary(Unary::Relu, &mut z);
-            if train && self.config.dropout > 0.0 {
-                b.dropout(key(l as u64), self.config.dropout, 0, &mut z);
-            }
-            let residual = self.config.residual && b.dims(&z) == b.dims(input);
-            let next = if residual {
-                let (n, d) = b.dims(&z);
-                let mut s = b.zeros(n, d);
-                b.copy(&z, &mut s);
-                b.binary(Binary::Add, input, &mut s);
-                tape.act.push(Some(z));
-                s
-            } else {
-                tape.act.push(None);
-                z
-            };
-            tape.inputs.push(h.replace(next));
+            tape.hidden.push(y);
         }
-        unreachable!("the last layer returns")
+        unreachable!("a model has at least one layer")
     }
 
     /// Backward from the logits' gradient: accumulates every parameter's gradient.
     pub fn backward(&mut self, b: &B, g: &Graph<B>, x: &B::Mat, tape: Tape<B>, dlogits: B::Mat) {
-        let Tape { epoch, mut inputs, mut caches, mut norm_in, mut act } = tape;
-        let key = |site| MaskKey { seed: self.config.seed, epoch, site };
-        let layers = self.convs.len();
+        let Tape { mut hidden, mut layers } = tape;
         let mut grad = dlogits;
-        // the output of hidden layer l is the input of layer l + 1
-        let mut outputs: Vec<Option<B::Mat>> = inputs.drain(1..).collect();
-        // the residual share of dL/dh_l, added once conv_l's input gradient exists
-        let mut pending: Option<B::Mat> = None;
-        for l in (0..layers).rev() {
-            let cache = caches.pop().expect("one cache per layer");
-            let input_owned = if l == 0 { inputs.pop().flatten() } else { outputs.pop().flatten() };
+        let pre = self.pre.take();
+        let mut output: Option<B::Mat> = None;
+        for l in (0..self.layers()).rev() {
+            let t = layers.pop().expect("one tape per layer");
+            let input_owned = if l == 0 { None } else { hidden.pop() };
             let input = input_owned.as_ref().unwrap_or(x);
-            let pre = if l == 0 && input_owned.is_none() { self.pre.as_ref() } else { None };
-            let need_dx = l > 0;
-            let attn = self.attn(true, epoch, l);
-            let dx = self.convs[l].backward(b, g, input, pre, cache, &grad, attn, need_dx);
-            let Some(mut dx) = dx else { break };
-            if let Some(r) = pending.take() {
-                b.binary(Binary::Add, &r, &mut dx);
+            let pre_l = if l == 0 { pre.as_ref() } else { None };
+            let dx = self.layer_backward_impl(b, g, l, input, pre_l, t, &grad, l > 0, output.as_ref());
+            // this layer's input is the layer below's output
+            output = input_owned;
+            match dx {
+                Some(dx) => grad = dx,
+                None => break,
             }
-            // through hidden layer l - 1's residual, dropout, ReLU and norm
-            let h = l - 1;
-            let residual_grad = act.pop().flatten().map(|a| {
-                let (n, d) = b.dims(&dx);
-                let mut r = b.zeros(n, d);
-                b.copy(&dx, &mut r);
-                (r, a)
-            });
-            let activation = match &residual_grad {
-                Some((_, a)) => a,
-                None => input,
-            };
-            if self.config.dropout > 0.0 {
-                b.dropout(key(h as u64), self.config.dropout, 0, &mut dx);
-            }
-            b.binary(Binary::ReluGrad, activation, &mut dx);
-            if let Some((z, stats)) = norm_in.pop().flatten() {
-                dx = self.norms[h].backward(b, &z, &stats, &dx);
-            }
-            pending = residual_grad.map(|(r, _)| r);
-            grad = dx;
-            // keep `input` (h_l) alive until here: it was hidden layer l - 1's output
-            drop(input_owned);
         }
+        self.pre = pre;
+    }
+
+    /// One layer as a unit: the conv, then for a hidden layer norm, ReLU, dropout and the
+    /// residual. `x` holds the layer's input rows (`g.cols`, own rows first); `pre` is the
+    /// layer-0 aggregation of a fixed input ([`Model::aggregate_input`]), in which case `x`
+    /// may hold just the own rows. Returns the `g.rows` output rows and the tape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_forward(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        train: bool,
+        epoch: u64,
+    ) -> (B::Mat, LayerTape<B>) {
+        self.layer_forward_impl(b, g, l, x, pre, train, epoch, true)
+    }
+
+    /// `keep_act = false`: a hidden output without residual is not copied into the tape; the
+    /// caller then hands it to [`Model::layer_backward_impl`] as `output`.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward_impl(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        train: bool,
+        epoch: u64,
+        keep_act: bool,
+    ) -> (B::Mat, LayerTape<B>) {
+        let key = |site| MaskKey { seed: self.config.seed, epoch, site };
+        let dropped_input = (l == 0 && train && self.config.input_dropout > 0.0).then(|| {
+            let (n, d) = b.dims(x);
+            let mut x0 = b.zeros(n, d);
+            b.copy(x, &mut x0);
+            let ids = if n == g.rows { g.row_ids() } else { g.col_ids() };
+            b.dropout(key(INPUT_SITE), self.config.input_dropout, ids, &mut x0);
+            x0
+        });
+        let input = dropped_input.as_ref().unwrap_or(x);
+        let pre = pre.filter(|_| dropped_input.is_none());
+        let (mut z, cache) = self.convs[l].forward(b, g, input, pre, self.attn(train, epoch, l));
+        let mut tape = LayerTape {
+            epoch,
+            dropped_input: None,
+            cache,
+            norm_in: None,
+            act: None,
+            residual: false,
+            hidden: false,
+        };
+        if l + 1 == self.layers() {
+            tape.dropped_input = dropped_input;
+            return (z, tape);
+        }
+        tape.norm_in = self.norms.get(l).map(|ln| {
+            let (y, stats) = ln.forward(b, &z);
+            (std::mem::replace(&mut z, y), stats)
+        });
+        b.unary(Unary::Relu, &mut z);
+        if train && self.config.dropout > 0.0 {
+            b.dropout(key(l as u64), self.config.dropout, g.row_ids(), &mut z);
+        }
+        tape.residual = self.config.residual && b.dims(&z).1 == b.dims(input).1;
+        let out = if tape.residual {
+            let own = g.own_rows(b, input);
+            let mut s = b.zeros(g.rows, b.dims(&z).1);
+            b.copy(own.as_ref().unwrap_or(input), &mut s);
+            b.binary(Binary::Add, &z, &mut s);
+            tape.act = Some(z);
+            s
+        } else if keep_act {
+            let (n, d) = b.dims(&z);
+            let mut keep = b.zeros(n, d);
+            b.copy(&z, &mut keep);
+            tape.act = Some(keep);
+            z
+        } else {
+            z
+        };
+        tape.hidden = true;
+        tape.dropped_input = dropped_input;
+        (out, tape)
+    }
+
+    /// Backward of [`Model::layer_forward`] given the gradient of its output (`g.rows` rows):
+    /// accumulates the layer's parameter gradients and returns the gradient of its input
+    /// (`g.cols` rows) when `need_dx`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_backward(
+        &mut self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        tape: LayerTape<B>,
+        dy: &B::Mat,
+        need_dx: bool,
+    ) -> Option<B::Mat> {
+        self.layer_backward_impl(b, g, l, x, pre, tape, dy, need_dx, None)
+    }
+
+    /// `output`: the layer's output, when forward did not keep the activation.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_backward_impl(
+        &mut self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        tape: LayerTape<B>,
+        dy: &B::Mat,
+        need_dx: bool,
+        output: Option<&B::Mat>,
+    ) -> Option<B::Mat> {
+        let LayerTape { epoch, dropped_input, cache, norm_in, act, residual, hidden } = tape;
+        let key = |site| MaskKey { seed: self.config.seed, epoch, site };
+        let attn = self.attn(true, epoch, l);
+        let input = dropped_input.as_ref().unwrap_or(x);
+        let pre = pre.filter(|_| dropped_input.is_none());
+        if !hidden {
+            // the output layer: no activation
+            return self.convs[l].backward(b, g, input, pre, cache, dy, attn, need_dx);
+        }
+        let act = act.as_ref().or(output).expect("a hidden layer's activation or output");
+        let (n, d) = b.dims(dy);
+        let mut dz = b.zeros(n, d);
+        b.copy(dy, &mut dz);
+        if self.config.dropout > 0.0 {
+            b.dropout(key(l as u64), self.config.dropout, g.row_ids(), &mut dz);
+        }
+        b.binary(Binary::ReluGrad, act, &mut dz);
+        if let Some((z, stats)) = norm_in {
+            dz = self.norms[l].backward(b, &z, &stats, &dz);
+        }
+        let mut dx = self.convs[l].backward(b, g, input, pre, cache, &dz, attn, need_dx)?;
+        if residual {
+            g.add_own_rows(b, dy, &mut dx);
+        }
+        Some(dx)
     }
 }

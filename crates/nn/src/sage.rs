@@ -1,6 +1,6 @@
 //! SAGEConv with mean aggregation and root weight (Hamilton et al.; PyG's defaults):
 //! `y = mean_{u ∈ N(v)} x_u · W_lᵀ + b + x_v · W_rᵀ`, the mean taken with whole-graph in-degrees
-//! (`Graph::mean_vals`, `Ā`). Shapes: `x` `[n, in]`, `W_l`, `W_r` `[out, in]`, `b` `[1, out]`,
+//! (`Graph::plain`, `Ā`). Shapes: `x` `[n, in]`, `W_l`, `W_r` `[out, in]`, `b` `[1, out]`,
 //! `y` `[n, out]`. The neighbour term is evaluated on the narrower side, like GCN's, and may
 //! take `Ā x` precomputed for a fixed input.
 
@@ -32,12 +32,13 @@ impl<B: Backend> SageConv<B> {
 
     /// `Ā x`.
     pub fn aggregate(b: &B, g: &Graph<B>, x: &B::Mat) -> B::Mat {
-        aggregate::aggregate(b, &g.plain, &g.mean_vals, x)
+        aggregate::aggregate(b, g, g.plain(), x)
     }
 
     pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, SageCache<B>) {
-        let (mut y, agg) = aggregate::forward(b, &self.lin_l, &g.plain, &g.mean_vals, x, pre);
-        self.lin_r.forward_into(b, x, 1.0, &mut y);
+        let (mut y, agg) = aggregate::forward(b, &self.lin_l, g, g.plain(), x, pre);
+        let own = g.own_rows(b, x);
+        self.lin_r.forward_into(b, own.as_ref().unwrap_or(x), 1.0, &mut y);
         (y, SageCache { agg })
     }
 
@@ -53,8 +54,19 @@ impl<B: Backend> SageConv<B> {
         need_dx: bool,
     ) -> Option<B::Mat> {
         let agg = pre.or(cache.agg.as_ref());
-        let mut dx = self.lin_r.backward(b, x, dy, need_dx);
-        aggregate::backward(b, &mut self.lin_l, &g.plain, &g.mean_vals, x, agg, dy, need_dx, &mut dx);
+        let own = g.own_rows(b, x);
+        let dx_own = self.lin_r.backward(b, own.as_ref().unwrap_or(x), dy, need_dx);
+        drop(own);
+        // the root term's gradient lands on the own rows of the input
+        let mut dx = dx_own.map(|d| {
+            if g.cols == g.rows {
+                return d;
+            }
+            let mut dx = b.zeros(g.cols, b.dims(&d).1);
+            g.add_own_rows(b, &d, &mut dx);
+            dx
+        });
+        aggregate::backward(b, &mut self.lin_l, g, g.plain(), x, agg, dy, need_dx, &mut dx);
         dx
     }
 

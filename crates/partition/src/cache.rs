@@ -16,7 +16,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::partitioner::{partition, Method, PartitionError, Partitioning};
 
 const MAGIC: &[u8; 8] = b"GRNDPART";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEADER: usize = 8 + 4 + 8 + 8 + 8;
 
 /// Where a partitioning came from.

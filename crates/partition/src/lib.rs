@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod lpa;
+pub mod multilevel;
 pub mod partitioned;
 pub mod partitioner;
 pub mod quality;

@@ -102,8 +102,14 @@ impl Counts {
 /// Runs the propagation from a random assignment; returns the owner of every node.
 pub fn propagate(graph: &Csr, parts: usize, cfg: &LpaConfig) -> Vec<u32> {
     let n = graph.num_nodes();
-    let mut label: Vec<u32> =
+    let label: Vec<u32> =
         (0..n as u64).map(|v| (hash_key(&[cfg.seed, 0, v]) % parts as u64) as u32).collect();
+    propagate_from(graph, parts, cfg, label)
+}
+
+/// Runs the propagation from the owners `label`; returns the owner of every node.
+pub fn propagate_from(graph: &Csr, parts: usize, cfg: &LpaConfig, mut label: Vec<u32>) -> Vec<u32> {
+    let n = graph.num_nodes();
     let cap = (cfg.capacity * n as f64 / parts as f64).max(1.0);
     for it in 1..=cfg.iterations_max as u64 {
         let mut load = vec![0u64; parts];

@@ -4,7 +4,8 @@
 use grinnder_graph::rng::hash_key;
 use grinnder_graph::Csr;
 
-use crate::lpa::{propagate, LpaConfig, Objective};
+use crate::lpa::{propagate, propagate_from, LpaConfig, Objective};
+use crate::multilevel::initial_partition;
 
 /// How to partition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,7 +20,8 @@ pub enum Method {
     Metis { seed: u64 },
     /// Spinner: balanced label propagation scored by edges kept inside partitions.
     Spinner { seed: u64 },
-    /// Dependency-aware label propagation: the same, scored by halo volume.
+    /// Dependency-aware label propagation: the same, scored by halo volume, started from a
+    /// multilevel (coarsen by clustering, grow, refine) edge-cut partition.
     Lpa { seed: u64 },
 }
 
@@ -99,7 +101,12 @@ pub fn partition(graph: &Csr, parts: usize, method: Method) -> Result<Partitioni
         Method::Metis { .. } if parts == 1 => vec![0; n],
         Method::Metis { seed } => metis_kway(graph, parts, seed)?,
         Method::Spinner { seed } => propagate(graph, parts, &LpaConfig::new(Objective::EdgeCut, seed)),
-        Method::Lpa { seed } => propagate(graph, parts, &LpaConfig::new(Objective::Halo, seed)),
+        Method::Lpa { seed } => {
+            let start = initial_partition(graph, parts, 1.03, seed);
+            // from a good start the halo objective converges in a few rounds
+            let cfg = LpaConfig { iterations_max: 20, ..LpaConfig::new(Objective::Halo, seed) };
+            propagate_from(graph, parts, &cfg, start)
+        }
     };
     Ok(Partitioning::from_parts(parts, part))
 }

@@ -64,6 +64,14 @@ pub trait Backend: Send + Sync + 'static {
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse;
     fn upload(&self, m: &Mat<Self::T>) -> Self::Mat;
     fn download(&self, m: &Self::Mat) -> Mat<Self::T>;
+    /// [`Backend::upload`] of a matrix the caller gives up (a move where memory is shared).
+    fn upload_owned(&self, m: Mat<Self::T>) -> Self::Mat {
+        self.upload(&m)
+    }
+    /// [`Backend::download`] of a matrix the caller gives up.
+    fn download_owned(&self, m: Self::Mat) -> Mat<Self::T> {
+        self.download(&m)
+    }
     fn zeros(&self, rows: usize, cols: usize) -> Self::Mat;
     fn dims(&self, m: &Self::Mat) -> (usize, usize);
     /// `dst = src` (same shape).
@@ -152,9 +160,10 @@ pub trait Backend: Send + Sync + 'static {
     fn col_sums(&self, x: &Self::Mat, beta: f64, out: &mut Self::Mat);
 
     /// Inverted dropout in place: element `(r, c)` is kept with probability `1 - p` and scaled
-    /// by `1 / (1 - p)`, the decision keyed by (key, `first_row + r`, c). Applying it to a
-    /// gradient with the same key and rows is the backward pass.
-    fn dropout(&self, key: MaskKey, p: f64, first_row: usize, x: &mut Self::Mat);
+    /// by `1 / (1 - p)`, the decision keyed by (key, node, c) where the node is `ids[r]`, or `r`
+    /// when `ids` is `None`. Applying it to a gradient with the same key and rows is the
+    /// backward pass.
+    fn dropout(&self, key: MaskKey, p: f64, ids: Option<&[u32]>, x: &mut Self::Mat);
 
     /// LayerNorm over each row: `y = (x - μ) / sqrt(σ² + eps) · gamma + beta`, biased variance.
     /// Writes `y` and per-row `(μ, 1/σ)` into `stats` (`rows × 2`).

@@ -16,6 +16,10 @@ pub struct SparseMatrix {
     pub t_row_ptr: Vec<u64>,
     pub t_col_idx: Vec<u32>,
     pub t_perm: Vec<u64>,
+    /// Node ids that key edge dropout masks in place of the row and column indices (a
+    /// partition's rows and columns are a subset of the graph's; see [`SparseMatrix::with_ids`]).
+    pub row_ids: Option<Vec<u32>>,
+    pub col_ids: Option<Vec<u32>>,
 }
 
 impl SparseMatrix {
@@ -46,7 +50,27 @@ impl SparseMatrix {
                 cursor[c] += 1;
             }
         }
-        SparseMatrix { rows, cols, row_ptr, col_idx, t_row_ptr, t_col_idx, t_perm }
+        SparseMatrix {
+            rows,
+            cols,
+            row_ptr,
+            col_idx,
+            t_row_ptr,
+            t_col_idx,
+            t_perm,
+            row_ids: None,
+            col_ids: None,
+        }
+    }
+
+    /// Keys edge dropout by the node ids of rows and columns, so an edge gets the same mask in
+    /// every sub-matrix that holds it.
+    pub fn with_ids(mut self, row_ids: Vec<u32>, col_ids: Vec<u32>) -> SparseMatrix {
+        assert_eq!(row_ids.len(), self.rows, "one id per row");
+        assert_eq!(col_ids.len(), self.cols, "one id per column");
+        self.row_ids = Some(row_ids);
+        self.col_ids = Some(col_ids);
+        self
     }
 
     pub fn nnz(&self) -> usize {

@@ -163,17 +163,21 @@ pub fn col_sums<T: Scalar>(x: &Mat<T>, beta: f64, out: &mut Mat<T>) {
     out.data.iter_mut().zip(sums).for_each(|(o, s)| *o = s + beta * *o);
 }
 
-pub fn dropout<T: Scalar>(key: MaskKey, p: f64, first_row: usize, x: &mut Mat<T>) {
+pub fn dropout<T: Scalar>(key: MaskKey, p: f64, ids: Option<&[u32]>, x: &mut Mat<T>) {
     assert!((0.0..1.0).contains(&p), "dropout probability {p} outside [0, 1)");
     if p == 0.0 {
         return;
+    }
+    if let Some(ids) = ids {
+        assert_eq!(ids.len(), x.rows, "one node id per row");
     }
     let scale = T::of(1.0 / (1.0 - p));
     let d = x.cols;
     let t = threshold(p);
     x.data.par_chunks_mut(d.max(1)).enumerate().for_each(|(r, row)| {
         for (q, quad) in row.chunks_mut(4).enumerate() {
-            let k = keep4(key, (first_row + r) as u64, q as u64, t);
+            let node = ids.map_or(r as u64, |ids| ids[r] as u64);
+            let k = keep4(key, node, q as u64, t);
             for (v, keep) in quad.iter_mut().zip(k) {
                 *v = if keep { *v * scale } else { T::zero() };
             }

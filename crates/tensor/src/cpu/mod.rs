@@ -36,6 +36,12 @@ impl<T: Scalar> Backend for Cpu<T> {
     fn download(&self, m: &Mat<T>) -> Mat<T> {
         m.clone()
     }
+    fn upload_owned(&self, m: Mat<T>) -> Mat<T> {
+        m
+    }
+    fn download_owned(&self, m: Mat<T>) -> Mat<T> {
+        m
+    }
     fn zeros(&self, rows: usize, cols: usize) -> Mat<T> {
         Mat::zeros(rows, cols)
     }
@@ -105,8 +111,8 @@ impl<T: Scalar> Backend for Cpu<T> {
     fn col_sums(&self, x: &Mat<T>, beta: f64, out: &mut Mat<T>) {
         dense::col_sums(x, beta, out)
     }
-    fn dropout(&self, key: MaskKey, p: f64, first_row: usize, x: &mut Mat<T>) {
-        dense::dropout(key, p, first_row, x)
+    fn dropout(&self, key: MaskKey, p: f64, ids: Option<&[u32]>, x: &mut Mat<T>) {
+        dense::dropout(key, p, ids, x)
     }
     fn layer_norm(
         &self,

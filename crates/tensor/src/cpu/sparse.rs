@@ -244,10 +244,12 @@ pub fn edge_dropout<T: Scalar>(s: &SparseMatrix, key: MaskKey, p: f64, vals: &mu
     let k = vals.cols as u64;
     let scale = T::of(1.0 / (1.0 - p));
     rows_of_entries(s, vals, |r, entries, out| {
+        let r = s.row_ids.as_ref().map_or(r as u64, |ids| ids[r] as u64);
         for (e, o) in entries.zip(out.chunks_mut(k as usize)) {
-            let c = s.col_idx[e] as u64;
+            let c = s.col_idx[e];
+            let c = s.col_ids.as_ref().map_or(c as u64, |ids| ids[c as usize] as u64);
             for (h, v) in o.iter_mut().enumerate() {
-                *v = if keep(key, r as u64, c * k + h as u64, p) { *v * scale } else { T::zero() };
+                *v = if keep(key, r, c * k + h as u64, p) { *v * scale } else { T::zero() };
             }
         }
     });

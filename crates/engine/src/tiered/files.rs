@@ -1,0 +1,253 @@
+//! Block files of the storage tier: one file per block, a 4 KiB header page then the payload
+//! padded to 4 KiB, written and read whole with `O_DIRECT` (the page cache would only double
+//! the memory a block costs) from 4 KiB-aligned buffers.
+//!
+//! Header (little-endian): magic `GRNDBLK1`, format version, dtype, rows, cols, payload
+//! bytes, xxh3 of the payload, xxh3 of the header bytes before it. A block that does not
+//! verify is an error naming its file; it is never decoded.
+//!
+//! Where the file system refuses `O_DIRECT` (tmpfs, some overlay file systems) files are
+//! opened buffered instead, and the store says so once.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::xxh3_64;
+
+pub const ALIGN: usize = 4096;
+const MAGIC: &[u8; 8] = b"GRNDBLK1";
+const VERSION: u32 = 1;
+
+/// How a block's elements are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F32 = 0,
+    F64 = 1,
+    Bf16 = 2,
+}
+
+impl Dtype {
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F64 => 8,
+            Dtype::Bf16 => 2,
+        }
+    }
+    fn from_u32(x: u32) -> Option<Dtype> {
+        [Dtype::F32, Dtype::F64, Dtype::Bf16].into_iter().find(|d| *d as u32 == x)
+    }
+}
+
+/// A zeroed heap buffer aligned to [`ALIGN`], its length a multiple of it.
+pub struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is uniquely owned heap memory.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only reads.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    pub fn new(len: usize) -> AlignedBuf {
+        let len = len.div_ceil(ALIGN).max(1) * ALIGN;
+        let layout = Layout::from_size_align(len, ALIGN).expect("aligned layout");
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        AlignedBuf { ptr, len }
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised (zeroed) bytes for the buffer's lifetime.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and we hold the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len, ALIGN).expect("aligned layout");
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.ptr, layout) }
+    }
+}
+
+/// Shape and encoding of a stored block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockHeader {
+    pub dtype: Dtype,
+    pub rows: u64,
+    pub cols: u64,
+}
+
+impl BlockHeader {
+    pub fn payload_len(&self) -> usize {
+        self.rows as usize * self.cols as usize * self.dtype.size()
+    }
+    /// Bytes of the whole file (header page and padded payload).
+    pub fn file_len(&self) -> usize {
+        ALIGN + self.payload_len().div_ceil(ALIGN) * ALIGN
+    }
+}
+
+/// A block's file contents in an aligned buffer: header page, then payload.
+pub fn encode_header(h: &BlockHeader, buf: &mut AlignedBuf) {
+    let payload_len = h.payload_len();
+    let sum = xxh3_64(&buf.as_slice()[ALIGN..ALIGN + payload_len]);
+    let b = buf.as_mut_slice();
+    b[0..8].copy_from_slice(MAGIC);
+    b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    b[12..16].copy_from_slice(&(h.dtype as u32).to_le_bytes());
+    b[16..24].copy_from_slice(&h.rows.to_le_bytes());
+    b[24..32].copy_from_slice(&h.cols.to_le_bytes());
+    b[32..40].copy_from_slice(&(payload_len as u64).to_le_bytes());
+    b[40..48].copy_from_slice(&sum.to_le_bytes());
+    let hsum = xxh3_64(&b[0..48]);
+    b[48..56].copy_from_slice(&hsum.to_le_bytes());
+}
+
+/// Checks a read file: the header, the expected shape, the payload checksum.
+pub fn verify(buf: &[u8], read: usize, expect: &BlockHeader, path: &Path) -> io::Result<()> {
+    let bad = |why: String| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {why}", path.display()));
+    if read < ALIGN {
+        return Err(bad(format!("truncated: {read} bytes, no complete header")));
+    }
+    let u32_at = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().unwrap());
+    if &buf[0..8] != MAGIC {
+        return Err(bad("not a grinnder block file (bad magic)".into()));
+    }
+    if xxh3_64(&buf[0..48]) != u64_at(48) {
+        return Err(bad("header checksum mismatch".into()));
+    }
+    if u32_at(8) != VERSION {
+        return Err(bad(format!("block format version {} (this build reads {VERSION})", u32_at(8))));
+    }
+    let found = BlockHeader {
+        dtype: Dtype::from_u32(u32_at(12)).ok_or_else(|| bad(format!("unknown dtype {}", u32_at(12))))?,
+        rows: u64_at(16),
+        cols: u64_at(24),
+    };
+    if found != *expect {
+        return Err(bad(format!("holds {found:?}, expected {expect:?}")));
+    }
+    let len = u64_at(32) as usize;
+    if len != expect.payload_len() || read < ALIGN + len {
+        return Err(bad(format!("truncated: {read} bytes for a {len}-byte payload")));
+    }
+    if xxh3_64(&buf[ALIGN..ALIGN + len]) != u64_at(40) {
+        return Err(bad("payload checksum mismatch (corrupted block)".into()));
+    }
+    Ok(())
+}
+
+/// Opens, writes and reads block files.
+pub struct BlockFiles {
+    dir: PathBuf,
+    /// `O_DIRECT` works in this directory.
+    pub direct: bool,
+}
+
+const O_DIRECT: i32 = 0o40000;
+
+impl BlockFiles {
+    /// Checks that `dir` exists and is writable, and whether it takes `O_DIRECT`.
+    pub fn new(dir: &Path) -> io::Result<BlockFiles> {
+        let meta = std::fs::metadata(dir)
+            .map_err(|e| io::Error::new(e.kind(), format!("storage directory {}: {e}", dir.display())))?;
+        if !meta.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("storage directory {} is not a directory", dir.display()),
+            ));
+        }
+        let probe = dir.join(format!(".grinnder-probe-{}", std::process::id()));
+        let direct = match OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(O_DIRECT)
+            .open(&probe)
+        {
+            Ok(f) => {
+                let mut b = AlignedBuf::new(ALIGN);
+                b.as_mut_slice()[0] = 1;
+                let ok = f.write_all_at(b.as_slice(), 0).is_ok();
+                ok
+            }
+            Err(e) if e.raw_os_error() == Some(22) => false, // EINVAL: no O_DIRECT here
+            Err(e) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("storage directory {} is not writable: {e}", dir.display()),
+                ))
+            }
+        };
+        if !direct {
+            // buffered must work at least
+            std::fs::write(&probe, b"probe").map_err(|e| {
+                io::Error::new(e.kind(), format!("storage directory {} is not writable: {e}", dir.display()))
+            })?;
+        }
+        let _ = std::fs::remove_file(&probe);
+        Ok(BlockFiles { dir: dir.to_path_buf(), direct })
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn open(&self, path: &Path, write: bool) -> io::Result<File> {
+        let mut o = OpenOptions::new();
+        if write {
+            o.write(true).create(true).truncate(true);
+        } else {
+            o.read(true);
+        }
+        if self.direct {
+            o.custom_flags(O_DIRECT);
+        }
+        o.open(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    }
+
+    /// Writes a whole block file (`buf` holds header page and payload, see [`encode_header`]).
+    pub fn write(&self, name: &str, buf: &AlignedBuf, len: usize) -> io::Result<()> {
+        let path = self.path(name);
+        let f = self.open(&path, true)?;
+        f.write_all_at(&buf.as_slice()[..len], 0)
+            .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))
+    }
+
+    /// Reads a whole block file into an aligned buffer and verifies it.
+    pub fn read(&self, name: &str, expect: &BlockHeader) -> io::Result<AlignedBuf> {
+        let path = self.path(name);
+        let f = self.open(&path, false)?;
+        let len = expect.file_len();
+        let mut buf = AlignedBuf::new(len);
+        let mut read = 0usize;
+        while read < len {
+            match f.read_at(&mut buf.as_mut_slice()[read..len], read as u64) {
+                Ok(0) => break,
+                Ok(k) => read += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))),
+            }
+        }
+        verify(buf.as_slice(), read, expect, &path)?;
+        Ok(buf)
+    }
+
+    pub fn remove(&self, name: &str) {
+        let _ = std::fs::remove_file(self.path(name));
+    }
+}

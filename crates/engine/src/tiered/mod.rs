@@ -1,0 +1,472 @@
+//! The exact layer-wise, partition-wise executor (DESIGN.md §3) over the tiered store (§4).
+//!
+//! Forward runs layer by layer and, inside a layer, partition by partition: gather the
+//! partition's own and halo rows of the layer input from the store, run the layer (conv, norm,
+//! ReLU, dropout, residual) on the partition's bipartite graph, write its own output rows
+//! back. The output layer is not run in forward: backward starts there, recomputing it per
+//! partition to get the logits, the loss (summed over the partition's training nodes, divided
+//! by the global training count) and its gradient. Backward walks the layers down; for each
+//! partition it re-gathers the layer input, recomputes the layer, runs its backward with the
+//! output gradient from the store, adds the input gradient's own rows into the partition's
+//! gradient block and scatter-adds its halo rows into their owners' blocks. A layer's
+//! gradient blocks are complete before the layer below starts (the loop is the barrier).
+//!
+//! Invariants: the result does not depend on the partitioning: normalisations come from the
+//! whole graph, dropout masks are keyed by original node ids, and every parameter gradient is
+//! a sum over partitions of exact partial sums.
+
+pub mod files;
+pub mod store;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use grinnder_graph::{norm, Csr, Dataset};
+use grinnder_nn::graph::Adjacency;
+use grinnder_nn::{Graph, Kind as ModelKind, Model, ModelConfig};
+use grinnder_partition::{partition_cached, Method, PartitionedGraph, Partitioning};
+use grinnder_tensor::{Backend, Mat, Scalar, SparseMatrix};
+use serde::Serialize;
+
+pub use store::{BlockId, CacheMode, Kind, Store, StoreConfig, TierDtype, TierStats};
+
+use crate::memory::{FeatureNorm, TrainError};
+
+/// How the executor partitions and where its blocks live.
+#[derive(Clone, Debug)]
+pub struct TieredConfig {
+    pub parts: usize,
+    pub method: Method,
+    /// Partition cache directory (`None`: no cache).
+    pub partition_cache: Option<PathBuf>,
+    pub cache_mode: CacheMode,
+    /// Host memory for the whole process; `None`: no limit, every block stays in RAM.
+    pub host_mem: Option<u64>,
+    pub storage_dir: Option<PathBuf>,
+    pub tier_dtype: TierDtype,
+    pub keep_storage: bool,
+}
+
+impl TieredConfig {
+    /// Everything in RAM, `parts` partitions by `method`.
+    pub fn in_ram(parts: usize, method: Method) -> TieredConfig {
+        TieredConfig {
+            parts,
+            method,
+            partition_cache: None,
+            cache_mode: CacheMode::Auto,
+            host_mem: None,
+            storage_dir: None,
+            tier_dtype: TierDtype::F32,
+            keep_storage: false,
+        }
+    }
+}
+
+/// Seconds per phase of one epoch, with the store's counters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PhaseStats {
+    pub gather_s: f64,
+    pub compute_s: f64,
+    pub write_back_s: f64,
+    #[serde(flatten)]
+    pub tier: TierStats,
+}
+
+/// How the memory plan divided the host budget.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// Bytes resident outside the store (graph structures, model, process) when the plan was made.
+    pub resident_bytes: u64,
+    /// Largest per-partition working set (gathered inputs, layer temporaries).
+    pub working_bytes: u64,
+    pub margin_bytes: u64,
+    /// Host cache budget for blocks (`None`: unlimited).
+    pub cache_bytes: Option<u64>,
+    pub mode: CacheMode,
+    /// Whole-run activation and gradient bytes (what the cache would need to hold everything).
+    pub block_bytes: u64,
+}
+
+/// One partition as the executor sees it.
+struct Part<B: Backend> {
+    graph: Graph<B>,
+    own: usize,
+    /// (source partition, its rows) for the halo columns, in column order.
+    fetch: Vec<(usize, Vec<u32>)>,
+    labels: Vec<i32>,
+    /// Local rows of the train, valid and test nodes.
+    split_rows: [Vec<u32>; 3],
+}
+
+/// The executor: a model, the partitioned graph and the store.
+pub struct Executor<'a, B: Backend> {
+    b: &'a B,
+    pub model: Model<B>,
+    parts: Vec<Part<B>>,
+    store: Store<B::T>,
+    n_train: usize,
+    /// Layer 0 runs on `Â x` precomputed per partition (GCN, SAGE without input dropout).
+    pre: bool,
+    pub partitioning: Partitioning,
+    pub plan: Plan,
+    stats: PhaseStats,
+}
+
+/// Features of `ids`, preprocessed (`min` is the global minimum, for row normalisation).
+pub fn feature_rows<T: Scalar>(ds: &Dataset, norm: FeatureNorm, min: f64, ids: &[u32]) -> Vec<T> {
+    let d = ds.features.dim;
+    let src: &[f32] = &ds.features.data;
+    let mut out = Vec::with_capacity(ids.len() * d);
+    for &v in ids {
+        let r = &src[v as usize * d..(v as usize + 1) * d];
+        match norm {
+            FeatureNorm::None => out.extend(r.iter().map(|&x| T::of(x as f64))),
+            FeatureNorm::Row => {
+                let sum = r.iter().map(|&x| x as f64 - min).sum::<f64>().max(1.0);
+                out.extend(r.iter().map(|&x| T::of((x as f64 - min) / sum)));
+            }
+        }
+    }
+    out
+}
+
+fn io_err(e: std::io::Error) -> TrainError {
+    TrainError::Storage(e.to_string())
+}
+
+impl<'a, B: Backend> Executor<'a, B> {
+    /// Partitions `ds`, builds the partition graphs, plans memory and fills the store with
+    /// the input features (and their first aggregation where the model allows).
+    pub fn new(
+        b: &'a B,
+        ds: &Dataset,
+        model_cfg: &ModelConfig,
+        feature_norm: FeatureNorm,
+        tc: &TieredConfig,
+    ) -> Result<Self, TrainError> {
+        crate::memory::check_dataset(ds)?;
+        let model = Model::init(b, model_cfg.clone(), ds.features.dim, ds.num_classes as usize);
+        let (partitioning, outcome) =
+            partition_cached(&ds.graph, tc.parts, tc.method, tc.partition_cache.as_deref())
+                .map_err(|e| TrainError::Partition(e.to_string()))?;
+        tracing::debug!("partitioning: {outcome:?}");
+        // the adjacency the model needs, with its whole-graph normalisation
+        let (csr, vals): (Csr, Vec<f64>) = match model_cfg.kind {
+            ModelKind::Gcn | ModelKind::Gat => {
+                let looped = ds.graph.with_self_loops();
+                let v = norm::gcn_norm(&looped);
+                (looped, v)
+            }
+            ModelKind::Sage => (ds.graph.clone(), norm::mean_norm(&ds.graph)),
+        };
+        let pg = PartitionedGraph::build(&csr, &partitioning, &[&vals]);
+        drop((csr, vals));
+        let mut splits_local: Vec<[Vec<u32>; 3]> = vec![Default::default(); tc.parts];
+        for (k, (_, ids)) in ds.splits.named().iter().enumerate() {
+            for &v in ids.iter() {
+                let q = partitioning.part[v as usize] as usize;
+                let local = partitioning.perm[v as usize] as u64 - partitioning.ptr[q];
+                splits_local[q][k].push(local as u32);
+            }
+        }
+        let mut parts = Vec::with_capacity(tc.parts);
+        for (q, (g, split_rows)) in pg.partitions.into_iter().zip(splits_local).enumerate() {
+            let mut split_rows = split_rows;
+            for s in &mut split_rows {
+                s.sort_unstable();
+            }
+            let first = partitioning.ptr[q] as usize;
+            let own_ids: Vec<u32> = partitioning.inv_perm[first..first + g.own].to_vec();
+            let col_ids: Vec<u32> = own_ids
+                .iter()
+                .copied()
+                .chain(g.halo.iter().map(|&h| partitioning.inv_perm[h as usize]))
+                .collect();
+            let labels: Vec<i32> = own_ids.iter().map(|&v| ds.labels[v as usize]).collect();
+            let cols = g.columns();
+            let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids.clone());
+            let adj = Adjacency::new(b, &sm, &g.values[0]);
+            drop(sm);
+            let (looped, plain) = match model_cfg.kind {
+                ModelKind::Sage => (None, Some(adj)),
+                _ => (Some(adj), None),
+            };
+            let graph = Graph { rows: g.own, cols, looped, plain, ids: Some(col_ids) };
+            parts.push(Part { graph, own: g.own, fetch: g.fetch, labels, split_rows });
+        }
+        let pre = model_cfg.kind != ModelKind::Gat && model_cfg.input_dropout == 0.0;
+        let plan = make_plan(&model, &parts, tc, std::mem::size_of::<B::T>());
+        let store_cfg = StoreConfig { budget: plan.cache_bytes, mode: plan.mode, dtype: tc.tier_dtype };
+        let store = Store::new(store_cfg, tc.storage_dir.as_deref(), tc.keep_storage).map_err(io_err)?;
+        let mut ex = Executor {
+            b,
+            model,
+            parts,
+            store,
+            n_train: ds.splits.train.len(),
+            pre,
+            partitioning,
+            plan,
+            stats: PhaseStats::default(),
+        };
+        ex.load_features(ds, feature_norm)?;
+        Ok(ex)
+    }
+
+    fn load_features(&mut self, ds: &Dataset, norm: FeatureNorm) -> Result<(), TrainError> {
+        let min = match norm {
+            FeatureNorm::Row => ds.features.data.iter().copied().fold(f32::INFINITY, f32::min) as f64,
+            FeatureNorm::None => 0.0,
+        };
+        let d = ds.features.dim;
+        for q in 0..self.parts.len() {
+            let first = self.partitioning.ptr[q] as usize;
+            let ids = &self.partitioning.inv_perm[first..first + self.parts[q].own];
+            let rows = feature_rows::<B::T>(ds, norm, min, ids);
+            self.store.put(act(0, q), ids.len(), d, rows).map_err(io_err)?;
+        }
+        if self.pre {
+            for q in 0..self.parts.len() {
+                let x = self.gather(0, q, true)?;
+                let agg = self.model.aggregate_input(self.b, &self.parts[q].graph, &x).expect("GCN or SAGE");
+                drop(x);
+                let m = self.b.download_owned(agg);
+                self.store
+                    .put(BlockId { kind: Kind::Pre, layer: 0, part: q }, m.rows, m.cols, m.data)
+                    .map_err(io_err)?;
+            }
+        }
+        self.store.take_stats();
+        Ok(())
+    }
+
+    pub fn store_direct_io(&self) -> Option<bool> {
+        self.store.direct_io()
+    }
+
+    /// Layer `l`'s input rows of partition `q`: own rows, then (with `halo`) the halo rows.
+    fn gather(&mut self, l: usize, q: usize, halo: bool) -> Result<B::Mat, TrainError> {
+        let t = Instant::now();
+        let d = self.model.dim(l);
+        let part = &self.parts[q];
+        let rows = if halo { part.graph.cols } else { part.own };
+        let mut m = Mat::<B::T>::zeros(rows, d);
+        self.store.pin(std::iter::once(act(l, q)).chain(part.fetch.iter().map(|(s, _)| act(l, *s))));
+        self.store.read_rows(act(l, q), None, &mut m.data[..part.own * d]).map_err(io_err)?;
+        if halo {
+            let mut at = part.own;
+            for (src, idx) in &part.fetch {
+                let out = &mut m.data[at * d..(at + idx.len()) * d];
+                self.store.read_rows(act(l, *src), Some(idx), out).map_err(io_err)?;
+                at += idx.len();
+            }
+        }
+        self.store.unpin_all();
+        let m = self.b.upload_owned(m);
+        self.stats.gather_s += t.elapsed().as_secs_f64();
+        Ok(m)
+    }
+
+    /// The inputs of layer `l` on partition `q`: the gathered rows and, at layer 0, `Â x`.
+    fn inputs(&mut self, l: usize, q: usize) -> Result<(B::Mat, Option<B::Mat>), TrainError> {
+        if l == 0 && self.pre {
+            let x = self.gather(0, q, false)?;
+            let t = Instant::now();
+            let own = self.parts[q].own;
+            let d = self.model.dim(0);
+            let mut p = Mat::<B::T>::zeros(own, d);
+            let id = BlockId { kind: Kind::Pre, layer: 0, part: q };
+            self.store.read_rows(id, None, &mut p.data).map_err(io_err)?;
+            self.stats.gather_s += t.elapsed().as_secs_f64();
+            return Ok((x, Some(self.b.upload_owned(p))));
+        }
+        Ok((self.gather(l, q, true)?, None))
+    }
+
+    /// Hidden layers `0 .. L-1` forward over all partitions, outputs into the store.
+    fn forward_hidden(&mut self, train: bool, epoch: u64) -> Result<(), TrainError> {
+        let b = self.b;
+        for l in 0..self.model.layers() - 1 {
+            for q in 0..self.parts.len() {
+                let (x, pre) = self.inputs(l, q)?;
+                let t = Instant::now();
+                let (y, tape) =
+                    self.model.layer_forward(b, &self.parts[q].graph, l, &x, pre.as_ref(), train, epoch);
+                drop((tape, x, pre));
+                self.stats.compute_s += t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                let y = b.download_owned(y);
+                self.store.put(act(l + 1, q), y.rows, y.cols, y.data).map_err(io_err)?;
+                self.stats.write_back_s += t.elapsed().as_secs_f64();
+            }
+        }
+        Ok(())
+    }
+
+    /// One training pass: accumulates every parameter's gradient (the caller zeroes them) and
+    /// returns the summed training loss and the number of correct training predictions.
+    pub fn forward_backward(&mut self, epoch: u64) -> Result<(f64, usize), TrainError> {
+        let b = self.b;
+        let layers = self.model.layers();
+        self.forward_hidden(true, epoch)?;
+        let (mut loss, mut correct) = (0.0, 0usize);
+        for l in (0..layers).rev() {
+            for q in 0..self.parts.len() {
+                let (x, pre) = self.inputs(l, q)?;
+                let t = Instant::now();
+                let part = &self.parts[q];
+                let (y, tape) = self.model.layer_forward(b, &part.graph, l, &x, pre.as_ref(), true, epoch);
+                let dy = if l + 1 == layers {
+                    let (rows, cols) = b.dims(&y);
+                    let mut dy = b.zeros(rows, cols);
+                    let (s, c) = b.cross_entropy(
+                        &y,
+                        &part.labels,
+                        &part.split_rows[0],
+                        1.0 / self.n_train as f64,
+                        &mut dy,
+                    );
+                    loss += s;
+                    correct += c;
+                    dy
+                } else {
+                    drop(y);
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    let t = Instant::now();
+                    let d = self.model.dim(l + 1);
+                    let mut dy = Mat::<B::T>::zeros(part.own, d);
+                    let id = BlockId { kind: Kind::Grad, layer: l + 1, part: q };
+                    self.store.read_rows(id, None, &mut dy.data).map_err(io_err)?;
+                    self.stats.gather_s += t.elapsed().as_secs_f64();
+                    b.upload_owned(dy)
+                };
+                let t = Instant::now();
+                let part = &self.parts[q];
+                let dx = self.model.layer_backward(b, &part.graph, l, &x, pre.as_ref(), tape, &dy, l > 0);
+                drop((x, pre, dy));
+                self.stats.compute_s += t.elapsed().as_secs_f64();
+                if let Some(dx) = dx {
+                    let t = Instant::now();
+                    self.write_back_grad(l, q, b.download_owned(dx))?;
+                    self.stats.write_back_s += t.elapsed().as_secs_f64();
+                }
+            }
+            // layer l + 1's blocks are spent
+            for q in 0..self.parts.len() {
+                self.store.remove(BlockId { kind: Kind::Grad, layer: l + 1, part: q });
+                if l + 1 < layers {
+                    self.store.remove(act(l + 1, q));
+                }
+            }
+        }
+        Ok((loss, correct))
+    }
+
+    /// Own rows of `dx` into partition `q`'s gradient block, halo rows into their owners'.
+    fn write_back_grad(&mut self, l: usize, q: usize, dx: Mat<B::T>) -> Result<(), TrainError> {
+        let d = dx.cols;
+        let part = &self.parts[q];
+        let grad = |p: usize| BlockId { kind: Kind::Grad, layer: l, part: p };
+        self.store.add_rows(grad(q), part.own, d, None, &dx.data[..part.own * d]).map_err(io_err)?;
+        let mut at = part.own;
+        for (src, idx) in &part.fetch {
+            let rows = self.parts[*src].own;
+            let block = &dx.data[at * d..(at + idx.len()) * d];
+            self.store.add_rows(grad(*src), rows, d, Some(idx), block).map_err(io_err)?;
+            at += idx.len();
+        }
+        Ok(())
+    }
+
+    /// Evaluation pass (no dropout): correct predictions on train, valid and test.
+    pub fn evaluate(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
+        let b = self.b;
+        self.forward_hidden(false, epoch)?;
+        let l = self.model.layers() - 1;
+        let mut correct = [0usize; 3];
+        for q in 0..self.parts.len() {
+            let (x, pre) = self.inputs(l, q)?;
+            let t = Instant::now();
+            let part = &self.parts[q];
+            let (y, _) = self.model.layer_forward(b, &part.graph, l, &x, pre.as_ref(), false, epoch);
+            for (k, rows) in part.split_rows.iter().enumerate() {
+                correct[k] += b.count_correct(&y, &part.labels, rows);
+            }
+            self.stats.compute_s += t.elapsed().as_secs_f64();
+        }
+        for layer in 1..self.model.layers() {
+            for q in 0..self.parts.len() {
+                self.store.remove(act(layer, q));
+            }
+        }
+        Ok(correct)
+    }
+
+    /// Phase times and store counters since the last call.
+    pub fn take_stats(&mut self) -> PhaseStats {
+        let mut s = std::mem::take(&mut self.stats);
+        s.tier = self.store.take_stats();
+        s
+    }
+}
+
+fn act(layer: usize, part: usize) -> BlockId {
+    BlockId { kind: Kind::Act, layer, part }
+}
+
+/// Resident bytes now (`VmRSS`), 0 where unknown.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Splits the host budget: what is resident now, a working set for the largest partition, a
+/// margin, and the rest for the block cache; picks the cache mode for `Auto`.
+fn make_plan<B: Backend>(model: &Model<B>, parts: &[Part<B>], tc: &TieredConfig, elem: usize) -> Plan {
+    let elem_tier = match tc.tier_dtype {
+        TierDtype::F32 => elem,
+        TierDtype::Bf16 => 2,
+    } as u64;
+    let layers = model.layers();
+    let width = (0..=layers).map(|l| model.dim(l)).max().unwrap_or(1) as u64;
+    let heads = if model.config.kind == ModelKind::Gat { model.config.heads.max(1) as u64 } else { 1 };
+    let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
+    // per partition: the gathered input, the layer's temporaries and its input gradient
+    // (about six matrices of the widest layer over the partition's columns), plus GAT's
+    // per-edge attention arrays
+    let working_bytes = parts
+        .iter()
+        .map(|p| {
+            let nnz = p.graph.looped.as_ref().or(p.graph.plain.as_ref()).map_or(0, |a| a.nnz) as u64;
+            6 * p.graph.cols as u64 * width * elem as u64 + 4 * nnz * heads * elem as u64
+        })
+        .max()
+        .unwrap_or(0);
+    // activations of layers 0..L-1 plus one gradient layer and layer 0's aggregation
+    let layer_bytes = |l: usize| nodes * model.dim(l) as u64 * elem_tier;
+    let block_bytes: u64 = (0..layers).map(layer_bytes).sum::<u64>() * 2;
+    let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
+    let resident_bytes = rss_bytes();
+    let (cache_bytes, margin_bytes) = match tc.host_mem {
+        None => (None, 0),
+        Some(h) => {
+            let margin = h / 20;
+            (Some(h.saturating_sub(resident_bytes + working_bytes + margin)), margin)
+        }
+    };
+    let mode = match tc.cache_mode {
+        CacheMode::Auto => match cache_bytes {
+            Some(c) if 2 * largest.max(layer_bytes(0)) > c => CacheMode::PartitionLru,
+            _ => CacheMode::LruLayer,
+        },
+        m => m,
+    };
+    Plan { resident_bytes, working_bytes, margin_bytes, cache_bytes, mode, block_bytes }
+}

@@ -1,0 +1,601 @@
+//! The tiered store (DESIGN.md §4): activation and gradient blocks, one per (kind, layer,
+//! partition), cached in host RAM within a byte budget and spilled to block files beyond it.
+//!
+//! Invariants: a block's bytes are in RAM, on disk, or both; a block in RAM that differs from
+//! its file (or has none) is dirty and is written before its memory is released, and a clean
+//! block is never written again. Pinned blocks are not evicted. Resident bytes never exceed
+//! the budget except while the pinned blocks alone exceed it (counted as overcommit).
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::Path;
+use std::time::Instant;
+
+use grinnder_tensor::Scalar;
+use serde::{Deserialize, Serialize};
+
+use super::files::{encode_header, AlignedBuf, BlockFiles, BlockHeader, Dtype, ALIGN};
+
+/// What a block holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// A layer's input rows (layer 0: the features).
+    Act,
+    /// The gradient of a layer's input rows.
+    Grad,
+    /// The first layer's aggregation of a fixed input.
+    Pre,
+}
+
+/// One block: `kind` of `layer` for the rows of partition `part`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId {
+    pub kind: Kind,
+    pub layer: usize,
+    pub part: usize,
+}
+
+impl BlockId {
+    fn file_name(&self) -> String {
+        let k = match self.kind {
+            Kind::Act => "act",
+            Kind::Grad => "grad",
+            Kind::Pre => "pre",
+        };
+        format!("{k}-l{}-p{}.blk", self.layer, self.part)
+    }
+}
+
+/// Which blocks leave RAM first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheMode {
+    /// `lru_layer` when the largest activation layer and the largest gradient layer fit the
+    /// cache together, else `partition_lru`.
+    Auto,
+    /// Whole layers (all partitions of a kind and layer) leave together, least recently used
+    /// first.
+    LruLayer,
+    /// Single blocks leave, least recently used first; a computing partition's dependency set
+    /// is pinned.
+    PartitionLru,
+}
+
+/// Element type of blocks in the host cache and in files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TierDtype {
+    /// The compute type (f32 in training).
+    F32,
+    /// bfloat16: half the bytes, 8 bits of mantissa.
+    Bf16,
+}
+
+/// Counters of one epoch (reset by [`Store::take_stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TierStats {
+    /// Block reads served from RAM.
+    pub hits: u64,
+    /// Block reads that had to load the file.
+    pub misses: u64,
+    /// Bytes read from storage into RAM.
+    pub storage_read_bytes: u64,
+    /// Bytes written from RAM to storage.
+    pub storage_write_bytes: u64,
+    /// Bytes copied out of the host cache (gathers) and into it (write-backs).
+    pub host_read_bytes: u64,
+    pub host_write_bytes: u64,
+    pub evictions: u64,
+    /// Seconds waiting for storage reads and writes.
+    pub io_s: f64,
+    /// Most bytes resident in the host cache at once.
+    pub peak_cache_bytes: u64,
+}
+
+enum Data<T> {
+    Full(Vec<T>),
+    Bf16(Vec<u16>),
+}
+
+impl<T: Scalar> Data<T> {
+    fn bytes(&self) -> u64 {
+        match self {
+            Data::Full(v) => (v.len() * std::mem::size_of::<T>()) as u64,
+            Data::Bf16(v) => (v.len() * 2) as u64,
+        }
+    }
+}
+
+/// bf16 by round-to-nearest-even of the f32 bits (NaN stays NaN).
+pub fn to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+pub fn from_bf16(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+struct Entry<T> {
+    rows: usize,
+    cols: usize,
+    data: Option<Data<T>>,
+    dirty: bool,
+    on_disk: bool,
+    last_use: u64,
+}
+
+/// Settings of a store.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Host cache bytes; `None`: everything stays in RAM.
+    pub budget: Option<u64>,
+    /// `LruLayer` or `PartitionLru` (`Auto` is resolved by the caller's plan).
+    pub mode: CacheMode,
+    pub dtype: TierDtype,
+}
+
+pub struct Store<T: Scalar> {
+    cfg: StoreConfig,
+    entries: HashMap<BlockId, Entry<T>>,
+    resident: u64,
+    clock: u64,
+    pinned: HashSet<BlockId>,
+    files: Option<BlockFiles>,
+    keep_files: bool,
+    stats: TierStats,
+}
+
+fn elem_dtype<T: Scalar>() -> Dtype {
+    if std::mem::size_of::<T>() == 8 {
+        Dtype::F64
+    } else {
+        Dtype::F32
+    }
+}
+
+impl<T: Scalar> Store<T> {
+    /// A store spilling into `dir` when given (checked to exist and be writable).
+    pub fn new(cfg: StoreConfig, dir: Option<&Path>, keep_files: bool) -> io::Result<Store<T>> {
+        let files = dir.map(BlockFiles::new).transpose()?;
+        if let Some(f) = &files {
+            if !f.direct {
+                tracing::warn!(
+                    "storage directory does not take O_DIRECT; block files go through the page cache (buffered pread/pwrite)"
+                );
+            }
+        }
+        Ok(Store {
+            cfg,
+            entries: HashMap::new(),
+            resident: 0,
+            clock: 0,
+            pinned: HashSet::new(),
+            files,
+            keep_files,
+            stats: TierStats::default(),
+        })
+    }
+
+    pub fn mode(&self) -> CacheMode {
+        self.cfg.mode
+    }
+
+    /// Whether block files use O_DIRECT (`None`: no storage tier).
+    pub fn direct_io(&self) -> Option<bool> {
+        self.files.as_ref().map(|f| f.direct)
+    }
+
+    /// The counters since the last call.
+    pub fn take_stats(&mut self) -> TierStats {
+        let mut s = std::mem::take(&mut self.stats);
+        s.peak_cache_bytes = s.peak_cache_bytes.max(self.resident);
+        self.stats.peak_cache_bytes = self.resident;
+        s
+    }
+
+    pub fn resident_bytes(&self) -> u64 {
+        self.resident
+    }
+
+    pub fn contains(&self, id: BlockId) -> bool {
+        self.entries.contains_key(&id)
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn encode(&self, v: Vec<T>) -> Data<T> {
+        match self.cfg.dtype {
+            TierDtype::F32 => Data::Full(v),
+            TierDtype::Bf16 => Data::Bf16(v.iter().map(|x| to_bf16(x.f64() as f32)).collect()),
+        }
+    }
+
+    /// Stores `data` (`rows × cols`, row-major) as block `id`, replacing what was there.
+    pub fn put(&mut self, id: BlockId, rows: usize, cols: usize, data: Vec<T>) -> io::Result<()> {
+        assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
+        self.remove_ram(id);
+        let data = self.encode(data);
+        let bytes = data.bytes();
+        self.stats.host_write_bytes += bytes;
+        let last_use = self.tick();
+        // a file of an earlier version is stale: on_disk false, so it is rewritten on eviction
+        self.entries
+            .insert(id, Entry { rows, cols, data: Some(data), dirty: true, on_disk: false, last_use });
+        self.resident += bytes;
+        self.make_room(Some(id))
+    }
+
+    /// Copies rows of block `id` into `out` (`idx` rows in order, or all rows).
+    pub fn read_rows(&mut self, id: BlockId, idx: Option<&[u32]>, out: &mut [T]) -> io::Result<()> {
+        self.load(id)?;
+        let e = &self.entries[&id];
+        let d = e.cols;
+        let n = idx.map_or(e.rows, |i| i.len());
+        assert_eq!(out.len(), n * d, "block {id:?}: output holds the rows read");
+        let row = |k: usize| idx.map_or(k, |i| i[k] as usize);
+        match e.data.as_ref().expect("loaded") {
+            Data::Full(v) => {
+                for (k, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
+                    let r = row(k);
+                    o.copy_from_slice(&v[r * d..(r + 1) * d]);
+                }
+            }
+            Data::Bf16(v) => {
+                for (k, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
+                    let r = row(k);
+                    for (x, &h) in o.iter_mut().zip(&v[r * d..(r + 1) * d]) {
+                        *x = T::of(from_bf16(h) as f64);
+                    }
+                }
+            }
+        }
+        self.stats.host_read_bytes += (n * d * self.elem_bytes()) as u64;
+        Ok(())
+    }
+
+    fn elem_bytes(&self) -> usize {
+        match self.cfg.dtype {
+            TierDtype::F32 => std::mem::size_of::<T>(),
+            TierDtype::Bf16 => 2,
+        }
+    }
+
+    /// Adds `src` (`k × cols`) into rows `idx` of block `id` (the first `k` rows when `None`),
+    /// creating the block as `rows × cols` zeros when absent.
+    pub fn add_rows(
+        &mut self,
+        id: BlockId,
+        rows: usize,
+        cols: usize,
+        idx: Option<&[u32]>,
+        src: &[T],
+    ) -> io::Result<()> {
+        if !self.entries.contains_key(&id) {
+            self.put(id, rows, cols, vec![T::zero(); rows * cols])?;
+        }
+        self.load(id)?;
+        let e = self.entries.get_mut(&id).expect("loaded");
+        assert_eq!((e.rows, e.cols), (rows, cols), "block {id:?}: shape");
+        let d = cols;
+        let row = |k: usize| idx.map_or(k, |i| i[k] as usize);
+        match e.data.as_mut().expect("loaded") {
+            Data::Full(v) => {
+                for (k, s) in src.chunks_exact(d.max(1)).enumerate() {
+                    let r = row(k);
+                    for (x, &y) in v[r * d..(r + 1) * d].iter_mut().zip(s) {
+                        *x += y;
+                    }
+                }
+            }
+            Data::Bf16(v) => {
+                for (k, s) in src.chunks_exact(d.max(1)).enumerate() {
+                    let r = row(k);
+                    for (x, &y) in v[r * d..(r + 1) * d].iter_mut().zip(s) {
+                        *x = to_bf16(from_bf16(*x) + y.f64() as f32);
+                    }
+                }
+            }
+        }
+        e.dirty = true;
+        self.stats.host_write_bytes += (src.len() * self.elem_bytes()) as u64;
+        Ok(())
+    }
+
+    /// Drops block `id` from RAM and storage.
+    pub fn remove(&mut self, id: BlockId) {
+        self.remove_ram(id);
+        if let Some(e) = self.entries.remove(&id) {
+            if e.on_disk {
+                if let Some(f) = &self.files {
+                    f.remove(&id.file_name());
+                }
+            }
+        }
+    }
+
+    fn remove_ram(&mut self, id: BlockId) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            if let Some(d) = e.data.take() {
+                self.resident -= d.bytes();
+            }
+        }
+    }
+
+    /// Pins blocks: they stay in RAM until [`Store::unpin_all`].
+    pub fn pin(&mut self, ids: impl IntoIterator<Item = BlockId>) {
+        if self.cfg.mode == CacheMode::PartitionLru {
+            self.pinned.extend(ids);
+        }
+    }
+
+    pub fn unpin_all(&mut self) {
+        self.pinned.clear();
+    }
+
+    /// Brings block `id` into RAM.
+    fn load(&mut self, id: BlockId) -> io::Result<()> {
+        let t = self.tick();
+        let e = self.entries.get_mut(&id).unwrap_or_else(|| panic!("block {id:?} was never written"));
+        e.last_use = t;
+        if e.data.is_some() {
+            self.stats.hits += 1;
+            return Ok(());
+        }
+        self.stats.misses += 1;
+        let (rows, cols) = (e.rows as u64, e.cols as u64);
+        let header = BlockHeader { dtype: self.file_dtype(), rows, cols };
+        let files = self.files.as_ref().expect("a block left RAM only with a storage tier");
+        let start = Instant::now();
+        let buf = files.read(&id.file_name(), &header)?;
+        self.stats.io_s += start.elapsed().as_secs_f64();
+        self.stats.storage_read_bytes += header.file_len() as u64;
+        let payload = &buf.as_slice()[ALIGN..ALIGN + header.payload_len()];
+        let data = match header.dtype {
+            Dtype::Bf16 => {
+                Data::Bf16(payload.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect())
+            }
+            Dtype::F32 => Data::Full(
+                payload
+                    .chunks_exact(4)
+                    .map(|c| T::of(f32::from_le_bytes(c.try_into().unwrap()) as f64))
+                    .collect(),
+            ),
+            Dtype::F64 => Data::Full(
+                payload.chunks_exact(8).map(|c| T::of(f64::from_le_bytes(c.try_into().unwrap()))).collect(),
+            ),
+        };
+        drop(buf);
+        let bytes = data.bytes();
+        let e = self.entries.get_mut(&id).expect("present");
+        e.data = Some(data);
+        e.dirty = false;
+        self.resident += bytes;
+        self.make_room(Some(id))
+    }
+
+    fn file_dtype(&self) -> Dtype {
+        match self.cfg.dtype {
+            TierDtype::F32 => elem_dtype::<T>(),
+            TierDtype::Bf16 => Dtype::Bf16,
+        }
+    }
+
+    /// Evicts until the budget holds (or only pinned blocks and `keep` remain).
+    fn make_room(&mut self, keep: Option<BlockId>) -> io::Result<()> {
+        self.stats.peak_cache_bytes = self.stats.peak_cache_bytes.max(self.resident);
+        let Some(budget) = self.cfg.budget else { return Ok(()) };
+        while self.resident > budget {
+            let victims = self.victims(keep);
+            if victims.is_empty() {
+                break; // the pinned working set alone is over budget
+            }
+            for v in victims {
+                self.evict(v)?;
+                if self.cfg.mode == CacheMode::PartitionLru && self.resident <= budget {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn evictable(&self, keep: Option<BlockId>) -> impl Iterator<Item = (&BlockId, &Entry<T>)> {
+        self.entries
+            .iter()
+            .filter(move |(id, e)| e.data.is_some() && Some(**id) != keep && !self.pinned.contains(id))
+    }
+
+    /// The next blocks to leave RAM under the cache mode.
+    fn victims(&self, keep: Option<BlockId>) -> Vec<BlockId> {
+        match self.cfg.mode {
+            CacheMode::LruLayer | CacheMode::Auto => {
+                // the (kind, layer) whose most recent use is oldest
+                let mut recency: HashMap<(Kind, usize), u64> = HashMap::new();
+                for (id, e) in self.evictable(keep) {
+                    let r = recency.entry((id.kind, id.layer)).or_insert(0);
+                    *r = (*r).max(e.last_use);
+                }
+                let Some((&layer, _)) = recency.iter().min_by_key(|(k, r)| (**r, **k)) else {
+                    return Vec::new();
+                };
+                let mut ids: Vec<BlockId> = self
+                    .evictable(keep)
+                    .map(|(id, _)| *id)
+                    .filter(|id| (id.kind, id.layer) == layer)
+                    .collect();
+                ids.sort();
+                ids
+            }
+            CacheMode::PartitionLru => self
+                .evictable(keep)
+                .min_by_key(|(id, e)| (e.last_use, **id))
+                .map(|(id, _)| *id)
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    fn evict(&mut self, id: BlockId) -> io::Result<()> {
+        let needs_write = {
+            let e = &self.entries[&id];
+            e.dirty || !e.on_disk
+        };
+        if needs_write {
+            self.write(id)?;
+        }
+        self.remove_ram(id);
+        self.stats.evictions += 1;
+        Ok(())
+    }
+
+    fn write(&mut self, id: BlockId) -> io::Result<()> {
+        let files = self.files.as_ref().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                "the host budget is exceeded and there is no storage directory to spill to (give --storage-dir or more --host-mem)",
+            )
+        })?;
+        let e = &self.entries[&id];
+        let header = BlockHeader { dtype: self.file_dtype(), rows: e.rows as u64, cols: e.cols as u64 };
+        let len = header.file_len();
+        let mut buf = AlignedBuf::new(len);
+        {
+            let out = &mut buf.as_mut_slice()[ALIGN..ALIGN + header.payload_len()];
+            match e.data.as_ref().expect("writing a resident block") {
+                Data::Bf16(v) => {
+                    for (o, x) in out.chunks_exact_mut(2).zip(v) {
+                        o.copy_from_slice(&x.to_le_bytes());
+                    }
+                }
+                Data::Full(v) if header.dtype == Dtype::F64 => {
+                    for (o, x) in out.chunks_exact_mut(8).zip(v) {
+                        o.copy_from_slice(&x.f64().to_le_bytes());
+                    }
+                }
+                Data::Full(v) => {
+                    for (o, x) in out.chunks_exact_mut(4).zip(v) {
+                        o.copy_from_slice(&(x.f64() as f32).to_le_bytes());
+                    }
+                }
+            }
+        }
+        encode_header(&header, &mut buf);
+        let start = Instant::now();
+        files.write(&id.file_name(), &buf, len)?;
+        self.stats.io_s += start.elapsed().as_secs_f64();
+        self.stats.storage_write_bytes += len as u64;
+        let e = self.entries.get_mut(&id).expect("present");
+        e.dirty = false;
+        e.on_disk = true;
+        Ok(())
+    }
+}
+
+impl<T: Scalar> Drop for Store<T> {
+    fn drop(&mut self) {
+        if self.keep_files {
+            return;
+        }
+        if let Some(f) = &self.files {
+            for (id, e) in &self.entries {
+                if e.on_disk {
+                    f.remove(&id.file_name());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(from_bf16(to_bf16(1.0)), 1.0);
+        assert_eq!(from_bf16(to_bf16(-2.5)), -2.5);
+        let x = 1.0 + 1.0 / 256.0; // halfway between two bf16 values: rounds to even (1.0)
+        assert_eq!(from_bf16(to_bf16(x)), 1.0);
+        assert!((from_bf16(to_bf16(0.1)) - 0.1).abs() < 0.1 / 128.0);
+        assert!(from_bf16(to_bf16(f32::NAN)).is_nan());
+    }
+
+    fn id(layer: usize, part: usize) -> BlockId {
+        BlockId { kind: Kind::Act, layer, part }
+    }
+
+    #[test]
+    fn blocks_spill_to_files_and_come_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        for mode in [CacheMode::LruLayer, CacheMode::PartitionLru] {
+            // room for two 100 × 8 f32 blocks
+            let cfg = StoreConfig { budget: Some(2 * 3200), mode, dtype: TierDtype::F32 };
+            let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
+            let block = |k: usize| (0..800).map(|i| (i * 7 + k) as f32 * 0.5).collect::<Vec<f32>>();
+            for l in 0..3 {
+                for p in 0..2 {
+                    s.put(id(l, p), 100, 8, block(l * 2 + p)).unwrap();
+                    assert!(s.resident_bytes() <= 2 * 3200);
+                }
+            }
+            let mut out = vec![0f32; 800];
+            for l in 0..3 {
+                for p in 0..2 {
+                    s.read_rows(id(l, p), None, &mut out).unwrap();
+                    assert_eq!(out, block(l * 2 + p));
+                }
+            }
+            let st = s.take_stats();
+            assert!(st.misses > 0 && st.storage_write_bytes > 0 && st.storage_read_bytes > 0, "{st:?}");
+            s.add_rows(id(0, 0), 100, 8, Some(&[3, 3]), &[1.0; 16]).unwrap();
+            let mut row = vec![0f32; 8];
+            s.read_rows(id(0, 0), Some(&[3]), &mut row).unwrap();
+            assert_eq!(row, block(0)[24..32].iter().map(|x| x + 2.0).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn a_corrupted_block_is_an_error_naming_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StoreConfig { budget: Some(3200), mode: CacheMode::PartitionLru, dtype: TierDtype::F32 };
+        let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
+        s.put(id(0, 0), 100, 8, vec![1.0; 800]).unwrap();
+        s.put(id(0, 1), 100, 8, vec![2.0; 800]).unwrap(); // evicts (0, 0) to its file
+        let path = dir.path().join(id(0, 0).file_name());
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[ALIGN + 17] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = s.read_rows(id(0, 0), None, &mut vec![0f32; 800]).unwrap_err();
+        assert!(err.to_string().contains("act-l0-p0.blk") && err.to_string().contains("checksum"), "{err}");
+        // truncated
+        s.put(id(0, 0), 100, 8, vec![1.0; 800]).unwrap();
+        s.put(id(0, 1), 100, 8, vec![2.0; 800]).unwrap();
+        std::fs::write(&path, &bytes[..ALIGN + 100]).unwrap();
+        let err = s.read_rows(id(0, 0), None, &mut vec![0f32; 800]).unwrap_err();
+        assert!(err.to_string().contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn files_are_removed_unless_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        for keep in [false, true] {
+            let cfg = StoreConfig { budget: Some(0), mode: CacheMode::PartitionLru, dtype: TierDtype::Bf16 };
+            let mut s = Store::<f32>::new(cfg, Some(dir.path()), keep).unwrap();
+            s.put(id(1, 0), 10, 4, vec![0.5; 40]).unwrap();
+            s.put(id(1, 1), 10, 4, vec![0.5; 40]).unwrap();
+            let mut out = vec![0f32; 40];
+            s.read_rows(id(1, 0), None, &mut out).unwrap();
+            assert_eq!(out, vec![0.5; 40]);
+            drop(s);
+            let left = std::fs::read_dir(dir.path()).unwrap().count();
+            assert_eq!(left > 0, keep);
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Gradient identity of the tiered executor (DESIGN.md §3, "tests that define exact"): the
+//! loss and every parameter gradient equal the in-memory full-graph trainer's, for any
+//! partition count, partitioner, cache mode and with the storage tier forced; and training
+//! epochs give the same parameters.
+//!
+//! Tolerance: f32 reassociation. A tensor's error is `max |a − b| / max |b|` (its largest
+//! deviation relative to its scale), required ≤ 1e-5; the loss relative ≤ 1e-5.
+
+use grinnder_engine::memory::features;
+use grinnder_engine::tiered::{CacheMode, Executor, TierDtype, TieredConfig};
+use grinnder_engine::{train, train_tiered, FeatureNorm, TrainConfig};
+use grinnder_graph::generate::{generate, preset, GenConfig};
+use grinnder_graph::Dataset;
+use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm, OptimConfig};
+use grinnder_partition::Method;
+use grinnder_tensor::{Backend, Cpu, Mat};
+
+const TOL: f64 = 1e-5;
+
+fn dataset() -> Dataset {
+    generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.002, 5)).unwrap().into_dataset().unwrap()
+}
+
+fn model(kind: Kind, input_dropout: f64) -> ModelConfig {
+    ModelConfig {
+        kind,
+        layers: 3,
+        hidden: 16,
+        dropout: 0.3,
+        input_dropout,
+        norm: Norm::Layer,
+        residual: true,
+        heads: 2,
+        attn_dropout: 0.2,
+        seed: 11,
+    }
+}
+
+type Grads = Vec<(String, Mat<f32>)>;
+
+fn grads(b: &Cpu<f32>, m: &mut Model<Cpu<f32>>) -> Grads {
+    m.params_mut().into_iter().map(|p| (p.name.clone(), b.download(&p.grad))).collect()
+}
+
+fn values(b: &Cpu<f32>, m: &mut Model<Cpu<f32>>) -> Grads {
+    m.params_mut().into_iter().map(|p| (p.name.clone(), b.download(&p.value))).collect()
+}
+
+/// The in-memory reference: loss sum and gradients of one training pass at `epoch`.
+fn reference(ds: &Dataset, cfg: &ModelConfig, epoch: u64) -> (f64, Grads) {
+    let b = Cpu::<f32>::new();
+    let g = Graph::new(&b, &ds.graph);
+    let x = features(&b, ds, FeatureNorm::Row);
+    let mut m = Model::init(&b, cfg.clone(), ds.features.dim, ds.num_classes as usize);
+    m.prepare(&b, &g, &x);
+    m.zero_grad(&b);
+    let (logits, tape) = m.forward(&b, &g, &x, true, epoch);
+    let mut dl = b.zeros(logits.rows, logits.cols);
+    let n = ds.splits.train.len() as f64;
+    let (loss, _) = b.cross_entropy(&logits, &ds.labels, &ds.splits.train, 1.0 / n, &mut dl);
+    m.backward(&b, &g, &x, tape, dl);
+    (loss, grads(&b, &mut m))
+}
+
+fn tiered(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, epoch: u64) -> (f64, Grads) {
+    let b = Cpu::<f32>::new();
+    let mut ex = Executor::new(&b, ds, cfg, FeatureNorm::Row, tc).unwrap();
+    ex.model.zero_grad(&b);
+    let (loss, _) = ex.forward_backward(epoch).unwrap();
+    (loss, grads(&b, &mut ex.model))
+}
+
+fn assert_close(what: &str, got: &Grads, want: &Grads, tol: f64) {
+    assert_eq!(got.len(), want.len());
+    for ((name, a), (_, b)) in got.iter().zip(want) {
+        let scale = b.data.iter().fold(0f64, |m, &x| m.max((x as f64).abs()));
+        let err = a.data.iter().zip(&b.data).fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
+        assert!(scale > 0.0, "{what}: {name} has an all-zero reference gradient");
+        assert!(err / scale <= tol, "{what}: {name} off by {:.3e} (relative to {scale:.3e})", err / scale);
+    }
+}
+
+fn check(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, what: &str) {
+    let (loss_ref, g_ref) = reference(ds, cfg, 3);
+    let (loss, g) = tiered(ds, cfg, tc, 3);
+    assert!((loss - loss_ref).abs() <= TOL * loss_ref.abs(), "{what}: loss {loss} vs {loss_ref}");
+    assert_close(what, &g, &g_ref, TOL);
+}
+
+#[test]
+fn gradients_equal_the_in_memory_trainer_for_every_partition_count() {
+    let ds = dataset();
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+        for input_dropout in [0.0, 0.2] {
+            let cfg = model(kind, input_dropout);
+            for parts in [1, 2, 3, 4, 8, 16] {
+                let tc = TieredConfig::in_ram(parts, Method::Random { seed: 1 });
+                check(&ds, &cfg, &tc, &format!("{kind:?} input dropout {input_dropout} P={parts}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn gradients_do_not_depend_on_the_partitioner_or_cache_mode() {
+    let ds = dataset();
+    let cfg = model(Kind::Gcn, 0.0);
+    for method in
+        [Method::Metis { seed: 0 }, Method::Lpa { seed: 0 }, Method::Spinner { seed: 0 }, Method::Contiguous]
+    {
+        check(&ds, &cfg, &TieredConfig::in_ram(5, method), &format!("{method:?}"));
+    }
+    let gat = model(Kind::Gat, 0.1);
+    for mode in [CacheMode::LruLayer, CacheMode::PartitionLru, CacheMode::Auto] {
+        // a host budget too small for one layer forces every block through the storage tier
+        let dir = tempfile::tempdir().unwrap();
+        let tc = TieredConfig {
+            cache_mode: mode,
+            host_mem: Some(1),
+            storage_dir: Some(dir.path().to_path_buf()),
+            ..TieredConfig::in_ram(4, Method::Metis { seed: 0 })
+        };
+        check(&ds, &gat, &tc, &format!("storage tier, {mode:?}"));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "block files are removed");
+    }
+}
+
+#[test]
+fn partitions_without_training_nodes_contribute_exactly() {
+    let mut ds = dataset();
+    // training nodes only among the first ids: contiguous partitions past the first have none
+    let train: Vec<u32> = ds.splits.train.iter().copied().filter(|&v| v < 60).collect();
+    assert!(!train.is_empty());
+    ds.splits.train = train.into();
+    for kind in [Kind::Sage, Kind::Gat] {
+        check(&ds, &model(kind, 0.0), &TieredConfig::in_ram(6, Method::Contiguous), &format!("{kind:?}"));
+    }
+}
+
+#[test]
+fn ten_epochs_give_the_same_parameters() {
+    let ds = dataset();
+    for kind in [Kind::Gcn, Kind::Gat] {
+        let cfg = TrainConfig {
+            model: model(kind, 0.1),
+            optim: OptimConfig::Adam { lr: 0.01, weight_decay: 5e-4 },
+            epochs: 10,
+            eval_every: 5,
+            feature_norm: FeatureNorm::Row,
+        };
+        let mut reference = Vec::new();
+        let s_ref = train(&Cpu::<f32>::new(), &ds, &cfg, &mut |m| reference.push(m.clone())).unwrap();
+        let mut seen = Vec::new();
+        let tc = TieredConfig::in_ram(4, Method::Random { seed: 3 });
+        let s = train_tiered(&Cpu::<f32>::new(), &ds, &cfg, &tc, &mut |m| seen.push(m.clone())).unwrap();
+        assert_eq!(seen.len(), reference.len());
+        for (a, r) in seen.iter().zip(&reference) {
+            assert!(
+                (a.loss - r.loss).abs() <= 1e-4 * r.loss,
+                "{kind:?} epoch {}: {} vs {}",
+                a.epoch,
+                a.loss,
+                r.loss
+            );
+            assert_eq!((a.train_acc, a.valid_acc, a.test_acc), (r.train_acc, r.valid_acc, r.test_acc));
+            assert!(a.tier.is_some());
+        }
+        assert_eq!(s.best_epoch, s_ref.best_epoch);
+        // and the parameters themselves
+        let b = Cpu::<f32>::new();
+        let mut ex = Executor::new(&b, &ds, &cfg.model, cfg.feature_norm, &tc).unwrap();
+        let mut m = Model::init(&b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize);
+        let g = Graph::new(&b, &ds.graph);
+        let x = features(&b, &ds, cfg.feature_norm);
+        m.prepare(&b, &g, &x);
+        let (mut o1, mut o2) =
+            (grinnder_nn::Optimizer::new(cfg.optim), grinnder_nn::Optimizer::new(cfg.optim));
+        let n = ds.splits.train.len() as f64;
+        for epoch in 0..10 {
+            ex.model.zero_grad(&b);
+            ex.forward_backward(epoch).unwrap();
+            o1.step(&b, ex.model.params_mut());
+            m.zero_grad(&b);
+            let (logits, tape) = m.forward(&b, &g, &x, true, epoch);
+            let mut dl = b.zeros(logits.rows, logits.cols);
+            b.cross_entropy(&logits, &ds.labels, &ds.splits.train, 1.0 / n, &mut dl);
+            m.backward(&b, &g, &x, tape, dl);
+            o2.step(&b, m.params_mut());
+        }
+        assert_close(
+            &format!("{kind:?} parameters after 10 epochs"),
+            &values(&b, &mut ex.model),
+            &values(&b, &mut m),
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn bf16_blocks_train_close_to_f32() {
+    let ds = dataset();
+    let cfg = TrainConfig {
+        model: model(Kind::Sage, 0.0),
+        optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
+        epochs: 30,
+        eval_every: 30,
+        feature_norm: FeatureNorm::Row,
+    };
+    let run = |dtype| {
+        let tc = TieredConfig { tier_dtype: dtype, ..TieredConfig::in_ram(4, Method::Metis { seed: 0 }) };
+        train_tiered(&Cpu::<f32>::new(), &ds, &cfg, &tc, &mut |_| {}).unwrap()
+    };
+    let (f, h) = (run(TierDtype::F32), run(TierDtype::Bf16));
+    assert!(
+        (f.final_loss - h.final_loss).abs() < 0.05 * f.final_loss,
+        "loss {} vs {}",
+        f.final_loss,
+        h.final_loss
+    );
+}
