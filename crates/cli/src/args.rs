@@ -76,7 +76,8 @@ pub enum NonFiniteArg {
     Report,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PartitionerArg {
     Metis,
     Spinner,
@@ -109,28 +110,37 @@ pub struct PartitionArgs {
     pub no_cache: bool,
 }
 
+/// The partition cache directory: `$XDG_CACHE_HOME/grinnder`, else `~/.cache/grinnder`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("grinnder"))
+}
+
+impl PartitionerArg {
+    pub fn method(self, seed: u64) -> grinnder_partition::Method {
+        match self {
+            PartitionerArg::Metis => grinnder_partition::Method::Metis { seed },
+            PartitionerArg::Spinner => grinnder_partition::Method::Spinner { seed },
+            PartitionerArg::Lpa => grinnder_partition::Method::Lpa { seed },
+            PartitionerArg::Random => grinnder_partition::Method::Random { seed },
+            PartitionerArg::Contiguous => grinnder_partition::Method::Contiguous,
+        }
+    }
+}
+
 impl PartitionArgs {
     /// The cache directory in use, if any.
     pub fn cache(&self) -> Option<PathBuf> {
         if self.no_cache {
             return None;
         }
-        self.cache_dir.clone().or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .map(|d| d.join("grinnder"))
-        })
+        self.cache_dir.clone().or_else(default_cache_dir)
     }
 
     pub fn method(&self) -> grinnder_partition::Method {
-        match self.partitioner {
-            PartitionerArg::Metis => grinnder_partition::Method::Metis { seed: self.seed },
-            PartitionerArg::Spinner => grinnder_partition::Method::Spinner { seed: self.seed },
-            PartitionerArg::Lpa => grinnder_partition::Method::Lpa { seed: self.seed },
-            PartitionerArg::Random => grinnder_partition::Method::Random { seed: self.seed },
-            PartitionerArg::Contiguous => grinnder_partition::Method::Contiguous,
-        }
+        self.partitioner.method(self.seed)
     }
 }
 
@@ -311,6 +321,48 @@ pub struct TrainSettings {
     /// Arithmetic precision [default: f32].
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionArg>,
+    /// Train layer by layer and partition by partition over this many partitions (the tiered
+    /// executor; gradients equal whole-graph training's) [default: whole graph in memory, or 4
+    /// when another executor flag below is given].
+    #[arg(long)]
+    pub parts: Option<usize>,
+    /// Partitioner of the tiered executor [default: metis].
+    #[arg(long, value_enum)]
+    pub partitioner: Option<PartitionerArg>,
+    /// Which blocks leave host RAM first: whole layers (lru_layer), single blocks with the
+    /// computing partition's dependencies pinned (partition_lru), or chosen by the memory plan
+    /// (auto) [default: auto].
+    #[arg(long, value_enum)]
+    pub cache_mode: Option<CacheModeArg>,
+    /// Host memory budget of the whole process, e.g. 8GiB or 500MB; blocks beyond it go to
+    /// --storage-dir [default: no limit].
+    #[arg(long)]
+    pub host_mem: Option<String>,
+    /// Directory for block files of the storage tier (needed when --host-mem is exceeded).
+    #[arg(long)]
+    pub storage_dir: Option<PathBuf>,
+    /// Element type of cached and stored blocks: f32, or bf16 for half the bytes [default: f32].
+    #[arg(long, value_enum)]
+    pub tier_dtype: Option<TierDtypeArg>,
+    /// Keep the block files at the end of the run.
+    #[arg(long)]
+    pub keep_storage: Option<bool>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum CacheModeArg {
+    Auto,
+    LruLayer,
+    PartitionLru,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TierDtypeArg {
+    F32,
+    Bf16,
 }
 
 #[derive(Args, Debug)]
@@ -335,6 +387,20 @@ pub struct TrainArgs {
 pub struct TrainPlan {
     pub config: grinnder_engine::TrainConfig,
     pub precision: PrecisionArg,
+    /// The tiered executor's settings; `None`: the in-memory trainer.
+    pub tiered: Option<TieredPlan>,
+}
+
+/// The tiered executor's validated settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TieredPlan {
+    pub parts: usize,
+    pub partitioner: PartitionerArg,
+    pub cache_mode: grinnder_engine::CacheMode,
+    pub host_mem: Option<u64>,
+    pub storage_dir: Option<PathBuf>,
+    pub tier_dtype: grinnder_engine::TierDtype,
+    pub keep_storage: bool,
 }
 
 impl TrainArgs {
@@ -414,7 +480,51 @@ impl TrainArgs {
                 },
             },
             precision: pick!(precision, PrecisionArg::F32),
+            tiered: self.tiered_plan(&file)?,
         })
+    }
+
+    fn tiered_plan(&self, file: &TrainSettings) -> anyhow::Result<Option<TieredPlan>> {
+        let f = &self.settings;
+        macro_rules! get {
+            ($field:ident) => {
+                f.$field.clone().or(file.$field.clone())
+            };
+        }
+        let host_mem =
+            get!(host_mem).map(|t: String| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()?;
+        let storage_dir = get!(storage_dir);
+        let any = get!(parts).is_some()
+            || get!(partitioner).is_some()
+            || get!(cache_mode).is_some()
+            || host_mem.is_some()
+            || storage_dir.is_some()
+            || get!(tier_dtype).is_some()
+            || get!(keep_storage).is_some();
+        if !any {
+            return Ok(None);
+        }
+        let parts = get!(parts).unwrap_or(4);
+        anyhow::ensure!(parts >= 1, "--parts must be at least 1");
+        if let Some(d) = &storage_dir {
+            anyhow::ensure!(d.is_dir(), "--storage-dir {} is not an existing directory", d.display());
+        }
+        Ok(Some(TieredPlan {
+            parts,
+            partitioner: get!(partitioner).unwrap_or(PartitionerArg::Metis),
+            cache_mode: match get!(cache_mode).unwrap_or(CacheModeArg::Auto) {
+                CacheModeArg::Auto => grinnder_engine::CacheMode::Auto,
+                CacheModeArg::LruLayer => grinnder_engine::CacheMode::LruLayer,
+                CacheModeArg::PartitionLru => grinnder_engine::CacheMode::PartitionLru,
+            },
+            host_mem,
+            storage_dir,
+            tier_dtype: match get!(tier_dtype).unwrap_or(TierDtypeArg::F32) {
+                TierDtypeArg::F32 => grinnder_engine::TierDtype::F32,
+                TierDtypeArg::Bf16 => grinnder_engine::TierDtype::Bf16,
+            },
+            keep_storage: get!(keep_storage).unwrap_or(false),
+        }))
     }
 }
 

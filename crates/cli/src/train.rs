@@ -1,9 +1,10 @@
-//! `grinnder train`: load, validate the settings once, train in memory, report.
+//! `grinnder train`: load, validate the settings once, train (in memory, or with the tiered
+//! executor when partitions or a memory budget are asked for), report.
 
 use std::io::Write;
 
 use anyhow::Context;
-use grinnder_engine::{train, EpochMetrics, Summary};
+use grinnder_engine::{train, train_tiered, EpochMetrics, Summary, TieredConfig};
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
 
@@ -66,7 +67,7 @@ fn run_on<B: Backend>(
 ) -> anyhow::Result<Summary> {
     let pb = progress::bar(plan.config.epochs as u64, "train", false);
     let mut write_err = None;
-    let summary = train(b, ds, &plan.config, &mut |m| {
+    let mut on_epoch = |m: &EpochMetrics| {
         pb.set_position(m.epoch as u64 + 1);
         pb.set_message(format!("loss {:.3} val {:.1}%", m.loss, m.valid_acc * 100.0));
         if let Some(f) = file.as_mut() {
@@ -76,8 +77,38 @@ fn run_on<B: Backend>(
                 write_err.get_or_insert(e);
             }
         }
+        if let Some(t) = &m.tier {
+            tracing::info!(
+                "epoch {}: gather {:.3} s, compute {:.3} s, write-back {:.3} s, I/O {:.3} s; cache hits {} misses {}, storage read {:.1} MiB written {:.1} MiB",
+                m.epoch,
+                t.gather_s,
+                t.compute_s,
+                t.write_back_s,
+                t.tier.io_s,
+                t.tier.hits,
+                t.tier.misses,
+                t.tier.storage_read_bytes as f64 / 1048576.0,
+                t.tier.storage_write_bytes as f64 / 1048576.0
+            );
+        }
         history.push(m.clone());
-    })?;
+    };
+    let summary = match &plan.tiered {
+        None => train(b, ds, &plan.config, &mut on_epoch)?,
+        Some(t) => {
+            let tc = TieredConfig {
+                parts: t.parts,
+                method: t.partitioner.method(plan.config.model.seed),
+                partition_cache: crate::args::default_cache_dir(),
+                cache_mode: t.cache_mode,
+                host_mem: t.host_mem,
+                storage_dir: t.storage_dir.clone(),
+                tier_dtype: t.tier_dtype,
+                keep_storage: t.keep_storage,
+            };
+            train_tiered(b, ds, &plan.config, &tc, &mut on_epoch)?
+        }
+    };
     pb.finish_and_clear();
     if let Some(e) = write_err {
         return Err(e).context("cannot write the metrics file");

@@ -204,3 +204,62 @@ fn partition_prints_quality_for_each_count() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("at most one partition per node"), "{}", stderr(&o));
 }
+
+fn losses(metrics: &Path) -> Vec<f64> {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|m| m.get("epoch").is_some().then(|| m["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn train_with_partitions_and_a_storage_tier_matches_in_memory_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("blocks");
+    std::fs::create_dir(&storage).unwrap();
+    let run = |extra: &[&str], name: &str| {
+        let metrics = dir.path().join(name);
+        let mut args = vec!["-q", "train", "--epochs", "4", "--model", "sage", "--metrics-out"];
+        args.push(metrics.to_str().unwrap());
+        args.extend_from_slice(extra);
+        let o = Command::new(env!("CARGO_BIN_EXE_grinnder"))
+            .args(&args)
+            .env("XDG_CACHE_HOME", dir.path())
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        losses(&metrics)
+    };
+    let whole = run(&[], "whole.jsonl");
+    let parts = run(&["--parts", "3", "--partitioner", "lpa"], "parts.jsonl");
+    let tiered = run(
+        &[
+            "--parts",
+            "5",
+            "--host-mem",
+            "1",
+            "--storage-dir",
+            storage.to_str().unwrap(),
+            "--cache-mode",
+            "lru_layer",
+        ],
+        "tiered.jsonl",
+    );
+    assert_eq!(whole.len(), 4);
+    for other in [&parts, &tiered] {
+        for (a, b) in other.iter().zip(&whole) {
+            assert!((a - b).abs() <= 1e-5 * b, "loss {a} vs whole-graph {b}");
+        }
+    }
+    assert_eq!(std::fs::read_dir(&storage).unwrap().count(), 0, "block files removed at the end");
+    // refused before the first epoch, with the reason
+    let o = grinnder(&["-q", "train", "--parts", "2", "--storage-dir", "/no/such/dir"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("/no/such/dir"), "{}", stderr(&o));
+    let o = grinnder(&["-q", "train", "--epochs", "1", "--parts", "2", "--host-mem", "1"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--storage-dir"), "{}", stderr(&o));
+}

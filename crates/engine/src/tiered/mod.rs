@@ -197,6 +197,18 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
         let pre = model_cfg.kind != ModelKind::Gat && model_cfg.input_dropout == 0.0;
         let plan = make_plan(&model, &parts, tc, std::mem::size_of::<B::T>());
+        if let (Some(cache), None) = (plan.cache_bytes, &tc.storage_dir) {
+            if cache < plan.block_bytes {
+                return Err(TrainError::Storage(format!(
+                    "--host-mem leaves {:.1} MiB for blocks after {:.1} MiB resident, {:.1} MiB working set and a {:.1} MiB margin, but the blocks need {:.1} MiB: give a --storage-dir to spill to, or more --host-mem",
+                    cache as f64 / 1048576.0,
+                    plan.resident_bytes as f64 / 1048576.0,
+                    plan.working_bytes as f64 / 1048576.0,
+                    plan.margin_bytes as f64 / 1048576.0,
+                    plan.block_bytes as f64 / 1048576.0
+                )));
+            }
+        }
         let store_cfg = StoreConfig { budget: plan.cache_bytes, mode: plan.mode, dtype: tc.tier_dtype };
         let store = Store::new(store_cfg, tc.storage_dir.as_deref(), tc.keep_storage).map_err(io_err)?;
         let mut ex = Executor {
