@@ -79,12 +79,13 @@ fn run_on<B: Backend>(
         }
         if let Some(t) = &m.tier {
             tracing::info!(
-                "epoch {}: gather {:.3} s, compute {:.3} s, write-back {:.3} s, I/O {:.3} s; cache hits {} misses {}, storage read {:.1} MiB written {:.1} MiB",
+                "epoch {}: gather {:.3} s, compute {:.3} s, write-back {:.3} s, storage read {:.3} s write {:.3} s; cache hits {} misses {}, storage read {:.1} MiB written {:.1} MiB",
                 m.epoch,
                 t.gather_s,
                 t.compute_s,
                 t.write_back_s,
-                t.tier.io_s,
+                t.tier.read_s,
+                t.tier.write_s,
                 t.tier.hits,
                 t.tier.misses,
                 t.tier.storage_read_bytes as f64 / 1048576.0,

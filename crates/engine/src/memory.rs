@@ -206,8 +206,10 @@ pub fn train_tiered<B: Backend>(
             e.plan.block_bytes as f64 / 1048576.0,
             match e.store_direct_io() {
                 None => "none",
-                Some(true) => "O_DIRECT",
-                Some(false) => "buffered",
+                Some((true, true)) => "O_DIRECT through io_uring",
+                Some((true, false)) => "O_DIRECT with pread/pwrite",
+                Some((false, true)) => "buffered through io_uring",
+                Some((false, false)) => "buffered pread/pwrite",
             }
         );
     }

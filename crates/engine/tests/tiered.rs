@@ -102,6 +102,21 @@ fn gradients_equal_the_in_memory_trainer_for_every_partition_count() {
 }
 
 #[test]
+fn layers_backpropagated_from_their_stored_output_are_exact() {
+    // no norm and no residual: hidden layers that kept no aggregation skip recomputation
+    let ds = dataset();
+    for kind in [Kind::Gcn, Kind::Sage] {
+        for hidden in [16, 256] {
+            let cfg = ModelConfig { norm: Norm::None, residual: false, hidden, ..model(kind, 0.0) };
+            for parts in [1, 4] {
+                let tc = TieredConfig::in_ram(parts, Method::Metis { seed: 0 });
+                check(&ds, &cfg, &tc, &format!("{kind:?} hidden {hidden} P={parts}"));
+            }
+        }
+    }
+}
+
+#[test]
 fn gradients_do_not_depend_on_the_partitioner_or_cache_mode() {
     let ds = dataset();
     let cfg = model(Kind::Gcn, 0.0);

@@ -23,6 +23,14 @@ pub struct GcnCache<B: Backend> {
     agg: Option<B::Mat>,
 }
 
+impl<B: Backend> GcnCache<B> {
+    /// The cache of a forward that kept no aggregation (it was given `pre`, or transformed
+    /// first): backward then needs only the layer input.
+    pub(crate) fn without_aggregation() -> Self {
+        GcnCache { agg: None }
+    }
+}
+
 impl<B: Backend> GcnConv<B> {
     pub fn init(b: &B, name: &str, in_dim: usize, out_dim: usize, seed: u64) -> Self {
         GcnConv { lin: Linear::init(b, name, in_dim, out_dim, true, seed) }

@@ -385,6 +385,61 @@ impl<B: Backend> Model<B> {
         self.layer_backward_impl(b, g, l, x, pre, tape, dy, need_dx, None)
     }
 
+    /// Whether hidden layer `l`'s backward can run from its stored output instead of a
+    /// recomputed forward ([`Model::tape_from_output`]): a GCN or SAGE layer without norm,
+    /// residual or input dropout whose forward keeps no aggregation (it used the precomputed
+    /// `pre`, or transformed before aggregating).
+    pub fn backward_from_output(&self, l: usize, with_pre: bool) -> bool {
+        let hidden = l + 1 < self.layers();
+        let norm = self.norms.get(l).is_some();
+        let residual = self.config.residual && self.dims[l] == self.dims[l + 1];
+        let input_dropout = l == 0 && self.config.input_dropout > 0.0;
+        let no_agg = (l == 0 && with_pre) || self.dims[l] > self.dims[l + 1];
+        let conv = matches!(self.config.kind, Kind::Gcn | Kind::Sage);
+        hidden && conv && !norm && !residual && !input_dropout && no_agg
+    }
+
+    /// The tape of hidden layer `l` at `epoch` without recomputing it, when
+    /// [`Model::backward_from_output`] allows; pass the layer's output to
+    /// [`Model::layer_backward_from_output`].
+    pub fn tape_from_output(&self, l: usize, with_pre: bool, epoch: u64) -> Option<LayerTape<B>> {
+        if !self.backward_from_output(l, with_pre) {
+            return None;
+        }
+        let cache = match self.config.kind {
+            Kind::Gcn => Cache::Gcn(GcnCache::without_aggregation()),
+            Kind::Sage => Cache::Sage(SageCache::without_aggregation()),
+            Kind::Gat => return None,
+        };
+        Some(LayerTape {
+            epoch,
+            dropped_input: None,
+            cache,
+            norm_in: None,
+            act: None,
+            residual: false,
+            hidden: true,
+        })
+    }
+
+    /// [`Model::layer_backward`] for a tape from [`Model::tape_from_output`]: `output` is the
+    /// layer's output rows (its ReLU and dropout mask).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_backward_from_output(
+        &mut self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        tape: LayerTape<B>,
+        dy: &B::Mat,
+        need_dx: bool,
+        output: &B::Mat,
+    ) -> Option<B::Mat> {
+        self.layer_backward_impl(b, g, l, x, pre, tape, dy, need_dx, Some(output))
+    }
+
     /// `output`: the layer's output, when forward did not keep the activation.
     #[allow(clippy::too_many_arguments)]
     fn layer_backward_impl(

@@ -22,6 +22,14 @@ pub struct SageCache<B: Backend> {
     agg: Option<B::Mat>,
 }
 
+impl<B: Backend> SageCache<B> {
+    /// The cache of a forward that kept no aggregation (it was given `pre`, or transformed
+    /// first): backward then needs only the layer input.
+    pub(crate) fn without_aggregation() -> Self {
+        SageCache { agg: None }
+    }
+}
+
 impl<B: Backend> SageConv<B> {
     pub fn init(b: &B, name: &str, in_dim: usize, out_dim: usize, seed: u64) -> Self {
         SageConv {

@@ -6,14 +6,20 @@
 //! bytes, xxh3 of the payload, xxh3 of the header bytes before it. A block that does not
 //! verify is an error naming its file; it is never decoded.
 //!
-//! Where the file system refuses `O_DIRECT` (tmpfs, some overlay file systems) files are
-//! opened buffered instead, and the store says so once.
+//! Transfers go through io_uring: a block is cut into 1 MiB requests with at most
+//! [`QUEUE_DEPTH`] in flight. Where io_uring is unavailable (old kernels, seccomp filters)
+//! plain `pread`/`pwrite` are used, and where the file system refuses `O_DIRECT` (tmpfs, some
+//! overlay file systems) files are opened buffered; the store announces either fallback once.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use io_uring::{opcode, types, IoUring};
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -151,11 +157,88 @@ pub fn verify(buf: &[u8], read: usize, expect: &BlockHeader, path: &Path) -> io:
     Ok(())
 }
 
+/// Requests in flight per transfer.
+pub const QUEUE_DEPTH: u32 = 8;
+/// Bytes per request.
+const CHUNK: usize = 1 << 20;
+
 /// Opens, writes and reads block files.
 pub struct BlockFiles {
     dir: PathBuf,
     /// `O_DIRECT` works in this directory.
     pub direct: bool,
+    /// `None`: io_uring is unavailable, `pread`/`pwrite` are used.
+    ring: Option<Mutex<IoUring>>,
+}
+
+/// Reads or writes `len` bytes at `ptr` from offset 0 of `file` through `ring`, at most
+/// [`QUEUE_DEPTH`] requests of [`CHUNK`] bytes in flight; returns the bytes transferred before
+/// the end of the file (reads) or all of them (writes).
+fn uring_transfer(
+    ring: &mut IoUring,
+    file: &File,
+    ptr: *mut u8,
+    len: usize,
+    write: bool,
+) -> io::Result<usize> {
+    let fd = types::Fd(file.as_raw_fd());
+    // (offset, length) of each request still to complete; a short transfer re-queues the rest
+    let mut pending: Vec<(usize, usize)> =
+        (0..len).step_by(CHUNK).map(|o| (o, CHUNK.min(len - o))).rev().collect();
+    let mut inflight: std::collections::HashMap<u64, (usize, usize)> = std::collections::HashMap::new();
+    let (mut done, mut eof_at) = (0usize, usize::MAX);
+    let mut next_id = 0u64;
+    while !pending.is_empty() || !inflight.is_empty() {
+        while inflight.len() < QUEUE_DEPTH as usize {
+            let Some((off, n)) = pending.pop() else { break };
+            if off >= eof_at {
+                continue;
+            }
+            // SAFETY: [ptr + off, ptr + off + n) lies inside the caller's buffer, which outlives
+            // this call, and no other request covers these bytes.
+            let entry = if write {
+                opcode::Write::new(fd, unsafe { ptr.add(off) }, n as u32).offset(off as u64).build()
+            } else {
+                opcode::Read::new(fd, unsafe { ptr.add(off) }, n as u32).offset(off as u64).build()
+            };
+            next_id += 1;
+            // SAFETY: the entry's buffer stays valid until its completion is reaped below.
+            unsafe { ring.submission().push(&entry.user_data(next_id)) }
+                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+            inflight.insert(next_id, (off, n));
+        }
+        ring.submit_and_wait(1)?;
+        let completed: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        for (id, res) in completed {
+            let (off, n) = inflight.remove(&id).expect("a request we submitted");
+            if res < 0 {
+                let e = io::Error::from_raw_os_error(-res);
+                if e.kind() == io::ErrorKind::Interrupted {
+                    pending.push((off, n));
+                    continue;
+                }
+                // drain what is still in flight before the buffer may go away
+                while !inflight.is_empty() {
+                    ring.submit_and_wait(1)?;
+                    for c in ring.completion() {
+                        inflight.remove(&c.user_data());
+                    }
+                }
+                return Err(e);
+            }
+            let k = res as usize;
+            done += k;
+            if k == 0 {
+                if write {
+                    return Err(io::Error::new(io::ErrorKind::WriteZero, "io_uring wrote nothing"));
+                }
+                eof_at = eof_at.min(off);
+            } else if k < n {
+                pending.push((off + k, n - k));
+            }
+        }
+    }
+    Ok(done)
 }
 
 const O_DIRECT: i32 = 0o40000;
@@ -200,7 +283,19 @@ impl BlockFiles {
             })?;
         }
         let _ = std::fs::remove_file(&probe);
-        Ok(BlockFiles { dir: dir.to_path_buf(), direct })
+        let ring = match IoUring::new(QUEUE_DEPTH * 2) {
+            Ok(r) => Some(Mutex::new(r)),
+            Err(e) => {
+                tracing::warn!("io_uring is unavailable ({e}); block files use pread/pwrite");
+                None
+            }
+        };
+        Ok(BlockFiles { dir: dir.to_path_buf(), direct, ring })
+    }
+
+    /// Whether transfers go through io_uring.
+    pub fn uring(&self) -> bool {
+        self.ring.is_some()
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -224,8 +319,15 @@ impl BlockFiles {
     pub fn write(&self, name: &str, buf: &AlignedBuf, len: usize) -> io::Result<()> {
         let path = self.path(name);
         let f = self.open(&path, true)?;
-        f.write_all_at(&buf.as_slice()[..len], 0)
-            .map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))
+        assert!(len <= buf.as_slice().len());
+        let res = match &self.ring {
+            Some(r) => {
+                let mut ring = r.lock().unwrap_or_else(|e| e.into_inner());
+                uring_transfer(&mut ring, &f, buf.as_slice().as_ptr() as *mut u8, len, true).map(|_| ())
+            }
+            None => f.write_all_at(&buf.as_slice()[..len], 0),
+        };
+        res.map_err(|e| io::Error::new(e.kind(), format!("writing {}: {e}", path.display())))
     }
 
     /// Reads a whole block file into an aligned buffer and verifies it.
@@ -234,15 +336,26 @@ impl BlockFiles {
         let f = self.open(&path, false)?;
         let len = expect.file_len();
         let mut buf = AlignedBuf::new(len);
-        let mut read = 0usize;
-        while read < len {
-            match f.read_at(&mut buf.as_mut_slice()[read..len], read as u64) {
-                Ok(0) => break,
-                Ok(k) => read += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io::Error::new(e.kind(), format!("reading {}: {e}", path.display()))),
+        let read_err = |e: io::Error| io::Error::new(e.kind(), format!("reading {}: {e}", path.display()));
+        let read = match &self.ring {
+            Some(r) => {
+                let mut ring = r.lock().unwrap_or_else(|e| e.into_inner());
+                uring_transfer(&mut ring, &f, buf.as_mut_slice().as_mut_ptr(), len, false)
+                    .map_err(read_err)?
             }
-        }
+            None => {
+                let mut read = 0usize;
+                while read < len {
+                    match f.read_at(&mut buf.as_mut_slice()[read..len], read as u64) {
+                        Ok(0) => break,
+                        Ok(k) => read += k,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(read_err(e)),
+                    }
+                }
+                read
+            }
+        };
         verify(buf.as_slice(), read, expect, &path)?;
         Ok(buf)
     }

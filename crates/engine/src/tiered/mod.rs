@@ -253,7 +253,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         Ok(())
     }
 
-    pub fn store_direct_io(&self) -> Option<bool> {
+    /// `(O_DIRECT, io_uring)` of the storage tier, `None` without one.
+    pub fn store_direct_io(&self) -> Option<(bool, bool)> {
         self.store.direct_io()
     }
 
@@ -324,8 +325,43 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.forward_hidden(true, epoch)?;
         let (mut loss, mut correct) = (0.0, 0usize);
         for l in (0..layers).rev() {
+            let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
             for q in 0..self.parts.len() {
                 let (x, pre) = self.inputs(l, q)?;
+                if from_output {
+                    // the stored output is the ReLU/dropout mask: no recomputation
+                    let t = Instant::now();
+                    let own = self.parts[q].own;
+                    let d = self.model.dim(l + 1);
+                    let (mut out, mut dy) = (Mat::<B::T>::zeros(own, d), Mat::<B::T>::zeros(own, d));
+                    self.store.read_rows(act(l + 1, q), None, &mut out.data).map_err(io_err)?;
+                    let id = BlockId { kind: Kind::Grad, layer: l + 1, part: q };
+                    self.store.read_rows(id, None, &mut dy.data).map_err(io_err)?;
+                    let (out, dy) = (b.upload_owned(out), b.upload_owned(dy));
+                    self.stats.gather_s += t.elapsed().as_secs_f64();
+                    let t = Instant::now();
+                    let tape = self.model.tape_from_output(l, l == 0 && self.pre, epoch).expect("allowed");
+                    let g = &self.parts[q].graph;
+                    let dx = self.model.layer_backward_from_output(
+                        b,
+                        g,
+                        l,
+                        &x,
+                        pre.as_ref(),
+                        tape,
+                        &dy,
+                        l > 0,
+                        &out,
+                    );
+                    drop((x, pre, dy, out));
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    if let Some(dx) = dx {
+                        let t = Instant::now();
+                        self.write_back_grad(l, q, b.download_owned(dx))?;
+                        self.stats.write_back_s += t.elapsed().as_secs_f64();
+                    }
+                    continue;
+                }
                 let t = Instant::now();
                 let part = &self.parts[q];
                 let (y, tape) = self.model.layer_forward(b, &part.graph, l, &x, pre.as_ref(), true, epoch);

@@ -86,8 +86,9 @@ pub struct TierStats {
     pub host_read_bytes: u64,
     pub host_write_bytes: u64,
     pub evictions: u64,
-    /// Seconds waiting for storage reads and writes.
-    pub io_s: f64,
+    /// Seconds in storage reads and in storage writes.
+    pub read_s: f64,
+    pub write_s: f64,
     /// Most bytes resident in the host cache at once.
     pub peak_cache_bytes: u64,
 }
@@ -184,9 +185,9 @@ impl<T: Scalar> Store<T> {
         self.cfg.mode
     }
 
-    /// Whether block files use O_DIRECT (`None`: no storage tier).
-    pub fn direct_io(&self) -> Option<bool> {
-        self.files.as_ref().map(|f| f.direct)
+    /// Whether block files use O_DIRECT and io_uring (`None`: no storage tier).
+    pub fn direct_io(&self) -> Option<(bool, bool)> {
+        self.files.as_ref().map(|f| (f.direct, f.uring()))
     }
 
     /// The counters since the last call.
@@ -354,7 +355,7 @@ impl<T: Scalar> Store<T> {
         let files = self.files.as_ref().expect("a block left RAM only with a storage tier");
         let start = Instant::now();
         let buf = files.read(&id.file_name(), &header)?;
-        self.stats.io_s += start.elapsed().as_secs_f64();
+        self.stats.read_s += start.elapsed().as_secs_f64();
         self.stats.storage_read_bytes += header.file_len() as u64;
         let payload = &buf.as_slice()[ALIGN..ALIGN + header.payload_len()];
         let data = match header.dtype {
@@ -489,7 +490,7 @@ impl<T: Scalar> Store<T> {
         encode_header(&header, &mut buf);
         let start = Instant::now();
         files.write(&id.file_name(), &buf, len)?;
-        self.stats.io_s += start.elapsed().as_secs_f64();
+        self.stats.write_s += start.elapsed().as_secs_f64();
         self.stats.storage_write_bytes += len as u64;
         let e = self.entries.get_mut(&id).expect("present");
         e.dirty = false;
