@@ -194,12 +194,13 @@ fn uring_transfer(
             if off >= eof_at {
                 continue;
             }
-            // SAFETY: [ptr + off, ptr + off + n) lies inside the caller's buffer, which outlives
-            // this call, and no other request covers these bytes.
+            // SAFETY: [ptr + off, ptr + off + n) lies inside the caller's buffer (off + n ≤ len),
+            // which outlives this call, and no other request covers these bytes.
+            let at = unsafe { ptr.add(off) };
             let entry = if write {
-                opcode::Write::new(fd, unsafe { ptr.add(off) }, n as u32).offset(off as u64).build()
+                opcode::Write::new(fd, at, n as u32).offset(off as u64).build()
             } else {
-                opcode::Read::new(fd, unsafe { ptr.add(off) }, n as u32).offset(off as u64).build()
+                opcode::Read::new(fd, at, n as u32).offset(off as u64).build()
             };
             next_id += 1;
             // SAFETY: the entry's buffer stays valid until its completion is reaped below.
