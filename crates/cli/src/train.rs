@@ -106,6 +106,7 @@ fn run_on<B: Backend>(
                 storage_dir: t.storage_dir.clone(),
                 tier_dtype: t.tier_dtype,
                 keep_storage: t.keep_storage,
+                fail_writes_after: None,
             };
             train_tiered(b, ds, &plan.config, &tc, &mut on_epoch)?
         }

@@ -233,3 +233,51 @@ fn bf16_blocks_train_close_to_f32() {
         h.final_loss
     );
 }
+
+#[test]
+fn a_full_disk_mid_epoch_stops_with_a_clear_error_and_keeps_the_last_good_state() {
+    let ds = dataset();
+    let cfg = model(Kind::Sage, 0.0);
+    let dir = tempfile::tempdir().unwrap();
+    let b = Cpu::<f32>::new();
+    let tc = TieredConfig {
+        host_mem: Some(1),
+        storage_dir: Some(dir.path().to_path_buf()),
+        ..TieredConfig::in_ram(4, Method::Metis { seed: 0 })
+    };
+    // count the block writes of setup and one epoch, then fail in the middle of the next
+    let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
+    let mut opt = grinnder_nn::Optimizer::new(OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 });
+    ex.model.zero_grad(&b);
+    ex.forward_backward(0).unwrap();
+    opt.step(&b, ex.model.params_mut());
+    let writes = ex.take_stats().tier.storage_write_bytes;
+    assert!(writes > 0);
+    drop(ex);
+    let failing = TieredConfig { fail_writes_after: Some(60), ..tc.clone() };
+    let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &failing).unwrap();
+    let mut opt = grinnder_nn::Optimizer::new(OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 });
+    let mut good = None;
+    let mut failed = None;
+    for epoch in 0..20 {
+        ex.model.zero_grad(&b);
+        match ex.forward_backward(epoch) {
+            Ok(_) => {
+                opt.step(&b, ex.model.params_mut());
+                good = Some(values(&b, &mut ex.model));
+            }
+            Err(e) => {
+                failed = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let msg = failed.expect("the injected fault fires within 20 epochs");
+    assert!(msg.contains("No space left on device") && msg.contains(".blk"), "{msg}");
+    let good = good.expect("at least one epoch before the fault");
+    assert_eq!(values(&b, &mut ex.model), good, "parameters are those of the last completed step");
+    // a directory that does not exist is refused up front
+    let missing = TieredConfig { storage_dir: Some(dir.path().join("nope")), ..tc };
+    let err = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &missing).err().expect("refused");
+    assert!(err.to_string().contains("nope"), "{err}");
+}

@@ -169,6 +169,23 @@ pub struct BlockFiles {
     pub direct: bool,
     /// `None`: io_uring is unavailable, `pread`/`pwrite` are used.
     ring: Option<Mutex<IoUring>>,
+    /// Fault injection (tests): writes after this many fail with ENOSPC.
+    pub fail_writes_after: Option<usize>,
+    writes: std::sync::atomic::AtomicUsize,
+}
+
+/// Free bytes for an unprivileged writer in the file system holding `dir`.
+pub fn free_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))?;
+    // SAFETY: statvfs is plain old data; zeroed is a valid value and the call fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid NUL-terminated path and st a valid out pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// Reads or writes `len` bytes at `ptr` from offset 0 of `file` through `ring`, at most
@@ -291,7 +308,13 @@ impl BlockFiles {
                 None
             }
         };
-        Ok(BlockFiles { dir: dir.to_path_buf(), direct, ring })
+        Ok(BlockFiles {
+            dir: dir.to_path_buf(),
+            direct,
+            ring,
+            fail_writes_after: None,
+            writes: std::sync::atomic::AtomicUsize::new(0),
+        })
     }
 
     /// Whether transfers go through io_uring.
@@ -319,6 +342,14 @@ impl BlockFiles {
     /// Writes a whole block file (`buf` holds header page and payload, see [`encode_header`]).
     pub fn write(&self, name: &str, buf: &AlignedBuf, len: usize) -> io::Result<()> {
         let path = self.path(name);
+        let k = self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.fail_writes_after.is_some_and(|n| k >= n) {
+            let e = io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("writing {}: {e} (injected fault)", path.display()),
+            ));
+        }
         let f = self.open(&path, true)?;
         assert!(len <= buf.as_slice().len());
         let res = match &self.ring {

@@ -45,6 +45,8 @@ pub struct TieredConfig {
     pub storage_dir: Option<PathBuf>,
     pub tier_dtype: TierDtype,
     pub keep_storage: bool,
+    /// Fault injection for tests: block-file writes after this many fail with ENOSPC.
+    pub fail_writes_after: Option<usize>,
 }
 
 impl TieredConfig {
@@ -59,6 +61,7 @@ impl TieredConfig {
             storage_dir: None,
             tier_dtype: TierDtype::F32,
             keep_storage: false,
+            fail_writes_after: None,
         }
     }
 }
@@ -209,7 +212,25 @@ impl<'a, B: Backend> Executor<'a, B> {
                 )));
             }
         }
-        let store_cfg = StoreConfig { budget: plan.cache_bytes, mode: plan.mode, dtype: tc.tier_dtype };
+        if let (Some(cache), Some(dir)) = (plan.cache_bytes, &tc.storage_dir) {
+            let spill = plan.block_bytes.saturating_sub(cache);
+            let free = files::free_bytes(dir)
+                .map_err(|e| TrainError::Storage(format!("storage directory {}: {e}", dir.display())))?;
+            if free < spill {
+                return Err(TrainError::Storage(format!(
+                    "storage directory {} has {:.1} MiB free, but up to {:.1} MiB of blocks may spill there",
+                    dir.display(),
+                    free as f64 / 1048576.0,
+                    spill as f64 / 1048576.0
+                )));
+            }
+        }
+        let store_cfg = StoreConfig {
+            budget: plan.cache_bytes,
+            mode: plan.mode,
+            dtype: tc.tier_dtype,
+            fail_writes_after: tc.fail_writes_after,
+        };
         let store = Store::new(store_cfg, tc.storage_dir.as_deref(), tc.keep_storage).map_err(io_err)?;
         let mut ex = Executor {
             b,

@@ -137,6 +137,8 @@ pub struct StoreConfig {
     /// `LruLayer` or `PartitionLru` (`Auto` is resolved by the caller's plan).
     pub mode: CacheMode,
     pub dtype: TierDtype,
+    /// Fault injection for tests: block-file writes after this many fail with ENOSPC.
+    pub fail_writes_after: Option<usize>,
 }
 
 pub struct Store<T: Scalar> {
@@ -161,7 +163,10 @@ fn elem_dtype<T: Scalar>() -> Dtype {
 impl<T: Scalar> Store<T> {
     /// A store spilling into `dir` when given (checked to exist and be writable).
     pub fn new(cfg: StoreConfig, dir: Option<&Path>, keep_files: bool) -> io::Result<Store<T>> {
-        let files = dir.map(BlockFiles::new).transpose()?;
+        let mut files = dir.map(BlockFiles::new).transpose()?;
+        if let Some(f) = files.as_mut() {
+            f.fail_writes_after = cfg.fail_writes_after;
+        }
         if let Some(f) = &files {
             if !f.direct {
                 tracing::warn!(
@@ -537,7 +542,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for mode in [CacheMode::LruLayer, CacheMode::PartitionLru] {
             // room for two 100 × 8 f32 blocks
-            let cfg = StoreConfig { budget: Some(2 * 3200), mode, dtype: TierDtype::F32 };
+            let cfg =
+                StoreConfig { budget: Some(2 * 3200), mode, dtype: TierDtype::F32, fail_writes_after: None };
             let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
             let block = |k: usize| (0..800).map(|i| (i * 7 + k) as f32 * 0.5).collect::<Vec<f32>>();
             for l in 0..3 {
@@ -565,7 +571,12 @@ mod tests {
     #[test]
     fn a_corrupted_block_is_an_error_naming_its_file() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = StoreConfig { budget: Some(3200), mode: CacheMode::PartitionLru, dtype: TierDtype::F32 };
+        let cfg = StoreConfig {
+            budget: Some(3200),
+            mode: CacheMode::PartitionLru,
+            dtype: TierDtype::F32,
+            fail_writes_after: None,
+        };
         let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
         s.put(id(0, 0), 100, 8, vec![1.0; 800]).unwrap();
         s.put(id(0, 1), 100, 8, vec![2.0; 800]).unwrap(); // evicts (0, 0) to its file
@@ -587,7 +598,12 @@ mod tests {
     fn files_are_removed_unless_kept() {
         let dir = tempfile::tempdir().unwrap();
         for keep in [false, true] {
-            let cfg = StoreConfig { budget: Some(0), mode: CacheMode::PartitionLru, dtype: TierDtype::Bf16 };
+            let cfg = StoreConfig {
+                budget: Some(0),
+                mode: CacheMode::PartitionLru,
+                dtype: TierDtype::Bf16,
+                fail_writes_after: None,
+            };
             let mut s = Store::<f32>::new(cfg, Some(dir.path()), keep).unwrap();
             s.put(id(1, 0), 10, 4, vec![0.5; 40]).unwrap();
             s.put(id(1, 1), 10, 4, vec![0.5; 40]).unwrap();
