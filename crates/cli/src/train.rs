@@ -107,6 +107,7 @@ fn run_on<B: Backend>(
                 tier_dtype: t.tier_dtype,
                 keep_storage: t.keep_storage,
                 fail_writes_after: None,
+                cache_bytes: None,
             };
             train_tiered(b, ds, &plan.config, &tc, &mut on_epoch)?
         }

@@ -141,6 +141,33 @@ fn gradients_do_not_depend_on_the_partitioner_or_cache_mode() {
 }
 
 #[test]
+fn a_cache_smaller_than_the_blocks_spills_and_prefetches_exactly() {
+    let ds = dataset();
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, mode) in [(Kind::Gcn, CacheMode::PartitionLru), (Kind::Sage, CacheMode::LruLayer)] {
+        let cfg = ModelConfig { norm: Norm::None, residual: false, ..model(kind, 0.0) };
+        // a third of the blocks fit: evictions, writes behind and prefetches all happen
+        let tc = TieredConfig {
+            cache_mode: mode,
+            storage_dir: Some(dir.path().to_path_buf()),
+            cache_bytes: Some(120_000),
+            ..TieredConfig::in_ram(6, Method::Metis { seed: 0 })
+        };
+        check(&ds, &cfg, &tc, &format!("{kind:?} {mode:?} with a partial cache"));
+        let b = Cpu::<f32>::new();
+        let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
+        ex.model.zero_grad(&b);
+        ex.forward_backward(0).unwrap();
+        let st = ex.take_stats().tier;
+        assert!(st.evictions > 0 && st.misses > 0 && st.hits > 0, "{st:?}");
+        assert!(st.prefetch_hits > 0, "{st:?}");
+        // a block is counted from when it exists (room is made right after): one block over
+        let largest_block = (ds.num_nodes() / 6 + 20) * ds.features.dim * 4 + 4096;
+        assert!(st.peak_cache_bytes <= 120_000 + largest_block as u64, "{st:?}");
+    }
+}
+
+#[test]
 fn partitions_without_training_nodes_contribute_exactly() {
     let mut ds = dataset();
     // training nodes only among the first ids: contiguous partitions past the first have none

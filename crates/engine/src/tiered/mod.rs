@@ -47,6 +47,8 @@ pub struct TieredConfig {
     pub keep_storage: bool,
     /// Fault injection for tests: block-file writes after this many fail with ENOSPC.
     pub fail_writes_after: Option<usize>,
+    /// The block cache size, overriding what the plan derives from `host_mem`.
+    pub cache_bytes: Option<u64>,
 }
 
 impl TieredConfig {
@@ -62,6 +64,7 @@ impl TieredConfig {
             tier_dtype: TierDtype::F32,
             keep_storage: false,
             fail_writes_after: None,
+            cache_bytes: None,
         }
     }
 }
@@ -286,7 +289,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         let part = &self.parts[q];
         let rows = if halo { part.graph.cols } else { part.own };
         let mut m = Mat::<B::T>::zeros(rows, d);
-        self.store.pin(std::iter::once(act(l, q)).chain(part.fetch.iter().map(|(s, _)| act(l, *s))));
+        let sources = part.fetch.iter().filter(|_| halo).map(|(s, _)| act(l, *s));
+        self.store.pin(std::iter::once(act(l, q)).chain(sources));
         self.store.read_rows(act(l, q), None, &mut m.data[..part.own * d]).map_err(io_err)?;
         if halo {
             let mut at = part.own;
@@ -324,6 +328,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         for l in 0..self.model.layers() - 1 {
             for q in 0..self.parts.len() {
                 let (x, pre) = self.inputs(l, q)?;
+                self.prefetch(l, q + 1, &[])?;
                 let t = Instant::now();
                 let (y, tape) =
                     self.model.layer_forward(b, &self.parts[q].graph, l, &x, pre.as_ref(), train, epoch);
@@ -349,6 +354,8 @@ impl<'a, B: Backend> Executor<'a, B> {
             let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
             for q in 0..self.parts.len() {
                 let (x, pre) = self.inputs(l, q)?;
+                let next: &[Kind] = if from_output { &[Kind::Act, Kind::Grad] } else { &[Kind::Grad] };
+                self.prefetch(l, q + 1, if l + 1 == layers { &[] } else { next })?;
                 if from_output {
                     // the stored output is the ReLU/dropout mask: no recomputation
                     let t = Instant::now();
@@ -423,13 +430,28 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
             // layer l + 1's blocks are spent
             for q in 0..self.parts.len() {
-                self.store.remove(BlockId { kind: Kind::Grad, layer: l + 1, part: q });
+                self.store.remove(BlockId { kind: Kind::Grad, layer: l + 1, part: q }).map_err(io_err)?;
                 if l + 1 < layers {
-                    self.store.remove(act(l + 1, q));
+                    self.store.remove(act(l + 1, q)).map_err(io_err)?;
                 }
             }
         }
+        self.store.sync().map_err(io_err)?;
         Ok((loss, correct))
+    }
+
+    /// Starts loading what partition `q` of layer `l` will gather (`extra`: blocks of layer
+    /// `l + 1` it reads too) while the current partition computes.
+    fn prefetch(&mut self, l: usize, q: usize, extra: &[Kind]) -> Result<(), TrainError> {
+        let Some(part) = self.parts.get(q) else { return Ok(()) };
+        let mut ids = vec![act(l, q)];
+        if l == 0 && self.pre {
+            ids.push(BlockId { kind: Kind::Pre, layer: 0, part: q });
+        } else {
+            ids.extend(part.fetch.iter().map(|(s, _)| act(l, *s)));
+        }
+        ids.extend(extra.iter().map(|&kind| BlockId { kind, layer: l + 1, part: q }));
+        self.store.prefetch(ids).map_err(io_err)
     }
 
     /// Own rows of `dx` into partition `q`'s gradient block, halo rows into their owners'.
@@ -456,6 +478,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let mut correct = [0usize; 3];
         for q in 0..self.parts.len() {
             let (x, pre) = self.inputs(l, q)?;
+            self.prefetch(l, q + 1, &[])?;
             let t = Instant::now();
             let part = &self.parts[q];
             let (y, _) = self.model.layer_forward(b, &part.graph, l, &x, pre.as_ref(), false, epoch);
@@ -466,9 +489,10 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
         for layer in 1..self.model.layers() {
             for q in 0..self.parts.len() {
-                self.store.remove(act(layer, q));
+                self.store.remove(act(layer, q)).map_err(io_err)?;
             }
         }
+        self.store.sync().map_err(io_err)?;
         Ok(correct)
     }
 
@@ -524,6 +548,7 @@ fn make_plan<B: Backend>(model: &Model<B>, parts: &[Part<B>], tc: &TieredConfig,
     let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
     let resident_bytes = rss_bytes();
     let (cache_bytes, margin_bytes) = match tc.host_mem {
+        _ if tc.cache_bytes.is_some() => (tc.cache_bytes, 0),
         None => (None, 0),
         Some(h) => {
             let margin = h / 20;

@@ -3,12 +3,22 @@
 //!
 //! Invariants: a block's bytes are in RAM, on disk, or both; a block in RAM that differs from
 //! its file (or has none) is dirty and is written before its memory is released, and a clean
-//! block is never written again. Pinned blocks are not evicted. Resident bytes never exceed
-//! the budget except while the pinned blocks alone exceed it (counted as overcommit).
+//! block is never written again. Pinned blocks are not evicted. The bytes held — resident
+//! blocks, writes in flight, prefetched reads — never exceed the budget except while the
+//! pinned blocks alone exceed it.
+//!
+//! Overlap: one I/O thread performs block-file writes (evictions return at once) and
+//! prefetches (the executor asks for the next partition's blocks while the current one
+//! computes). A read of a block waits for its own write in flight; a prefetched buffer is used
+//! only if the block has not changed since it was asked for (a version per block); an error of
+//! an asynchronous write surfaces at the next store call.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::Path;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use grinnder_tensor::Scalar;
@@ -86,6 +96,8 @@ pub struct TierStats {
     pub host_read_bytes: u64,
     pub host_write_bytes: u64,
     pub evictions: u64,
+    /// Misses served by a prefetch started earlier.
+    pub prefetch_hits: u64,
     /// Seconds in storage reads and in storage writes.
     pub read_s: f64,
     pub write_s: f64,
@@ -127,6 +139,68 @@ struct Entry<T> {
     dirty: bool,
     on_disk: bool,
     last_use: u64,
+    /// Bumped on every change: a prefetched buffer of an older version is discarded.
+    version: u64,
+}
+
+enum Job {
+    Read { id: BlockId, version: u64, header: BlockHeader },
+    Write { id: BlockId, buf: AlignedBuf, len: usize },
+}
+
+enum Done {
+    Read { id: BlockId, version: u64, result: io::Result<AlignedBuf>, secs: f64, bytes: u64 },
+    Write { id: BlockId, result: io::Result<()>, secs: f64, bytes: u64 },
+}
+
+/// The I/O thread: block-file jobs in order of submission.
+struct IoThread {
+    tx: Option<Sender<Job>>,
+    rx: Receiver<Done>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl IoThread {
+    fn start(files: Arc<BlockFiles>) -> IoThread {
+        let (tx, jobs) = channel::<Job>();
+        let (done, rx) = channel::<Done>();
+        let handle = std::thread::Builder::new()
+            .name("grinnder-io".into())
+            .spawn(move || {
+                for job in jobs {
+                    let t = Instant::now();
+                    let msg = match job {
+                        Job::Read { id, version, header } => {
+                            let result = files.read(&id.file_name(), &header);
+                            let secs = t.elapsed().as_secs_f64();
+                            Done::Read { id, version, result, secs, bytes: header.file_len() as u64 }
+                        }
+                        Job::Write { id, buf, len } => {
+                            let result = files.write(&id.file_name(), &buf, len);
+                            Done::Write { id, result, secs: t.elapsed().as_secs_f64(), bytes: len as u64 }
+                        }
+                    };
+                    if done.send(msg).is_err() {
+                        break;
+                    }
+                }
+            })
+            .expect("spawning the I/O thread");
+        IoThread { tx: Some(tx), rx, handle: Some(handle) }
+    }
+
+    fn send(&self, job: Job) {
+        self.tx.as_ref().expect("running").send(job).expect("the I/O thread runs while the store lives");
+    }
+}
+
+impl Drop for IoThread {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 /// Settings of a store.
@@ -147,7 +221,17 @@ pub struct Store<T: Scalar> {
     resident: u64,
     clock: u64,
     pinned: HashSet<BlockId>,
-    files: Option<BlockFiles>,
+    files: Option<Arc<BlockFiles>>,
+    io: Option<IoThread>,
+    /// Writes in flight per block, and their bytes (held until written).
+    writing: HashMap<BlockId, usize>,
+    writing_bytes: u64,
+    /// Prefetches in flight, and finished ones waiting to be used, with their bytes.
+    reading: HashSet<BlockId>,
+    ready: HashMap<BlockId, (u64, io::Result<AlignedBuf>)>,
+    prefetch_bytes: u64,
+    /// The first error of an asynchronous write, reported at the next call.
+    deferred: Option<io::Error>,
     keep_files: bool,
     stats: TierStats,
 }
@@ -174,6 +258,8 @@ impl<T: Scalar> Store<T> {
                 );
             }
         }
+        let files = files.map(Arc::new);
+        let io = files.as_ref().map(|f| IoThread::start(f.clone()));
         Ok(Store {
             cfg,
             entries: HashMap::new(),
@@ -181,9 +267,130 @@ impl<T: Scalar> Store<T> {
             clock: 0,
             pinned: HashSet::new(),
             files,
+            io,
+            writing: HashMap::new(),
+            writing_bytes: 0,
+            reading: HashSet::new(),
+            ready: HashMap::new(),
+            prefetch_bytes: 0,
+            deferred: None,
             keep_files,
             stats: TierStats::default(),
         })
+    }
+
+    /// Bytes held: resident blocks, writes in flight, prefetched buffers.
+    fn held(&self) -> u64 {
+        self.resident + self.writing_bytes + self.prefetch_bytes
+    }
+
+    /// Takes finished I/O jobs (waiting for one when `wait`); returns a deferred write error.
+    fn poll(&mut self, wait: bool) -> io::Result<()> {
+        let Some(io) = &self.io else { return Ok(()) };
+        let mut done = Vec::new();
+        if wait {
+            match io.rx.recv() {
+                Ok(d) => done.push(d),
+                Err(_) => return Err(io::Error::other("the I/O thread stopped")),
+            }
+        }
+        done.extend(io.rx.try_iter());
+        for d in done {
+            match d {
+                Done::Write { id, result, secs, bytes } => {
+                    self.stats.write_s += secs;
+                    self.stats.storage_write_bytes += bytes;
+                    self.writing_bytes -= bytes;
+                    let n = self.writing.get_mut(&id).expect("a write we sent");
+                    *n -= 1;
+                    if *n == 0 {
+                        self.writing.remove(&id);
+                    }
+                    if let Err(e) = result {
+                        self.deferred.get_or_insert(e);
+                    }
+                }
+                Done::Read { id, version, result, secs, bytes } => {
+                    self.stats.read_s += secs;
+                    self.stats.storage_read_bytes += bytes;
+                    self.reading.remove(&id);
+                    let current =
+                        self.entries.get(&id).is_some_and(|e| e.version == version && e.data.is_none());
+                    if current {
+                        self.ready.insert(id, (bytes, result));
+                    } else {
+                        self.prefetch_bytes -= bytes;
+                    }
+                }
+            }
+        }
+        match self.deferred.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every write in flight; reports any write error.
+    pub fn sync(&mut self) -> io::Result<()> {
+        while !self.writing.is_empty() || !self.reading.is_empty() {
+            self.poll(true)?;
+        }
+        self.poll(false)
+    }
+
+    /// Starts reading blocks that are on disk only, while the budget has room for them.
+    pub fn prefetch(&mut self, ids: impl IntoIterator<Item = BlockId>) -> io::Result<()> {
+        self.poll(false)?;
+        let (Some(_), Some(budget)) = (&self.io, self.cfg.budget) else { return Ok(()) };
+        let dtype = self.file_dtype();
+        for id in ids {
+            let Some(e) = self.entries.get(&id) else { continue };
+            if e.data.is_some() || !e.on_disk || self.reading.contains(&id) || self.ready.contains_key(&id) {
+                continue;
+            }
+            let header = BlockHeader { dtype, rows: e.rows as u64, cols: e.cols as u64 };
+            let (bytes, version) = (header.file_len() as u64, e.version);
+            if bytes > budget {
+                continue;
+            }
+            // room by evicting the least recently used (writes queue behind; they release
+            // their bytes when done, so a prefetch may have to wait for a later call)
+            while self.held() + bytes > budget {
+                let victims = self.victims(None);
+                if victims.is_empty() {
+                    break;
+                }
+                for v in victims {
+                    self.evict(v)?;
+                    if self.held() + bytes <= budget {
+                        break;
+                    }
+                }
+            }
+            self.poll(false)?;
+            if self.held() + bytes > budget {
+                break;
+            }
+            self.prefetch_bytes += bytes;
+            self.reading.insert(id);
+            self.io.as_ref().expect("checked").send(Job::Read { id, version, header });
+        }
+        Ok(())
+    }
+
+    /// Drops a prefetched buffer of `id` (it is stale or about to be replaced).
+    fn forget_prefetch(&mut self, id: BlockId) {
+        if let Some((bytes, _)) = self.ready.remove(&id) {
+            self.prefetch_bytes -= bytes;
+        }
+    }
+
+    /// Waits until no write of `id` is in flight.
+    fn wait_writes(&mut self, id: BlockId) -> io::Result<()> {
+        while self.writing.contains_key(&id) {
+            self.poll(true)?;
+        }
+        Ok(())
     }
 
     pub fn mode(&self) -> CacheMode {
@@ -226,14 +433,19 @@ impl<T: Scalar> Store<T> {
     /// Stores `data` (`rows × cols`, row-major) as block `id`, replacing what was there.
     pub fn put(&mut self, id: BlockId, rows: usize, cols: usize, data: Vec<T>) -> io::Result<()> {
         assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
+        self.poll(false)?;
         self.remove_ram(id);
+        self.forget_prefetch(id);
+        let version = self.entries.get(&id).map_or(0, |e| e.version + 1);
         let data = self.encode(data);
         let bytes = data.bytes();
         self.stats.host_write_bytes += bytes;
         let last_use = self.tick();
         // a file of an earlier version is stale: on_disk false, so it is rewritten on eviction
-        self.entries
-            .insert(id, Entry { rows, cols, data: Some(data), dirty: true, on_disk: false, last_use });
+        self.entries.insert(
+            id,
+            Entry { rows, cols, data: Some(data), dirty: true, on_disk: false, last_use, version },
+        );
         self.resident += bytes;
         self.make_room(Some(id))
     }
@@ -310,13 +522,19 @@ impl<T: Scalar> Store<T> {
             }
         }
         e.dirty = true;
+        e.version += 1;
         self.stats.host_write_bytes += (src.len() * self.elem_bytes()) as u64;
         Ok(())
     }
 
     /// Drops block `id` from RAM and storage.
-    pub fn remove(&mut self, id: BlockId) {
+    pub fn remove(&mut self, id: BlockId) -> io::Result<()> {
+        self.wait_writes(id)?;
         self.remove_ram(id);
+        self.forget_prefetch(id);
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.version += 1; // a prefetch in flight is discarded on arrival
+        }
         if let Some(e) = self.entries.remove(&id) {
             if e.on_disk {
                 if let Some(f) = &self.files {
@@ -324,6 +542,7 @@ impl<T: Scalar> Store<T> {
                 }
             }
         }
+        Ok(())
     }
 
     fn remove_ram(&mut self, id: BlockId) {
@@ -355,13 +574,32 @@ impl<T: Scalar> Store<T> {
             return Ok(());
         }
         self.stats.misses += 1;
-        let (rows, cols) = (e.rows as u64, e.cols as u64);
+        let (rows, cols, version) = (e.rows as u64, e.cols as u64, e.version);
         let header = BlockHeader { dtype: self.file_dtype(), rows, cols };
-        let files = self.files.as_ref().expect("a block left RAM only with a storage tier");
-        let start = Instant::now();
-        let buf = files.read(&id.file_name(), &header)?;
-        self.stats.read_s += start.elapsed().as_secs_f64();
-        self.stats.storage_read_bytes += header.file_len() as u64;
+        self.poll(false)?;
+        self.wait_writes(id)?;
+        while self.reading.contains(&id) {
+            self.poll(true)?;
+        }
+        let buf = match self.ready.remove(&id) {
+            Some((bytes, result)) => {
+                self.prefetch_bytes -= bytes;
+                self.stats.prefetch_hits += 1;
+                result?
+            }
+            None => {
+                // room first: the block's bytes exist from the read on
+                let payload = header.payload_len() as u64;
+                self.make_room_for(payload, Some(id))?;
+                let files = self.files.as_ref().expect("a block left RAM only with a storage tier");
+                let start = Instant::now();
+                let buf = files.read(&id.file_name(), &header)?;
+                self.stats.read_s += start.elapsed().as_secs_f64();
+                self.stats.storage_read_bytes += header.file_len() as u64;
+                buf
+            }
+        };
+        debug_assert_eq!(self.entries[&id].version, version);
         let payload = &buf.as_slice()[ALIGN..ALIGN + header.payload_len()];
         let data = match header.dtype {
             Dtype::Bf16 => {
@@ -393,21 +631,37 @@ impl<T: Scalar> Store<T> {
         }
     }
 
-    /// Evicts until the budget holds (or only pinned blocks and `keep` remain).
+    /// Evicts until the budget holds (or only pinned blocks and `keep` remain), then waits
+    /// for writes in flight while they keep the held bytes over budget.
     fn make_room(&mut self, keep: Option<BlockId>) -> io::Result<()> {
-        self.stats.peak_cache_bytes = self.stats.peak_cache_bytes.max(self.resident);
-        let Some(budget) = self.cfg.budget else { return Ok(()) };
-        while self.resident > budget {
+        self.make_room_for(0, keep)
+    }
+
+    /// [`Store::make_room`] for `extra` more bytes about to arrive.
+    fn make_room_for(&mut self, extra: u64, keep: Option<BlockId>) -> io::Result<()> {
+        self.stats.peak_cache_bytes = self.stats.peak_cache_bytes.max(self.held());
+        let Some(budget) = self.cfg.budget.map(|b| b.saturating_sub(extra)) else { return Ok(()) };
+        while self.held() > budget {
             let victims = self.victims(keep);
             if victims.is_empty() {
                 break; // the pinned working set alone is over budget
             }
             for v in victims {
                 self.evict(v)?;
-                if self.cfg.mode == CacheMode::PartitionLru && self.resident <= budget {
+                if self.cfg.mode == CacheMode::PartitionLru && self.held() <= budget {
                     break;
                 }
             }
+        }
+        // prefetched buffers give way first, then writes drain
+        if self.held() > budget {
+            let ids: Vec<BlockId> = self.ready.keys().copied().collect();
+            for id in ids {
+                self.forget_prefetch(id);
+            }
+        }
+        while self.held() > budget && !self.writing.is_empty() {
+            self.poll(true)?;
         }
         Ok(())
     }
@@ -493,10 +747,10 @@ impl<T: Scalar> Store<T> {
             }
         }
         encode_header(&header, &mut buf);
-        let start = Instant::now();
-        files.write(&id.file_name(), &buf, len)?;
-        self.stats.write_s += start.elapsed().as_secs_f64();
-        self.stats.storage_write_bytes += len as u64;
+        let _ = files;
+        self.io.as_ref().expect("an I/O thread with the files").send(Job::Write { id, buf, len });
+        *self.writing.entry(id).or_insert(0) += 1;
+        self.writing_bytes += len as u64;
         let e = self.entries.get_mut(&id).expect("present");
         e.dirty = false;
         e.on_disk = true;
@@ -506,6 +760,8 @@ impl<T: Scalar> Store<T> {
 
 impl<T: Scalar> Drop for Store<T> {
     fn drop(&mut self) {
+        // finish (or fail) every write before files are removed
+        self.io.take();
         if self.keep_files {
             return;
         }
@@ -580,6 +836,7 @@ mod tests {
         let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
         s.put(id(0, 0), 100, 8, vec![1.0; 800]).unwrap();
         s.put(id(0, 1), 100, 8, vec![2.0; 800]).unwrap(); // evicts (0, 0) to its file
+        s.sync().unwrap();
         let path = dir.path().join(id(0, 0).file_name());
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[ALIGN + 17] ^= 0x10;
@@ -589,6 +846,7 @@ mod tests {
         // truncated
         s.put(id(0, 0), 100, 8, vec![1.0; 800]).unwrap();
         s.put(id(0, 1), 100, 8, vec![2.0; 800]).unwrap();
+        s.sync().unwrap();
         std::fs::write(&path, &bytes[..ALIGN + 100]).unwrap();
         let err = s.read_rows(id(0, 0), None, &mut vec![0f32; 800]).unwrap_err();
         assert!(err.to_string().contains("truncated"), "{err}");
