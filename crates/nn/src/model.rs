@@ -16,6 +16,7 @@ use crate::gat::{GatCache, GatConv};
 use crate::gcn::{GcnCache, GcnConv};
 use crate::graph::Graph;
 use crate::layer_norm::LayerNorm;
+use crate::linear::Linear;
 use crate::param::Param;
 use crate::sage::{SageCache, SageConv};
 
@@ -323,7 +324,7 @@ impl<B: Backend> Model<B> {
         });
         let input = dropped_input.as_ref().unwrap_or(x);
         let pre = pre.filter(|_| dropped_input.is_none());
-        let (mut z, cache) = self.convs[l].forward(b, g, input, pre, self.attn(train, epoch, l));
+        let (z, cache) = self.convs[l].forward(b, g, input, pre, self.attn(train, epoch, l));
         let mut tape = LayerTape {
             epoch,
             dropped_input: None,
@@ -337,6 +338,26 @@ impl<B: Backend> Model<B> {
             tape.dropped_input = dropped_input;
             return (z, tape);
         }
+        let out = self.finish_hidden(b, g, l, z, Some(input), train, epoch, keep_act, &mut tape);
+        tape.dropped_input = dropped_input;
+        (out, tape)
+    }
+
+    /// A hidden layer after its conv: norm, ReLU, dropout, residual (with `input`'s own rows).
+    #[allow(clippy::too_many_arguments)]
+    fn finish_hidden(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        mut z: B::Mat,
+        input: Option<&B::Mat>,
+        train: bool,
+        epoch: u64,
+        keep_act: bool,
+        tape: &mut LayerTape<B>,
+    ) -> B::Mat {
+        let key = |site| MaskKey { seed: self.config.seed, epoch, site };
         tape.norm_in = self.norms.get(l).map(|ln| {
             let (y, stats) = ln.forward(b, &z);
             (std::mem::replace(&mut z, y), stats)
@@ -345,8 +366,9 @@ impl<B: Backend> Model<B> {
         if train && self.config.dropout > 0.0 {
             b.dropout(key(l as u64), self.config.dropout, g.row_ids(), &mut z);
         }
-        tape.residual = self.config.residual && b.dims(&z).1 == b.dims(input).1;
-        let out = if tape.residual {
+        let input = input.filter(|x| self.config.residual && b.dims(&z).1 == b.dims(x).1);
+        tape.residual = input.is_some();
+        let out = if let Some(input) = input {
             let own = g.own_rows(b, input);
             let mut s = b.zeros(g.rows, b.dims(&z).1);
             b.copy(own.as_ref().unwrap_or(input), &mut s);
@@ -363,8 +385,7 @@ impl<B: Backend> Model<B> {
             z
         };
         tape.hidden = true;
-        tape.dropped_input = dropped_input;
-        (out, tape)
+        out
     }
 
     /// Backward of [`Model::layer_forward`] given the gradient of its output (`g.rows` rows):
@@ -455,7 +476,6 @@ impl<B: Backend> Model<B> {
         output: Option<&B::Mat>,
     ) -> Option<B::Mat> {
         let LayerTape { epoch, dropped_input, cache, norm_in, act, residual, hidden } = tape;
-        let key = |site| MaskKey { seed: self.config.seed, epoch, site };
         let attn = self.attn(true, epoch, l);
         let input = dropped_input.as_ref().unwrap_or(x);
         let pre = pre.filter(|_| dropped_input.is_none());
@@ -464,20 +484,167 @@ impl<B: Backend> Model<B> {
             return self.convs[l].backward(b, g, input, pre, cache, dy, attn, need_dx);
         }
         let act = act.as_ref().or(output).expect("a hidden layer's activation or output");
-        let (n, d) = b.dims(dy);
-        let mut dz = b.zeros(n, d);
-        b.copy(dy, &mut dz);
-        if self.config.dropout > 0.0 {
-            b.dropout(key(l as u64), self.config.dropout, g.row_ids(), &mut dz);
-        }
-        b.binary(Binary::ReluGrad, act, &mut dz);
-        if let Some((z, stats)) = norm_in {
-            dz = self.norms[l].backward(b, &z, &stats, &dz);
-        }
+        let dz = self.hidden_grad(b, g, l, epoch, act, norm_in, dy);
         let mut dx = self.convs[l].backward(b, g, input, pre, cache, &dz, attn, need_dx)?;
         if residual {
             g.add_own_rows(b, dy, &mut dx);
         }
         Some(dx)
+    }
+
+    /// Backward through a hidden layer's ReLU, dropout and norm: the gradient of its conv output.
+    #[allow(clippy::too_many_arguments)]
+    fn hidden_grad(
+        &mut self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        epoch: u64,
+        act: &B::Mat,
+        norm_in: Option<(B::Mat, B::Mat)>,
+        dy: &B::Mat,
+    ) -> B::Mat {
+        let key = MaskKey { seed: self.config.seed, epoch, site: l as u64 };
+        let (n, d) = b.dims(dy);
+        let mut dz = b.zeros(n, d);
+        b.copy(dy, &mut dz);
+        if self.config.dropout > 0.0 {
+            b.dropout(key, self.config.dropout, g.row_ids(), &mut dz);
+        }
+        b.binary(Binary::ReluGrad, act, &mut dz);
+        if let Some((z, stats)) = norm_in {
+            dz = self.norms[l].backward(b, &z, &stats, &dz);
+        }
+        dz
+    }
+
+    /// Whether layer `l` runs split on a partitioned graph: its conv transforms before it
+    /// aggregates (GCN or SAGE with input wider than output, no precomputed aggregation, no
+    /// input dropout), so the transform runs on own rows only ([`Model::split_transform`]) and
+    /// only the narrower transformed rows cross partitions ([`Model::split_forward`]).
+    pub fn split(&self, l: usize, with_pre: bool) -> bool {
+        let conv = matches!(self.config.kind, Kind::Gcn | Kind::Sage);
+        let first_fixed = l == 0 && (with_pre || self.config.input_dropout > 0.0);
+        conv && self.dims[l] > self.dims[l + 1] && !first_fixed
+    }
+
+    /// The aggregated linear map of a GCN or SAGE layer, and SAGE's root map.
+    fn split_lins(&mut self, l: usize) -> (&mut Linear<B>, Option<&mut Linear<B>>) {
+        match &mut self.convs[l] {
+            Conv::Gcn(c) => (&mut c.lin, None),
+            Conv::Sage(c) => (&mut c.lin_l, Some(&mut c.lin_r)),
+            Conv::Gat(_) => panic!("GAT layers do not run split"),
+        }
+    }
+
+    /// Phase 1 of a split layer: `h = x Wᵀ` for the rows of `x` (no bias).
+    pub fn split_transform(&self, b: &B, l: usize, x: &B::Mat) -> B::Mat {
+        let lin = match &self.convs[l] {
+            Conv::Gcn(c) => &c.lin,
+            Conv::Sage(c) => &c.lin_l,
+            Conv::Gat(_) => panic!("GAT layers do not run split"),
+        };
+        let mut h = b.zeros(b.dims(x).0, self.dims[l + 1]);
+        b.gemm(1.0, x, false, &lin.weight.value, true, 0.0, &mut h);
+        h
+    }
+
+    /// Phase 2 of a split layer: `y = A h + b` (SAGE: `+ x_own W_rᵀ`), then for a hidden layer
+    /// norm, ReLU and dropout. `h` has `g.cols` rows, `x_own` the `g.rows` own input rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn split_forward(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        h: &B::Mat,
+        x_own: Option<&B::Mat>,
+        train: bool,
+        epoch: u64,
+    ) -> (B::Mat, LayerTape<B>) {
+        let (a, lin, root) = match &self.convs[l] {
+            Conv::Gcn(c) => (g.looped(), &c.lin, None),
+            Conv::Sage(c) => (g.plain(), &c.lin_l, Some(&c.lin_r)),
+            Conv::Gat(_) => panic!("GAT layers do not run split"),
+        };
+        let mut z = b.zeros(g.rows, self.dims[l + 1]);
+        b.spmm(&a.s, &a.vals, false, h, 0.0, &mut z);
+        if let Some(bias) = &lin.bias {
+            b.add_row(&bias.value, &mut z);
+        }
+        if let Some(r) = root {
+            r.forward_into(b, x_own.expect("SAGE's root term reads the own input rows"), 1.0, &mut z);
+        }
+        let cache = match self.config.kind {
+            Kind::Gcn => Cache::Gcn(GcnCache::without_aggregation()),
+            _ => Cache::Sage(SageCache::without_aggregation()),
+        };
+        let mut tape = LayerTape {
+            epoch,
+            dropped_input: None,
+            cache,
+            norm_in: None,
+            act: None,
+            residual: false,
+            hidden: false,
+        };
+        if l + 1 == self.layers() {
+            return (z, tape);
+        }
+        let out = self.finish_hidden(b, g, l, z, x_own, train, epoch, true, &mut tape);
+        (out, tape)
+    }
+
+    /// Backward of [`Model::split_forward`]: accumulates the bias (and SAGE root) gradients;
+    /// returns `dh` (`g.cols` rows: the own rows for this partition, the halo rows for their
+    /// owners) and, for SAGE when `need_dx`, the root term's gradient of `x_own`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn split_backward(
+        &mut self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        x_own: Option<&B::Mat>,
+        tape: LayerTape<B>,
+        dy: &B::Mat,
+        need_dx: bool,
+    ) -> (B::Mat, Option<B::Mat>) {
+        let LayerTape { epoch, norm_in, act, hidden, .. } = tape;
+        let dz_owned = hidden.then(|| {
+            let act = act.as_ref().expect("split_forward keeps the activation");
+            self.hidden_grad(b, g, l, epoch, act, norm_in, dy)
+        });
+        let dz = dz_owned.as_ref().unwrap_or(dy);
+        let a = match self.config.kind {
+            Kind::Gcn => g.looped(),
+            _ => g.plain(),
+        };
+        let mut dh = b.zeros(g.cols, self.dims[l + 1]);
+        b.spmm(&a.s, &a.vals, true, dz, 0.0, &mut dh);
+        let (lin, root) = self.split_lins(l);
+        if let Some(bias) = &mut lin.bias {
+            b.col_sums(dz, 1.0, &mut bias.grad);
+        }
+        let dx_root = root.and_then(|r| r.backward(b, x_own.expect("SAGE's root term"), dz, need_dx));
+        (dh, dx_root)
+    }
+
+    /// Backward of [`Model::split_transform`] for rows whose `dh` is complete: accumulates
+    /// `dW += dhᵀ x`; returns `dx = dh W` when asked.
+    pub fn split_transform_backward(
+        &mut self,
+        b: &B,
+        l: usize,
+        x: &B::Mat,
+        dh: &B::Mat,
+        need_dx: bool,
+    ) -> Option<B::Mat> {
+        let (lin, _) = self.split_lins(l);
+        b.gemm(1.0, dh, true, x, false, 1.0, &mut lin.weight.grad);
+        need_dx.then(|| {
+            let mut dx = b.zeros(b.dims(dh).0, lin.in_dim(b));
+            b.gemm(1.0, dh, false, &lin.weight.value, false, 0.0, &mut dx);
+            dx
+        })
     }
 }

@@ -282,21 +282,26 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.store.direct_io()
     }
 
-    /// Layer `l`'s input rows of partition `q`: own rows, then (with `halo`) the halo rows.
-    fn gather(&mut self, l: usize, q: usize, halo: bool) -> Result<B::Mat, TrainError> {
+    /// Rows of the `kind` blocks of layer `l` for partition `q`: its own rows, then (with
+    /// `halo`) its halo rows from their owners.
+    fn gather_kind(&mut self, kind: Kind, l: usize, q: usize, halo: bool) -> Result<B::Mat, TrainError> {
         let t = Instant::now();
-        let d = self.model.dim(l);
+        let d = match kind {
+            Kind::Xw | Kind::GradXw => self.model.dim(l + 1),
+            _ => self.model.dim(l),
+        };
         let part = &self.parts[q];
         let rows = if halo { part.graph.cols } else { part.own };
         let mut m = Mat::<B::T>::zeros(rows, d);
-        let sources = part.fetch.iter().filter(|_| halo).map(|(s, _)| act(l, *s));
-        self.store.pin(std::iter::once(act(l, q)).chain(sources));
-        self.store.read_rows(act(l, q), None, &mut m.data[..part.own * d]).map_err(io_err)?;
+        let id = |p: usize| BlockId { kind, layer: l, part: p };
+        let sources = part.fetch.iter().filter(|_| halo).map(|(s, _)| id(*s));
+        self.store.pin(std::iter::once(id(q)).chain(sources));
+        self.store.read_rows(id(q), None, &mut m.data[..part.own * d]).map_err(io_err)?;
         if halo {
             let mut at = part.own;
             for (src, idx) in &part.fetch {
                 let out = &mut m.data[at * d..(at + idx.len()) * d];
-                self.store.read_rows(act(l, *src), Some(idx), out).map_err(io_err)?;
+                self.store.read_rows(id(*src), Some(idx), out).map_err(io_err)?;
                 at += idx.len();
             }
         }
@@ -306,41 +311,115 @@ impl<'a, B: Backend> Executor<'a, B> {
         Ok(m)
     }
 
+    /// Layer `l`'s input rows of partition `q`: own rows, then (with `halo`) the halo rows.
+    fn gather(&mut self, l: usize, q: usize, halo: bool) -> Result<B::Mat, TrainError> {
+        self.gather_kind(Kind::Act, l, q, halo)
+    }
+
     /// The inputs of layer `l` on partition `q`: the gathered rows and, at layer 0, `Â x`.
     fn inputs(&mut self, l: usize, q: usize) -> Result<(B::Mat, Option<B::Mat>), TrainError> {
         if l == 0 && self.pre {
             let x = self.gather(0, q, false)?;
-            let t = Instant::now();
-            let own = self.parts[q].own;
-            let d = self.model.dim(0);
-            let mut p = Mat::<B::T>::zeros(own, d);
-            let id = BlockId { kind: Kind::Pre, layer: 0, part: q };
-            self.store.read_rows(id, None, &mut p.data).map_err(io_err)?;
-            self.stats.gather_s += t.elapsed().as_secs_f64();
-            return Ok((x, Some(self.b.upload_owned(p))));
+            let p = self.gather_kind(Kind::Pre, 0, q, false)?;
+            return Ok((x, Some(p)));
         }
         Ok((self.gather(l, q, true)?, None))
     }
 
-    /// Hidden layers `0 .. L-1` forward over all partitions, outputs into the store.
-    fn forward_hidden(&mut self, train: bool, epoch: u64) -> Result<(), TrainError> {
+    /// Whether layer `l` runs split (transform on own rows, then aggregate the narrower rows).
+    fn split(&self, l: usize) -> bool {
+        self.model.split(l, l == 0 && self.pre)
+    }
+
+    /// Own input rows a split layer needs besides `h` (SAGE's root term).
+    fn split_own_input(&mut self, l: usize, q: usize) -> Result<Option<B::Mat>, TrainError> {
+        if self.model.config.kind == ModelKind::Sage {
+            Ok(Some(self.gather(l, q, false)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn put(&mut self, kind: Kind, l: usize, q: usize, m: B::Mat) -> Result<(), TrainError> {
+        let t = Instant::now();
+        let m = self.b.download_owned(m);
+        self.store.put(BlockId { kind, layer: l, part: q }, m.rows, m.cols, m.data).map_err(io_err)?;
+        self.stats.write_back_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Forward over all partitions: hidden layers into the store, and the output layer's
+    /// transform when it runs split (its aggregation happens where the logits are used).
+    fn forward_layers(&mut self, train: bool, epoch: u64) -> Result<(), TrainError> {
         let b = self.b;
-        for l in 0..self.model.layers() - 1 {
+        let layers = self.model.layers();
+        for l in 0..layers {
+            let top = l + 1 == layers;
+            if self.split(l) {
+                for q in 0..self.parts.len() {
+                    let x = self.gather(l, q, false)?;
+                    self.prefetch(Kind::Act, l, q + 1, false, &[])?;
+                    let t = Instant::now();
+                    let h = self.model.split_transform(b, l, &x);
+                    drop(x);
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    self.put(Kind::Xw, l, q, h)?;
+                }
+                if top {
+                    break;
+                }
+                for q in 0..self.parts.len() {
+                    let h = self.gather_kind(Kind::Xw, l, q, true)?;
+                    let x = self.split_own_input(l, q)?;
+                    self.prefetch(Kind::Xw, l, q + 1, true, &[])?;
+                    let t = Instant::now();
+                    let (y, _) =
+                        self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_ref(), train, epoch);
+                    drop((h, x));
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    self.put(Kind::Act, l + 1, q, y)?;
+                }
+                continue;
+            }
+            if top {
+                break;
+            }
             for q in 0..self.parts.len() {
                 let (x, pre) = self.inputs(l, q)?;
-                self.prefetch(l, q + 1, &[])?;
+                self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
                 let t = Instant::now();
                 let (y, tape) =
                     self.model.layer_forward(b, &self.parts[q].graph, l, &x, pre.as_ref(), train, epoch);
                 drop((tape, x, pre));
                 self.stats.compute_s += t.elapsed().as_secs_f64();
-                let t = Instant::now();
-                let y = b.download_owned(y);
-                self.store.put(act(l + 1, q), y.rows, y.cols, y.data).map_err(io_err)?;
-                self.stats.write_back_s += t.elapsed().as_secs_f64();
+                self.put(Kind::Act, l + 1, q, y)?;
             }
         }
         Ok(())
+    }
+
+    /// The output gradient of layer `l` on partition `q`: from the store, or at the top from
+    /// the loss on `y` (adding to the loss and correct counts).
+    fn output_grad(
+        &mut self,
+        l: usize,
+        q: usize,
+        y: &B::Mat,
+        loss: &mut f64,
+        correct: &mut usize,
+    ) -> Result<B::Mat, TrainError> {
+        let b = self.b;
+        if l + 1 == self.model.layers() {
+            let part = &self.parts[q];
+            let (rows, cols) = b.dims(y);
+            let mut dy = b.zeros(rows, cols);
+            let (s, c) =
+                b.cross_entropy(y, &part.labels, &part.split_rows[0], 1.0 / self.n_train as f64, &mut dy);
+            *loss += s;
+            *correct += c;
+            return Ok(dy);
+        }
+        self.gather_kind(Kind::Grad, l + 1, q, false)
     }
 
     /// One training pass: accumulates every parameter's gradient (the caller zeroes them) and
@@ -348,90 +427,107 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub fn forward_backward(&mut self, epoch: u64) -> Result<(f64, usize), TrainError> {
         let b = self.b;
         let layers = self.model.layers();
-        self.forward_hidden(true, epoch)?;
+        self.forward_layers(true, epoch)?;
         let (mut loss, mut correct) = (0.0, 0usize);
         for l in (0..layers).rev() {
-            let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
-            for q in 0..self.parts.len() {
-                let (x, pre) = self.inputs(l, q)?;
-                let next: &[Kind] = if from_output { &[Kind::Act, Kind::Grad] } else { &[Kind::Grad] };
-                self.prefetch(l, q + 1, if l + 1 == layers { &[] } else { next })?;
-                if from_output {
-                    // the stored output is the ReLU/dropout mask: no recomputation
+            let top = l + 1 == layers;
+            let next_grad: &[Kind] = if top { &[] } else { &[Kind::Grad] };
+            if self.split(l) {
+                // aggregation backward: dh of own rows here, of halo rows to their owners
+                for q in 0..self.parts.len() {
+                    let h = self.gather_kind(Kind::Xw, l, q, true)?;
+                    let x = self.split_own_input(l, q)?;
+                    self.prefetch(Kind::Xw, l, q + 1, true, next_grad)?;
                     let t = Instant::now();
-                    let own = self.parts[q].own;
-                    let d = self.model.dim(l + 1);
-                    let (mut out, mut dy) = (Mat::<B::T>::zeros(own, d), Mat::<B::T>::zeros(own, d));
-                    self.store.read_rows(act(l + 1, q), None, &mut out.data).map_err(io_err)?;
-                    let id = BlockId { kind: Kind::Grad, layer: l + 1, part: q };
-                    self.store.read_rows(id, None, &mut dy.data).map_err(io_err)?;
-                    let (out, dy) = (b.upload_owned(out), b.upload_owned(dy));
-                    self.stats.gather_s += t.elapsed().as_secs_f64();
-                    let t = Instant::now();
-                    let tape = self.model.tape_from_output(l, l == 0 && self.pre, epoch).expect("allowed");
                     let g = &self.parts[q].graph;
-                    let dx = self.model.layer_backward_from_output(
-                        b,
-                        g,
-                        l,
-                        &x,
-                        pre.as_ref(),
-                        tape,
-                        &dy,
-                        l > 0,
-                        &out,
-                    );
-                    drop((x, pre, dy, out));
+                    let (y, tape) = self.model.split_forward(b, g, l, &h, x.as_ref(), true, epoch);
+                    drop(h);
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    let dy = self.output_grad(l, q, &y, &mut loss, &mut correct)?;
+                    drop(y);
+                    let t = Instant::now();
+                    let g = &self.parts[q].graph;
+                    let (dh, dx_root) = self.model.split_backward(b, g, l, x.as_ref(), tape, &dy, l > 0);
+                    drop((dy, x));
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    let t = Instant::now();
+                    self.write_back(Kind::GradXw, l, q, b.download_owned(dh))?;
+                    if let Some(d) = dx_root {
+                        self.write_back(Kind::Grad, l, q, b.download_owned(d))?;
+                    }
+                    self.stats.write_back_s += t.elapsed().as_secs_f64();
+                }
+                // transform backward, once every dh row is complete
+                for q in 0..self.parts.len() {
+                    let x = self.gather(l, q, false)?;
+                    let dh = self.gather_kind(Kind::GradXw, l, q, false)?;
+                    self.prefetch(Kind::Act, l, q + 1, false, &[Kind::GradXw])?;
+                    let t = Instant::now();
+                    let dx = self.model.split_transform_backward(b, l, &x, &dh, l > 0);
+                    drop((x, dh));
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     if let Some(dx) = dx {
                         let t = Instant::now();
-                        self.write_back_grad(l, q, b.download_owned(dx))?;
+                        self.write_back(Kind::Grad, l, q, b.download_owned(dx))?;
                         self.stats.write_back_s += t.elapsed().as_secs_f64();
                     }
-                    continue;
                 }
-                let t = Instant::now();
-                let part = &self.parts[q];
-                let (y, tape) = self.model.layer_forward(b, &part.graph, l, &x, pre.as_ref(), true, epoch);
-                let dy = if l + 1 == layers {
-                    let (rows, cols) = b.dims(&y);
-                    let mut dy = b.zeros(rows, cols);
-                    let (s, c) = b.cross_entropy(
-                        &y,
-                        &part.labels,
-                        &part.split_rows[0],
-                        1.0 / self.n_train as f64,
-                        &mut dy,
-                    );
-                    loss += s;
-                    correct += c;
-                    dy
-                } else {
-                    drop(y);
-                    self.stats.compute_s += t.elapsed().as_secs_f64();
-                    let t = Instant::now();
-                    let d = self.model.dim(l + 1);
-                    let mut dy = Mat::<B::T>::zeros(part.own, d);
-                    let id = BlockId { kind: Kind::Grad, layer: l + 1, part: q };
-                    self.store.read_rows(id, None, &mut dy.data).map_err(io_err)?;
-                    self.stats.gather_s += t.elapsed().as_secs_f64();
-                    b.upload_owned(dy)
-                };
-                let t = Instant::now();
-                let part = &self.parts[q];
-                let dx = self.model.layer_backward(b, &part.graph, l, &x, pre.as_ref(), tape, &dy, l > 0);
-                drop((x, pre, dy));
-                self.stats.compute_s += t.elapsed().as_secs_f64();
-                if let Some(dx) = dx {
-                    let t = Instant::now();
-                    self.write_back_grad(l, q, b.download_owned(dx))?;
-                    self.stats.write_back_s += t.elapsed().as_secs_f64();
+                for q in 0..self.parts.len() {
+                    self.store.remove(BlockId { kind: Kind::Xw, layer: l, part: q }).map_err(io_err)?;
+                    self.store.remove(BlockId { kind: Kind::GradXw, layer: l, part: q }).map_err(io_err)?;
+                }
+            } else {
+                let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
+                for q in 0..self.parts.len() {
+                    let (x, pre) = self.inputs(l, q)?;
+                    let next: &[Kind] = if from_output { &[Kind::Act, Kind::Grad] } else { next_grad };
+                    self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), next)?;
+                    let dx = if from_output {
+                        // the stored output is the ReLU/dropout mask: no recomputation
+                        let out = self.gather(l + 1, q, false)?;
+                        let dy = self.gather_kind(Kind::Grad, l + 1, q, false)?;
+                        let t = Instant::now();
+                        let tape =
+                            self.model.tape_from_output(l, l == 0 && self.pre, epoch).expect("allowed");
+                        let g = &self.parts[q].graph;
+                        let dx = self.model.layer_backward_from_output(
+                            b,
+                            g,
+                            l,
+                            &x,
+                            pre.as_ref(),
+                            tape,
+                            &dy,
+                            l > 0,
+                            &out,
+                        );
+                        self.stats.compute_s += t.elapsed().as_secs_f64();
+                        dx
+                    } else {
+                        let t = Instant::now();
+                        let g = &self.parts[q].graph;
+                        let (y, tape) = self.model.layer_forward(b, g, l, &x, pre.as_ref(), true, epoch);
+                        self.stats.compute_s += t.elapsed().as_secs_f64();
+                        let dy = self.output_grad(l, q, &y, &mut loss, &mut correct)?;
+                        drop(y);
+                        let t = Instant::now();
+                        let g = &self.parts[q].graph;
+                        let dx = self.model.layer_backward(b, g, l, &x, pre.as_ref(), tape, &dy, l > 0);
+                        self.stats.compute_s += t.elapsed().as_secs_f64();
+                        dx
+                    };
+                    drop((x, pre));
+                    if let Some(dx) = dx {
+                        let t = Instant::now();
+                        self.write_back(Kind::Grad, l, q, b.download_owned(dx))?;
+                        self.stats.write_back_s += t.elapsed().as_secs_f64();
+                    }
                 }
             }
             // layer l + 1's blocks are spent
             for q in 0..self.parts.len() {
                 self.store.remove(BlockId { kind: Kind::Grad, layer: l + 1, part: q }).map_err(io_err)?;
-                if l + 1 < layers {
+                if !top {
                     self.store.remove(act(l + 1, q)).map_err(io_err)?;
                 }
             }
@@ -440,31 +536,45 @@ impl<'a, B: Backend> Executor<'a, B> {
         Ok((loss, correct))
     }
 
-    /// Starts loading what partition `q` of layer `l` will gather (`extra`: blocks of layer
-    /// `l + 1` it reads too) while the current partition computes.
-    fn prefetch(&mut self, l: usize, q: usize, extra: &[Kind]) -> Result<(), TrainError> {
+    /// Starts loading what partition `q` will gather from the `kind` blocks of layer `l` (own
+    /// rows, halo rows with `halo`, layer 0's aggregation where used) and its `extra` blocks of
+    /// layer `l + 1` (`GradXw`: of layer `l`), while the current partition computes.
+    fn prefetch(
+        &mut self,
+        kind: Kind,
+        l: usize,
+        q: usize,
+        halo: bool,
+        extra: &[Kind],
+    ) -> Result<(), TrainError> {
         let Some(part) = self.parts.get(q) else { return Ok(()) };
-        let mut ids = vec![act(l, q)];
-        if l == 0 && self.pre {
+        let id = |p: usize| BlockId { kind, layer: l, part: p };
+        let mut ids = vec![id(q)];
+        if kind == Kind::Act && l == 0 && self.pre && !halo {
             ids.push(BlockId { kind: Kind::Pre, layer: 0, part: q });
-        } else {
-            ids.extend(part.fetch.iter().map(|(s, _)| act(l, *s)));
         }
-        ids.extend(extra.iter().map(|&kind| BlockId { kind, layer: l + 1, part: q }));
+        if halo {
+            ids.extend(part.fetch.iter().map(|(s, _)| id(*s)));
+        }
+        ids.extend(extra.iter().map(|&k| {
+            let layer = if k == Kind::GradXw { l } else { l + 1 };
+            BlockId { kind: k, layer, part: q }
+        }));
         self.store.prefetch(ids).map_err(io_err)
     }
 
-    /// Own rows of `dx` into partition `q`'s gradient block, halo rows into their owners'.
-    fn write_back_grad(&mut self, l: usize, q: usize, dx: Mat<B::T>) -> Result<(), TrainError> {
+    /// Own rows of `dx` into partition `q`'s `kind` block of layer `l`; rows past the own ones
+    /// (the halo) into their owners' blocks.
+    fn write_back(&mut self, kind: Kind, l: usize, q: usize, dx: Mat<B::T>) -> Result<(), TrainError> {
         let d = dx.cols;
         let part = &self.parts[q];
-        let grad = |p: usize| BlockId { kind: Kind::Grad, layer: l, part: p };
-        self.store.add_rows(grad(q), part.own, d, None, &dx.data[..part.own * d]).map_err(io_err)?;
+        let id = |p: usize| BlockId { kind, layer: l, part: p };
+        self.store.add_rows(id(q), part.own, d, None, &dx.data[..part.own * d]).map_err(io_err)?;
         let mut at = part.own;
-        for (src, idx) in &part.fetch {
+        for (src, idx) in part.fetch.iter().take_while(|_| dx.rows > part.own) {
             let rows = self.parts[*src].own;
             let block = &dx.data[at * d..(at + idx.len()) * d];
-            self.store.add_rows(grad(*src), rows, d, Some(idx), block).map_err(io_err)?;
+            self.store.add_rows(id(*src), rows, d, Some(idx), block).map_err(io_err)?;
             at += idx.len();
         }
         Ok(())
@@ -473,24 +583,39 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Evaluation pass (no dropout): correct predictions on train, valid and test.
     pub fn evaluate(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
         let b = self.b;
-        self.forward_hidden(false, epoch)?;
+        self.forward_layers(false, epoch)?;
         let l = self.model.layers() - 1;
+        let split = self.split(l);
         let mut correct = [0usize; 3];
         for q in 0..self.parts.len() {
-            let (x, pre) = self.inputs(l, q)?;
-            self.prefetch(l, q + 1, &[])?;
-            let t = Instant::now();
+            let y = if split {
+                let h = self.gather_kind(Kind::Xw, l, q, true)?;
+                let x = self.split_own_input(l, q)?;
+                self.prefetch(Kind::Xw, l, q + 1, true, &[])?;
+                let t = Instant::now();
+                let (y, _) =
+                    self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_ref(), false, epoch);
+                self.stats.compute_s += t.elapsed().as_secs_f64();
+                y
+            } else {
+                let (x, pre) = self.inputs(l, q)?;
+                self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
+                let t = Instant::now();
+                let (y, _) =
+                    self.model.layer_forward(b, &self.parts[q].graph, l, &x, pre.as_ref(), false, epoch);
+                self.stats.compute_s += t.elapsed().as_secs_f64();
+                y
+            };
             let part = &self.parts[q];
-            let (y, _) = self.model.layer_forward(b, &part.graph, l, &x, pre.as_ref(), false, epoch);
             for (k, rows) in part.split_rows.iter().enumerate() {
                 correct[k] += b.count_correct(&y, &part.labels, rows);
             }
-            self.stats.compute_s += t.elapsed().as_secs_f64();
         }
-        for layer in 1..self.model.layers() {
-            for q in 0..self.parts.len() {
+        for q in 0..self.parts.len() {
+            for layer in 1..self.model.layers() {
                 self.store.remove(act(layer, q)).map_err(io_err)?;
             }
+            self.store.remove(BlockId { kind: Kind::Xw, layer: l, part: q }).map_err(io_err)?;
         }
         self.store.sync().map_err(io_err)?;
         Ok(correct)

@@ -35,6 +35,10 @@ pub enum Kind {
     Grad,
     /// The first layer's aggregation of a fixed input.
     Pre,
+    /// A split layer's transformed rows `x Wᵀ` (width of its output).
+    Xw,
+    /// Their gradient.
+    GradXw,
 }
 
 /// One block: `kind` of `layer` for the rows of partition `part`.
@@ -51,6 +55,8 @@ impl BlockId {
             Kind::Act => "act",
             Kind::Grad => "grad",
             Kind::Pre => "pre",
+            Kind::Xw => "xw",
+            Kind::GradXw => "gradxw",
         };
         format!("{k}-l{}-p{}.blk", self.layer, self.part)
     }
