@@ -24,7 +24,7 @@ out=$(mktemp -d)
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(lscpu | sed -n 's/^Model name: *//p')"
 echo "date: $(date -u +%F)   commit: $(git rev-parse --short HEAD)   dataset: $file   storage: $storage ($(df -T "$storage" | awk 'NR==2{print $2}'))"
 common=(train "$file" --skip-feature-checksums --model gcn --layers 2 --hidden 256 --dropout 0.5
-  --input-dropout 0 --epochs "$epochs" --eval-every 1000)
+  --input-dropout 0 --epochs "$epochs" --eval-every 1)
 run() { # name, extra flags...
   local name=$1; shift
   /usr/bin/time -v "$bin" "${common[@]}" --metrics-out "$out/$name.jsonl" "$@" > "$out/$name.out" 2> "$out/$name.err" || {
