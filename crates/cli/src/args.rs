@@ -321,6 +321,9 @@ pub struct TrainSettings {
     /// Arithmetic precision [default: f32].
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionArg>,
+    /// Where to compute: cpu, or cuda / cuda:N for GPU N (f32 only) [default: cpu].
+    #[arg(long)]
+    pub device: Option<String>,
     /// Train layer by layer and partition by partition over this many partitions (the tiered
     /// executor; gradients equal whole-graph training's) [default: whole graph in memory, or 4
     /// when another executor flag below is given].
@@ -387,8 +390,29 @@ pub struct TrainArgs {
 pub struct TrainPlan {
     pub config: grinnder_engine::TrainConfig,
     pub precision: PrecisionArg,
+    pub device: Device,
     /// The tiered executor's settings; `None`: the in-memory trainer.
     pub tiered: Option<TieredPlan>,
+}
+
+/// Where training computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+impl Device {
+    pub fn parse(text: &str) -> anyhow::Result<Device> {
+        match text {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            t => match t.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => anyhow::bail!("--device {t:?}: use cpu, cuda or cuda:N"),
+            },
+        }
+    }
 }
 
 /// The tiered executor's validated settings.
@@ -480,6 +504,16 @@ impl TrainArgs {
                 },
             },
             precision: pick!(precision, PrecisionArg::F32),
+            device: {
+                let d = Device::parse(&f.device.clone().or(file.device.clone()).unwrap_or_else(|| "cpu".into()))?;
+                if d != Device::Cpu {
+                    anyhow::ensure!(
+                        pick!(precision, PrecisionArg::F32) == PrecisionArg::F32,
+                        "--device cuda computes in f32 only (drop --precision f64)"
+                    );
+                }
+                d
+            },
             tiered: self.tiered_plan(&file)?,
         })
     }

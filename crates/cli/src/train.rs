@@ -8,7 +8,7 @@ use grinnder_engine::{train, train_tiered, EpochMetrics, Summary, TieredConfig};
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
 
-use crate::args::{PrecisionArg, TrainArgs, TrainPlan};
+use crate::args::{Device, PrecisionArg, TrainArgs, TrainPlan};
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let plan = a.plan()?;
@@ -34,9 +34,13 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         None => None,
     };
     let mut history = Vec::new();
-    let summary = match plan.precision {
-        PrecisionArg::F32 => run_on(&Cpu::<f32>::new(), &ds, &plan, &mut metrics_file, &mut history)?,
-        PrecisionArg::F64 => run_on(&Cpu::<f64>::new(), &ds, &plan, &mut metrics_file, &mut history)?,
+    let summary = match (plan.device, plan.precision) {
+        (Device::Cuda(n), _) => {
+            let gpu = grinnder_cuda::Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
+            run_on(&gpu, &ds, &plan, &mut metrics_file, &mut history)?
+        }
+        (Device::Cpu, PrecisionArg::F32) => run_on(&Cpu::<f32>::new(), &ds, &plan, &mut metrics_file, &mut history)?,
+        (Device::Cpu, PrecisionArg::F64) => run_on(&Cpu::<f64>::new(), &ds, &plan, &mut metrics_file, &mut history)?,
     };
     if let Some(f) = metrics_file.as_mut() {
         let mut v = serde_json::to_value(&summary)?;

@@ -1,0 +1,344 @@
+// grinnder's CUDA kernels, compiled at run time by NVRTC for the device's architecture.
+// Conventions follow the Backend trait (crates/tensor/src/backend.rs): row-major matrices,
+// `beta` = 0 overwrites, 1 accumulates; CSR structures with 64-bit row pointers and 32-bit
+// column indices; the transpose is read through `perm` (the CSR position of each entry).
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define FULL 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+
+__device__ __forceinline__ i64 global_warp() {
+    return ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+}
+
+__device__ __forceinline__ i64 global_thread() {
+    return (i64)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+// ---- dropout masks: bit-identical to crates/tensor/src/dropout.rs ----
+
+__device__ __forceinline__ u64 mix(u64 z) {
+    z += 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ bool keep(u64 seed, u64 epoch, u64 site, u64 row, u64 col, u32 thr) {
+    u64 h = mix(mix(mix(mix(mix(seed) ^ epoch) ^ site) ^ row) ^ (col >> 2));
+    return ((h >> (16 * (col & 3))) & 0xFFFF) >= thr;
+}
+
+extern "C" __global__ void dropout(float* x, i64 rows, int cols, const u32* ids, int has_ids, u64 seed,
+                                   u64 epoch, u64 site, u32 thr, float scale) {
+    i64 i = global_thread();
+    if (i >= rows * cols) return;
+    i64 r = i / cols;
+    int c = (int)(i % cols);
+    u64 node = has_ids ? (u64)ids[r] : (u64)r;
+    x[i] = keep(seed, epoch, site, node, (u64)c, thr) ? x[i] * scale : 0.0f;
+}
+
+// one warp per row, lanes over its entries
+extern "C" __global__ void edge_dropout(const u64* ptr, const u32* idx, i64 rows, const u32* row_ids,
+                                        const u32* col_ids, int has_ids, float* vals, int k, u64 seed,
+                                        u64 epoch, u64 site, u32 thr, float scale) {
+    i64 r = global_warp();
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    u64 rid = has_ids ? (u64)row_ids[r] : (u64)r;
+    for (u64 e = ptr[r] + lane; e < ptr[r + 1]; e += 32) {
+        u64 c = has_ids ? (u64)col_ids[idx[e]] : (u64)idx[e];
+        for (int h = 0; h < k; ++h) {
+            float* v = &vals[e * k + h];
+            *v = keep(seed, epoch, site, rid, c * k + h, thr) ? *v * scale : 0.0f;
+        }
+    }
+}
+
+// ---- sparse ----
+
+// out[r, :] = beta · out[r, :] + Σ_e vals[e, head(col)] · x[idx[e], :]; one warp per row
+extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u64* perm, int has_perm,
+                                const float* vals, int vc, const float* x, int d, float* out, i64 rows,
+                                float beta) {
+    i64 r = global_warp();
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    u64 s = ptr[r], e = ptr[r + 1];
+    int f = d / vc;
+    for (int c = lane; c < d; c += 32) {
+        float acc = beta == 0.0f ? 0.0f : beta * out[r * d + c];
+        int h = c / f;
+        for (u64 k = s; k < e; ++k) {
+            u64 ent = has_perm ? perm[k] : k;
+            acc += vals[ent * vc + h] * x[(u64)idx[k] * d + c];
+        }
+        out[r * d + c] = acc;
+    }
+}
+
+// out[e, h] = a[r, block h] · b[idx[e], block h]; one warp per row
+extern "C" __global__ void sddmm(const u64* ptr, const u32* idx, i64 rows, const float* a, const float* b,
+                                 int width, int k, float* out) {
+    i64 r = global_warp();
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    int f = width / k;
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) {
+        u64 c = idx[e];
+        for (int h = 0; h < k; ++h) {
+            float acc = 0.0f;
+            for (int j = lane; j < f; j += 32) acc += a[r * width + h * f + j] * b[c * width + h * f + j];
+            acc = warp_sum(acc);
+            if (lane == 0) out[e * k + h] = acc;
+        }
+    }
+}
+
+__device__ __forceinline__ float leaky(float x, float slope) { return x > 0.0f ? x : x * slope; }
+
+// one thread per (row, head)
+extern "C" __global__ void edge_softmax(const u64* ptr, const u32* idx, i64 rows, const float* src,
+                                        const float* dst, int k, float slope, float* alpha) {
+    i64 t = global_thread();
+    if (t >= rows * k) return;
+    i64 r = t / k;
+    int h = (int)(t % k);
+    float m = NEG_INF;
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) {
+        float x = leaky(src[(u64)idx[e] * k + h] + dst[r * k + h], slope);
+        alpha[e * k + h] = x;
+        m = fmaxf(m, x);
+    }
+    float sum = 0.0f;
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) {
+        float x = expf(alpha[e * k + h] - m);
+        alpha[e * k + h] = x;
+        sum += x;
+    }
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) alpha[e * k + h] /= sum;
+}
+
+extern "C" __global__ void edge_softmax_backward(const u64* ptr, const u32* idx, i64 rows, const float* src,
+                                                 const float* dst, int k, float slope, const float* alpha,
+                                                 const float* dalpha, float* dpre) {
+    i64 t = global_thread();
+    if (t >= rows * k) return;
+    i64 r = t / k;
+    int h = (int)(t % k);
+    float dot = 0.0f;
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) dot += alpha[e * k + h] * dalpha[e * k + h];
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) {
+        float pre = src[(u64)idx[e] * k + h] + dst[r * k + h];
+        float g = alpha[e * k + h] * (dalpha[e * k + h] - dot);
+        dpre[e * k + h] = pre > 0.0f ? g : g * slope;
+    }
+}
+
+// out[n, h] = z[n, block h] · att[h, :]
+extern "C" __global__ void head_dots(const float* z, const float* att, i64 n, int k, int f, float* out) {
+    i64 t = global_thread();
+    if (t >= n * k) return;
+    i64 r = t / k;
+    int h = (int)(t % k);
+    float acc = 0.0f;
+    for (int j = 0; j < f; ++j) acc += z[r * k * f + h * f + j] * att[h * f + j];
+    out[t] = acc;
+}
+
+// dz[n, h·f + j] += ds[n, h] · att[h, j]
+extern "C" __global__ void head_dots_dz(const float* att, const float* ds, i64 n, int k, int f, float* dz) {
+    i64 t = global_thread();
+    if (t >= n * k * f) return;
+    i64 r = t / (k * f);
+    int c = (int)(t % (k * f));
+    dz[t] += ds[r * k + c / f] * att[c];
+}
+
+// ---- dense ----
+
+extern "C" __global__ void gather_rows(const float* x, const u32* idx, i64 n, int d, float* out) {
+    i64 t = global_thread();
+    if (t >= n * d) return;
+    out[t] = x[(u64)idx[t / d] * d + t % d];
+}
+
+extern "C" __global__ void scatter_add_rows(const float* src, const u32* idx, i64 n, int d, float* out) {
+    i64 t = global_thread();
+    if (t >= n * d) return;
+    atomicAdd(&out[(u64)idx[t / d] * d + t % d], src[t]);
+}
+
+// op 0: relu, 1: scale
+extern "C" __global__ void unary(float* x, i64 n, int op, float s) {
+    i64 t = global_thread();
+    if (t >= n) return;
+    x[t] = op == 0 ? fmaxf(x[t], 0.0f) : x[t] * s;
+}
+
+// op 0: b += a, 1: b = b · [a > 0]
+extern "C" __global__ void binary(const float* a, float* b, i64 n, int op) {
+    i64 t = global_thread();
+    if (t >= n) return;
+    if (op == 0) b[t] += a[t];
+    else if (a[t] <= 0.0f) b[t] = 0.0f;
+}
+
+extern "C" __global__ void add_row(const float* row, float* x, i64 n, int d) {
+    i64 t = global_thread();
+    if (t >= n * d) return;
+    x[t] += row[t % d];
+}
+
+// Column reductions in two deterministic passes: partial sums over row slices (grid.y), then
+// a fixed-order sum of the partials. The summed term depends on `mode`:
+//   0: a[n, j]
+//   1: a[n, j] · b[n, j / f]                      (head_dots' attention gradient)
+//   2: a[n, j] · (b[n, j] − s[n, 0]) · s[n, 1]    (LayerNorm's gamma gradient: dy · x̂)
+extern "C" __global__ void col_partial(const float* a, const float* b, const float* s, i64 n, int w, int f,
+                                       int mode, i64 rows_per, float* partial) {
+    int j = blockIdx.x * 32 + threadIdx.x;
+    i64 r0 = (i64)blockIdx.y * rows_per;
+    i64 r1 = r0 + rows_per < n ? r0 + rows_per : n;
+    __shared__ float acc[8][33];
+    float v = 0.0f;
+    if (j < w) {
+        for (i64 r = r0 + threadIdx.y; r < r1; r += 8) {
+            float x = a[r * w + j];
+            if (mode == 1) x *= b[r * (w / f) + j / f];
+            else if (mode == 2) x *= (b[r * w + j] - s[2 * r]) * s[2 * r + 1];
+            v += x;
+        }
+    }
+    acc[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < w) {
+        float t = 0.0f;
+        for (int y = 0; y < 8; ++y) t += acc[y][threadIdx.x];
+        partial[(i64)blockIdx.y * w + j] = t;
+    }
+}
+
+extern "C" __global__ void col_finish(const float* partial, int parts, int w, float beta, float* out) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= w) return;
+    float t = 0.0f;
+    for (int p = 0; p < parts; ++p) t += partial[(i64)p * w + j];
+    out[j] = t + beta * out[j];
+}
+
+// one warp per row; stats[r] = (mean, 1/σ)
+extern "C" __global__ void layer_norm(const float* x, const float* gamma, const float* beta, i64 n, int d,
+                                      float eps, float* y, float* stats) {
+    i64 r = global_warp();
+    int lane = threadIdx.x & 31;
+    if (r >= n) return;
+    const float* xr = x + r * d;
+    float s = 0.0f;
+    for (int j = lane; j < d; j += 32) s += xr[j];
+    float mean = warp_sum(s) / d;
+    float v = 0.0f;
+    for (int j = lane; j < d; j += 32) v += (xr[j] - mean) * (xr[j] - mean);
+    float rstd = rsqrtf(warp_sum(v) / d + eps);
+    for (int j = lane; j < d; j += 32) y[r * d + j] = (xr[j] - mean) * rstd * gamma[j] + beta[j];
+    if (lane == 0) {
+        stats[2 * r] = mean;
+        stats[2 * r + 1] = rstd;
+    }
+}
+
+extern "C" __global__ void layer_norm_dx(const float* x, const float* gamma, const float* stats,
+                                         const float* dy, i64 n, int d, float* dx) {
+    i64 r = global_warp();
+    int lane = threadIdx.x & 31;
+    if (r >= n) return;
+    float mean = stats[2 * r], rstd = stats[2 * r + 1];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int j = lane; j < d; j += 32) {
+        float g = dy[r * d + j] * gamma[j];
+        sg += g;
+        sgx += g * (x[r * d + j] - mean) * rstd;
+    }
+    sg = warp_sum(sg);
+    sgx = warp_sum(sgx);
+    for (int j = lane; j < d; j += 32) {
+        float xhat = (x[r * d + j] - mean) * rstd;
+        dx[r * d + j] = rstd * (dy[r * d + j] * gamma[j] - sg / d - xhat * sgx / d);
+    }
+}
+
+// one thread per listed row: loss, correctness, and the gradient row
+extern "C" __global__ void cross_entropy(const float* z, const int* labels, const u32* rows, i64 m, int c,
+                                         float scale, float* grad, float* loss, int* ok) {
+    i64 t = global_thread();
+    if (t >= m) return;
+    u64 r = rows[t];
+    const float* zr = z + r * c;
+    int y = labels[r];
+    float mx = NEG_INF;
+    int arg = 0;
+    for (int j = 0; j < c; ++j) {
+        if (zr[j] > zr[arg]) arg = j;
+        mx = fmaxf(mx, zr[j]);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < c; ++j) sum += expf(zr[j] - mx);
+    float lse = mx + logf(sum);
+    loss[t] = lse - zr[y];
+    ok[t] = arg == y;
+    for (int j = 0; j < c; ++j) {
+        float p = expf(zr[j] - lse);
+        grad[r * c + j] = scale * (j == y ? p - 1.0f : p);
+    }
+}
+
+extern "C" __global__ void count_correct(const float* z, const int* labels, const u32* rows, i64 m, int c,
+                                         int* ok) {
+    i64 t = global_thread();
+    if (t >= m) return;
+    u64 r = rows[t];
+    const float* zr = z + r * c;
+    int arg = 0;
+    for (int j = 1; j < c; ++j)
+        if (zr[j] > zr[arg]) arg = j;
+    ok[t] = arg == labels[r];
+}
+
+// Adam / AdamW (PyTorch's definitions)
+extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, i64 n, float lr, float beta1,
+                                float beta2, float eps, float wd, int decoupled, float bc1, float bc2) {
+    i64 t = global_thread();
+    if (t >= n) return;
+    float pv = p[t], gv = g[t];
+    if (decoupled) pv *= 1.0f - lr * wd;
+    else gv += wd * pv;
+    float mv = beta1 * m[t] + (1.0f - beta1) * gv;
+    float vv = beta2 * v[t] + (1.0f - beta2) * gv * gv;
+    m[t] = mv;
+    v[t] = vv;
+    p[t] = pv - (lr / bc1) * mv / (sqrtf(vv / bc2) + eps);
+}
+
+extern "C" __global__ void sgd(float* p, const float* g, float* buf, i64 n, float lr, float momentum, float wd,
+                               int first) {
+    i64 t = global_thread();
+    if (t >= n) return;
+    float gv = g[t] + wd * p[t];
+    float b = (first || momentum == 0.0f) ? gv : momentum * buf[t] + gv;
+    buf[t] = b;
+    p[t] -= lr * b;
+}

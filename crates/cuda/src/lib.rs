@@ -1,0 +1,603 @@
+//! The CUDA backend: the [`Backend`] trait on one GPU through `cudarc`, with the CUDA
+//! libraries loaded at run time — the default build needs no CUDA, and the same binary uses a
+//! GPU where one is present. Kernels (`kernels.cu`) are compiled by NVRTC for the device's
+//! architecture once per process; GEMM goes through cuBLAS (fp32).
+//!
+//! Matrices are row-major `f32` in device memory. cuBLAS is column-major: a row-major `C = A·B`
+//! is the column-major `Cᵀ = Bᵀ·Aᵀ`, so operands are passed swapped.
+//!
+//! Errors from CUDA inside a trait method (which returns no `Result`) panic with the
+//! operation's name; [`Cuda::new`] reports a missing driver, library or device as an error.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use grinnder_tensor::{Backend, Binary, MaskKey, Mat, SparseMatrix, StepRule, Unary};
+
+const SOURCE: &str = include_str!("kernels.cu");
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA driver found (libcuda.so): this machine has no usable NVIDIA GPU; use --device cpu")]
+    NoDriver,
+    #[error("the CUDA library {0} was not found: install the CUDA 13 runtime libraries or add them to LD_LIBRARY_PATH")]
+    NoLibrary(&'static str),
+    #[error("CUDA device {ordinal} not available ({count} device(s) found)")]
+    NoDevice { ordinal: usize, count: i32 },
+    #[error("CUDA: {0}")]
+    Driver(String),
+    #[error("compiling the CUDA kernels failed: {0}")]
+    Compile(String),
+}
+
+/// Whether the CUDA driver library can be loaded here (no GPU needed to ask).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library under its usual names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// A matrix in device memory.
+pub struct DMat {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: CudaSlice<f32>,
+}
+
+/// A sparse structure (CSR and its transpose) in device memory.
+pub struct DSparse {
+    rows: usize,
+    cols: usize,
+    nnz: usize,
+    row_ptr: CudaSlice<u64>,
+    col_idx: CudaSlice<u32>,
+    t_row_ptr: CudaSlice<u64>,
+    t_col_idx: CudaSlice<u32>,
+    t_perm: CudaSlice<u64>,
+    /// node ids of rows and columns for edge-dropout keys
+    ids: Option<(CudaSlice<u32>, CudaSlice<u32>)>,
+}
+
+struct Kernels {
+    _module: Arc<CudaModule>,
+    f: std::collections::HashMap<&'static str, CudaFunction>,
+}
+
+/// The CUDA backend on one device.
+pub struct Cuda {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    k: Kernels,
+    /// placeholders for absent optional pointer arguments
+    dummy_u64: CudaSlice<u64>,
+    dummy_u32: CudaSlice<u32>,
+}
+
+const KERNELS: [&str; 21] = [
+    "dropout",
+    "edge_dropout",
+    "spmm",
+    "sddmm",
+    "edge_softmax",
+    "edge_softmax_backward",
+    "head_dots",
+    "head_dots_dz",
+    "gather_rows",
+    "scatter_add_rows",
+    "unary",
+    "binary",
+    "add_row",
+    "col_partial",
+    "col_finish",
+    "layer_norm",
+    "layer_norm_dx",
+    "cross_entropy",
+    "count_correct",
+    "adam",
+    "sgd",
+];
+
+fn err<E: std::fmt::Debug>(e: E) -> CudaError {
+    CudaError::Driver(format!("{e:?}"))
+}
+
+/// Threads per block of the element-wise and warp-per-row kernels.
+const BLOCK: u32 = 256;
+
+fn grid(threads: usize) -> LaunchConfig {
+    let blocks = threads.div_ceil(BLOCK as usize).max(1);
+    assert!(blocks <= i32::MAX as usize, "launch of {threads} threads is too large");
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// One warp per row.
+fn warps(rows: usize) -> LaunchConfig {
+    grid(rows * 32)
+}
+
+impl Cuda {
+    /// Opens device `ordinal`, checks the libraries first (cudarc's loader would panic), and
+    /// compiles the kernels for the device's architecture.
+    pub fn new(ordinal: usize) -> Result<Cuda, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        // SAFETY: only tries to dlopen the libraries under their usual names.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(CudaError::NoLibrary("libnvrtc"));
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError::NoLibrary("libcublas"));
+        }
+        let count = CudaContext::device_count().map_err(err)?;
+        if ordinal >= count.max(0) as usize {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(err)?;
+        let (major, minor) = ctx.compute_capability().map_err(err)?;
+        let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
+        let opts = CompileOptions { arch: Some(arch), ..Default::default() };
+        let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+        let module = ctx.load_module(ptx).map_err(err)?;
+        let mut f = std::collections::HashMap::new();
+        for name in KERNELS {
+            f.insert(name, module.load_function(name).map_err(err)?);
+        }
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone()).map_err(err)?;
+        let dummy_u64 = stream.alloc_zeros::<u64>(1).map_err(err)?;
+        let dummy_u32 = stream.alloc_zeros::<u32>(1).map_err(err)?;
+        tracing::info!(
+            "CUDA device {ordinal}: {} (sm_{major}{minor}), {:.1} GiB",
+            ctx.name().unwrap_or_default(),
+            ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64
+        );
+        Ok(Cuda { ctx, stream, blas, k: Kernels { _module: module, f }, dummy_u64, dummy_u32 })
+    }
+
+    fn func(&self, name: &str) -> &CudaFunction {
+        &self.k.f[name]
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) {
+        self.stream.synchronize().expect("CUDA synchronize");
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> (usize, usize) {
+        self.ctx.mem_get_info().expect("CUDA memory info")
+    }
+
+    fn upload_slice<T: cudarc::driver::DeviceRepr>(&self, v: &[T]) -> CudaSlice<T> {
+        if v.is_empty() {
+            // SAFETY: a one-element allocation never read (lengths say it is empty).
+            return unsafe { self.stream.alloc::<T>(1) }.expect("CUDA alloc");
+        }
+        self.stream.clone_htod(v).expect("CUDA upload")
+    }
+
+    /// Column sums of a term (see `col_partial` in kernels.cu) into `out` (`1 × w`).
+    #[allow(clippy::too_many_arguments)]
+    fn col_reduce(
+        &self,
+        a: &CudaSlice<f32>,
+        b: Option<&CudaSlice<f32>>,
+        s: Option<&CudaSlice<f32>>,
+        n: usize,
+        w: usize,
+        f: usize,
+        mode: i32,
+        beta: f32,
+        out: &mut CudaSlice<f32>,
+    ) {
+        if w == 0 {
+            return;
+        }
+        let rows_per: usize = 4096;
+        let parts = n.div_ceil(rows_per).max(1);
+        let mut partial = self.stream.alloc_zeros::<f32>(parts * w).expect("CUDA alloc");
+        let cfg = LaunchConfig {
+            grid_dim: (w.div_ceil(32) as u32, parts as u32, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        let (n64, w32, f32_, rp) = (n as i64, w as i32, f.max(1) as i32, rows_per as i64);
+        let mut l = self.stream.launch_builder(self.func("col_partial"));
+        l.arg(a).arg(b.unwrap_or(a)).arg(s.unwrap_or(a)).arg(&n64).arg(&w32).arg(&f32_).arg(&mode).arg(&rp);
+        l.arg(&mut partial);
+        // SAFETY: shapes checked by the callers; every index stays inside the buffers.
+        unsafe { l.launch(cfg) }.expect("CUDA col_partial");
+        let parts32 = parts as i32;
+        let mut l = self.stream.launch_builder(self.func("col_finish"));
+        l.arg(&partial).arg(&parts32).arg(&w32).arg(&beta).arg(out);
+        // SAFETY: as above.
+        unsafe { l.launch(grid(w)) }.expect("CUDA col_finish");
+    }
+}
+
+fn thr(p: f64) -> u32 {
+    grinnder_tensor::dropout::threshold(p)
+}
+
+impl Backend for Cuda {
+    type T = f32;
+    type Mat = DMat;
+    type Sparse = DSparse;
+
+    fn sparse(&self, s: &SparseMatrix) -> DSparse {
+        DSparse {
+            rows: s.rows,
+            cols: s.cols,
+            nnz: s.nnz(),
+            row_ptr: self.upload_slice(&s.row_ptr),
+            col_idx: self.upload_slice(&s.col_idx),
+            t_row_ptr: self.upload_slice(&s.t_row_ptr),
+            t_col_idx: self.upload_slice(&s.t_col_idx),
+            t_perm: self.upload_slice(&s.t_perm),
+            ids: match (&s.row_ids, &s.col_ids) {
+                (Some(r), Some(c)) => Some((self.upload_slice(r), self.upload_slice(c))),
+                _ => None,
+            },
+        }
+    }
+
+    fn upload(&self, m: &Mat<f32>) -> DMat {
+        DMat { rows: m.rows, cols: m.cols, data: self.upload_slice(&m.data) }
+    }
+
+    fn download(&self, m: &DMat) -> Mat<f32> {
+        let n = m.rows * m.cols;
+        if n == 0 {
+            return Mat::zeros(m.rows, m.cols);
+        }
+        let mut v = vec![0f32; n];
+        self.stream.memcpy_dtoh(&m.data.slice(0..n), &mut v).expect("CUDA download");
+        Mat::from_vec(m.rows, m.cols, v)
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> DMat {
+        DMat { rows, cols, data: self.stream.alloc_zeros::<f32>((rows * cols).max(1)).expect("CUDA alloc") }
+    }
+
+    fn dims(&self, m: &DMat) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn copy(&self, src: &DMat, dst: &mut DMat) {
+        assert_eq!((src.rows, src.cols), (dst.rows, dst.cols), "copy: shapes differ");
+        let n = src.rows * src.cols;
+        if n > 0 {
+            self.stream.memcpy_dtod(&src.data.slice(0..n), &mut dst.data.slice_mut(0..n)).expect("CUDA copy");
+        }
+    }
+
+    fn gemm(&self, alpha: f64, a: &DMat, ta: bool, b: &DMat, tb: bool, beta: f64, c: &mut DMat) {
+        let (m, ka) = if ta { (a.cols, a.rows) } else { (a.rows, a.cols) };
+        let (kb, n) = if tb { (b.cols, b.rows) } else { (b.rows, b.cols) };
+        assert_eq!(ka, kb, "gemm: inner dimensions differ");
+        assert_eq!((c.rows, c.cols), (m, n), "gemm: output shape");
+        if m == 0 || n == 0 {
+            return;
+        }
+        if ka == 0 {
+            self.unary(Unary::Scale(beta), c);
+            return;
+        }
+        let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
+        // column-major Cᵀ (n × m) = op(B)ᵀ · op(A)ᵀ
+        let cfg = GemmConfig {
+            transa: op(tb),
+            transb: op(ta),
+            m: n as i32,
+            n: m as i32,
+            k: ka as i32,
+            alpha: alpha as f32,
+            lda: b.cols as i32,
+            ldb: a.cols as i32,
+            beta: beta as f32,
+            ldc: n as i32,
+        };
+        // SAFETY: the leading dimensions and sizes above describe the three buffers exactly.
+        unsafe { self.blas.gemm(cfg, &b.data, &a.data, &mut c.data) }.expect("cuBLAS sgemm");
+    }
+
+    fn spmm(&self, s: &DSparse, vals: &DMat, transpose: bool, x: &DMat, beta: f64, out: &mut DMat) {
+        assert_eq!(vals.rows, s.nnz, "one value per stored entry");
+        let (rows, inner) = if transpose { (s.cols, s.rows) } else { (s.rows, s.cols) };
+        assert_eq!(x.rows, inner, "spmm: x rows");
+        assert_eq!((out.rows, out.cols), (rows, x.cols), "spmm: output shape");
+        if rows == 0 || x.cols == 0 {
+            return;
+        }
+        let (ptr, idx) = if transpose { (&s.t_row_ptr, &s.t_col_idx) } else { (&s.row_ptr, &s.col_idx) };
+        let has_perm = transpose as i32;
+        let perm = if transpose { &s.t_perm } else { &self.dummy_u64 };
+        let (vc, d, r64, beta) = (vals.cols as i32, x.cols as i32, rows as i64, beta as f32);
+        let mut l = self.stream.launch_builder(self.func("spmm"));
+        l.arg(ptr).arg(idx).arg(perm).arg(&has_perm).arg(&vals.data).arg(&vc).arg(&x.data).arg(&d);
+        l.arg(&mut out.data).arg(&r64).arg(&beta);
+        // SAFETY: the structure's indices are below x's rows (checked when it was built).
+        unsafe { l.launch(warps(rows)) }.expect("CUDA spmm");
+    }
+
+    fn sddmm(&self, s: &DSparse, a: &DMat, b: &DMat, out: &mut DMat) {
+        assert_eq!(out.rows, s.nnz, "sddmm: one output row per entry");
+        assert_eq!((a.rows, b.rows, a.cols), (s.rows, s.cols, b.cols), "sddmm: operand shapes");
+        if s.rows == 0 {
+            return;
+        }
+        let (r64, w, k) = (s.rows as i64, a.cols as i32, out.cols as i32);
+        let mut l = self.stream.launch_builder(self.func("sddmm"));
+        l.arg(&s.row_ptr).arg(&s.col_idx).arg(&r64).arg(&a.data).arg(&b.data).arg(&w).arg(&k).arg(&mut out.data);
+        // SAFETY: shapes checked above.
+        unsafe { l.launch(warps(s.rows)) }.expect("CUDA sddmm");
+    }
+
+    fn head_dots(&self, z: &DMat, att: &DMat, out: &mut DMat) {
+        let (k, f) = (att.rows, att.cols);
+        assert_eq!((z.cols, out.cols, out.rows), (k * f, k, z.rows), "head_dots shapes");
+        let (n, k32, f32_) = (z.rows as i64, k as i32, f as i32);
+        let mut l = self.stream.launch_builder(self.func("head_dots"));
+        l.arg(&z.data).arg(&att.data).arg(&n).arg(&k32).arg(&f32_).arg(&mut out.data);
+        // SAFETY: shapes checked above.
+        unsafe { l.launch(grid(z.rows * k)) }.expect("CUDA head_dots");
+    }
+
+    fn head_dots_backward(&self, z: &DMat, att: &DMat, ds: &DMat, dz: &mut DMat, datt: &mut DMat) {
+        let (k, f) = (att.rows, att.cols);
+        assert_eq!((ds.rows, ds.cols, dz.rows, dz.cols), (z.rows, k, z.rows, k * f), "head_dots_backward shapes");
+        let (n, k32, f32_) = (z.rows as i64, k as i32, f as i32);
+        let mut l = self.stream.launch_builder(self.func("head_dots_dz"));
+        l.arg(&att.data).arg(&ds.data).arg(&n).arg(&k32).arg(&f32_).arg(&mut dz.data);
+        // SAFETY: shapes checked above.
+        unsafe { l.launch(grid(z.rows * k * f)) }.expect("CUDA head_dots_dz");
+        self.col_reduce(&z.data, Some(&ds.data), None, z.rows, k * f, f, 1, 1.0, &mut datt.data);
+    }
+
+    fn edge_softmax(&self, s: &DSparse, src: &DMat, dst: &DMat, slope: f64, out: &mut DMat) {
+        let k = out.cols;
+        assert_eq!((out.rows, src.cols, dst.cols), (s.nnz, k, k), "edge_softmax shapes");
+        let (r64, k32, sl) = (s.rows as i64, k as i32, slope as f32);
+        let mut l = self.stream.launch_builder(self.func("edge_softmax"));
+        l.arg(&s.row_ptr).arg(&s.col_idx).arg(&r64).arg(&src.data).arg(&dst.data).arg(&k32).arg(&sl);
+        l.arg(&mut out.data);
+        // SAFETY: shapes checked above.
+        unsafe { l.launch(grid(s.rows * k)) }.expect("CUDA edge_softmax");
+    }
+
+    fn edge_softmax_backward(
+        &self,
+        s: &DSparse,
+        src: &DMat,
+        dst: &DMat,
+        slope: f64,
+        alpha: &DMat,
+        dalpha: &DMat,
+        dpre: &mut DMat,
+    ) {
+        let k = alpha.cols;
+        let (r64, k32, sl) = (s.rows as i64, k as i32, slope as f32);
+        let mut l = self.stream.launch_builder(self.func("edge_softmax_backward"));
+        l.arg(&s.row_ptr).arg(&s.col_idx).arg(&r64).arg(&src.data).arg(&dst.data).arg(&k32).arg(&sl);
+        l.arg(&alpha.data).arg(&dalpha.data).arg(&mut dpre.data);
+        // SAFETY: shapes as in edge_softmax.
+        unsafe { l.launch(grid(s.rows * k)) }.expect("CUDA edge_softmax_backward");
+    }
+
+    fn edge_dropout(&self, s: &DSparse, key: MaskKey, p: f64, vals: &mut DMat) {
+        assert!((0.0..1.0).contains(&p), "dropout probability {p} outside [0, 1)");
+        if p == 0.0 || s.rows == 0 {
+            return;
+        }
+        let (r64, k, t, scale) = (s.rows as i64, vals.cols as i32, thr(p), (1.0 / (1.0 - p)) as f32);
+        let (rids, cids, has) = match &s.ids {
+            Some((r, c)) => (r, c, 1i32),
+            None => (&self.dummy_u32, &self.dummy_u32, 0),
+        };
+        let mut l = self.stream.launch_builder(self.func("edge_dropout"));
+        l.arg(&s.row_ptr).arg(&s.col_idx).arg(&r64).arg(rids).arg(cids).arg(&has).arg(&mut vals.data).arg(&k);
+        l.arg(&key.seed).arg(&key.epoch).arg(&key.site).arg(&t).arg(&scale);
+        // SAFETY: vals has nnz × k entries.
+        unsafe { l.launch(warps(s.rows)) }.expect("CUDA edge_dropout");
+    }
+
+    fn gather_rows(&self, x: &DMat, idx: &[u32], out: &mut DMat) {
+        assert_eq!((out.rows, out.cols), (idx.len(), x.cols), "gather: output shape");
+        if idx.is_empty() || x.cols == 0 {
+            return;
+        }
+        let di = self.upload_slice(idx);
+        let (n, d) = (idx.len() as i64, x.cols as i32);
+        let mut l = self.stream.launch_builder(self.func("gather_rows"));
+        l.arg(&x.data).arg(&di).arg(&n).arg(&d).arg(&mut out.data);
+        // SAFETY: indices are rows of x (the callers' contract).
+        unsafe { l.launch(grid(idx.len() * x.cols)) }.expect("CUDA gather_rows");
+    }
+
+    fn scatter_add_rows(&self, src: &DMat, idx: &[u32], out: &mut DMat) {
+        assert_eq!((src.rows, src.cols), (idx.len(), out.cols), "scatter-add: input shape");
+        if idx.is_empty() || src.cols == 0 {
+            return;
+        }
+        assert!(idx.iter().all(|&i| (i as usize) < out.rows), "scatter-add: row out of range");
+        let di = self.upload_slice(idx);
+        let (n, d) = (idx.len() as i64, src.cols as i32);
+        let mut l = self.stream.launch_builder(self.func("scatter_add_rows"));
+        l.arg(&src.data).arg(&di).arg(&n).arg(&d).arg(&mut out.data);
+        // SAFETY: indices checked above.
+        unsafe { l.launch(grid(idx.len() * src.cols)) }.expect("CUDA scatter_add_rows");
+    }
+
+    fn unary(&self, op: Unary, x: &mut DMat) {
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return;
+        }
+        let (code, s) = match op {
+            Unary::Relu => (0i32, 0.0f32),
+            Unary::Scale(s) => (1, s as f32),
+        };
+        let n64 = n as i64;
+        let mut l = self.stream.launch_builder(self.func("unary"));
+        l.arg(&mut x.data).arg(&n64).arg(&code).arg(&s);
+        // SAFETY: n elements.
+        unsafe { l.launch(grid(n)) }.expect("CUDA unary");
+    }
+
+    fn binary(&self, op: Binary, a: &DMat, b: &mut DMat) {
+        assert_eq!((a.rows, a.cols), (b.rows, b.cols), "element-wise op on different shapes");
+        let n = a.rows * a.cols;
+        if n == 0 {
+            return;
+        }
+        let code = match op {
+            Binary::Add => 0i32,
+            Binary::ReluGrad => 1,
+        };
+        let n64 = n as i64;
+        let mut l = self.stream.launch_builder(self.func("binary"));
+        l.arg(&a.data).arg(&mut b.data).arg(&n64).arg(&code);
+        // SAFETY: n elements in both.
+        unsafe { l.launch(grid(n)) }.expect("CUDA binary");
+    }
+
+    fn add_row(&self, row: &DMat, x: &mut DMat) {
+        assert_eq!((row.rows, row.cols), (1, x.cols), "bias shape");
+        let n = x.rows * x.cols;
+        if n == 0 {
+            return;
+        }
+        let (r, d) = (x.rows as i64, x.cols as i32);
+        let mut l = self.stream.launch_builder(self.func("add_row"));
+        l.arg(&row.data).arg(&mut x.data).arg(&r).arg(&d);
+        // SAFETY: shapes checked above.
+        unsafe { l.launch(grid(n)) }.expect("CUDA add_row");
+    }
+
+    fn col_sums(&self, x: &DMat, beta: f64, out: &mut DMat) {
+        assert_eq!((out.rows, out.cols), (1, x.cols), "column-sum shape");
+        self.col_reduce(&x.data, None, None, x.rows, x.cols, 1, 0, beta as f32, &mut out.data);
+    }
+
+    fn dropout(&self, key: MaskKey, p: f64, ids: Option<&[u32]>, x: &mut DMat) {
+        assert!((0.0..1.0).contains(&p), "dropout probability {p} outside [0, 1)");
+        let n = x.rows * x.cols;
+        if p == 0.0 || n == 0 {
+            return;
+        }
+        if let Some(ids) = ids {
+            assert_eq!(ids.len(), x.rows, "one node id per row");
+        }
+        let d_ids = ids.map(|i| self.upload_slice(i));
+        let has = d_ids.is_some() as i32;
+        let (r, c, t, scale) = (x.rows as i64, x.cols as i32, thr(p), (1.0 / (1.0 - p)) as f32);
+        let mut l = self.stream.launch_builder(self.func("dropout"));
+        l.arg(&mut x.data).arg(&r).arg(&c).arg(d_ids.as_ref().unwrap_or(&self.dummy_u32)).arg(&has);
+        l.arg(&key.seed).arg(&key.epoch).arg(&key.site).arg(&t).arg(&scale);
+        // SAFETY: n elements; ids has one entry per row when given.
+        unsafe { l.launch(grid(n)) }.expect("CUDA dropout");
+    }
+
+    fn layer_norm(&self, x: &DMat, gamma: &DMat, beta: &DMat, eps: f64, y: &mut DMat, stats: &mut DMat) {
+        assert_eq!((stats.rows, stats.cols), (x.rows, 2), "LayerNorm stats are rows × 2");
+        if x.rows == 0 {
+            return;
+        }
+        let (n, d, e) = (x.rows as i64, x.cols as i32, eps as f32);
+        let mut l = self.stream.launch_builder(self.func("layer_norm"));
+        l.arg(&x.data).arg(&gamma.data).arg(&beta.data).arg(&n).arg(&d).arg(&e).arg(&mut y.data);
+        l.arg(&mut stats.data);
+        // SAFETY: shapes checked above.
+        unsafe { l.launch(warps(x.rows)) }.expect("CUDA layer_norm");
+    }
+
+    fn layer_norm_backward(
+        &self,
+        x: &DMat,
+        gamma: &DMat,
+        stats: &DMat,
+        dy: &DMat,
+        dx: &mut DMat,
+        dgamma: &mut DMat,
+        dbeta: &mut DMat,
+    ) {
+        if x.rows == 0 {
+            return;
+        }
+        let (n, d) = (x.rows as i64, x.cols as i32);
+        let mut l = self.stream.launch_builder(self.func("layer_norm_dx"));
+        l.arg(&x.data).arg(&gamma.data).arg(&stats.data).arg(&dy.data).arg(&n).arg(&d).arg(&mut dx.data);
+        // SAFETY: shapes as in layer_norm.
+        unsafe { l.launch(warps(x.rows)) }.expect("CUDA layer_norm_dx");
+        self.col_reduce(&dy.data, Some(&x.data), Some(&stats.data), x.rows, x.cols, 1, 2, 1.0, &mut dgamma.data);
+        self.col_reduce(&dy.data, None, None, x.rows, x.cols, 1, 0, 1.0, &mut dbeta.data);
+    }
+
+    fn cross_entropy(&self, logits: &DMat, labels: &[i32], rows: &[u32], scale: f64, grad: &mut DMat) -> (f64, usize) {
+        let c = logits.cols;
+        assert_eq!(labels.len(), logits.rows, "one label per row");
+        for &r in rows {
+            let y = labels[r as usize];
+            assert!(y >= 0 && (y as usize) < c, "row {r} has label {y}, outside 0..{c}");
+        }
+        if rows.is_empty() {
+            return (0.0, 0);
+        }
+        let (dl, dr) = (self.upload_slice(labels), self.upload_slice(rows));
+        let mut loss = self.stream.alloc_zeros::<f32>(rows.len()).expect("CUDA alloc");
+        let mut ok = self.stream.alloc_zeros::<i32>(rows.len()).expect("CUDA alloc");
+        let (m, c32, s) = (rows.len() as i64, c as i32, scale as f32);
+        let mut l = self.stream.launch_builder(self.func("cross_entropy"));
+        l.arg(&logits.data).arg(&dl).arg(&dr).arg(&m).arg(&c32).arg(&s).arg(&mut grad.data).arg(&mut loss);
+        l.arg(&mut ok);
+        // SAFETY: rows index logits; labels checked above.
+        unsafe { l.launch(grid(rows.len())) }.expect("CUDA cross_entropy");
+        let loss = self.stream.clone_dtoh(&loss).expect("CUDA download");
+        let ok = self.stream.clone_dtoh(&ok).expect("CUDA download");
+        (loss.iter().map(|&x| x as f64).sum(), ok.iter().filter(|&&o| o != 0).count())
+    }
+
+    fn step(&self, rule: StepRule, p: &mut DMat, g: &DMat, s1: &mut DMat, s2: &mut DMat) {
+        let n = p.rows * p.cols;
+        assert_eq!(n, g.rows * g.cols, "parameter and gradient shapes differ");
+        let n64 = n as i64;
+        match rule {
+            StepRule::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, t } => {
+                let bc1 = (1.0 - beta1.powi(t as i32)) as f32;
+                let bc2 = (1.0 - beta2.powi(t as i32)) as f32;
+                let (lr, b1, b2, eps, wd, dec) =
+                    (lr as f32, beta1 as f32, beta2 as f32, eps as f32, weight_decay as f32, decoupled as i32);
+                let mut l = self.stream.launch_builder(self.func("adam"));
+                l.arg(&mut p.data).arg(&g.data).arg(&mut s1.data).arg(&mut s2.data).arg(&n64).arg(&lr);
+                l.arg(&b1).arg(&b2).arg(&eps).arg(&wd).arg(&dec).arg(&bc1).arg(&bc2);
+                // SAFETY: four buffers of n elements.
+                unsafe { l.launch(grid(n)) }.expect("CUDA adam");
+            }
+            StepRule::Sgd { lr, momentum, weight_decay, first } => {
+                let (lr, mo, wd, first) = (lr as f32, momentum as f32, weight_decay as f32, first as i32);
+                let mut l = self.stream.launch_builder(self.func("sgd"));
+                l.arg(&mut p.data).arg(&g.data).arg(&mut s1.data).arg(&n64).arg(&lr).arg(&mo).arg(&wd).arg(&first);
+                // SAFETY: three buffers of n elements.
+                unsafe { l.launch(grid(n)) }.expect("CUDA sgd");
+            }
+        }
+    }
+
+    fn count_correct(&self, logits: &DMat, labels: &[i32], rows: &[u32]) -> usize {
+        if rows.is_empty() {
+            return 0;
+        }
+        let (dl, dr) = (self.upload_slice(labels), self.upload_slice(rows));
+        let mut ok = self.stream.alloc_zeros::<i32>(rows.len()).expect("CUDA alloc");
+        let (m, c) = (rows.len() as i64, logits.cols as i32);
+        let mut l = self.stream.launch_builder(self.func("count_correct"));
+        l.arg(&logits.data).arg(&dl).arg(&dr).arg(&m).arg(&c).arg(&mut ok);
+        // SAFETY: rows index logits.
+        unsafe { l.launch(grid(rows.len())) }.expect("CUDA count_correct");
+        self.stream.clone_dtoh(&ok).expect("CUDA download").iter().filter(|&&o| o != 0).count()
+    }
+}

@@ -1,0 +1,256 @@
+//! The CUDA backend against the CPU backend: every Backend operation on random data, and whole
+//! models' losses and parameter gradients. These tests need a GPU: on a machine without one
+//! (CI) each prints that it was skipped and passes; they run on the GPU machine (see README,
+//! "GPU tests").
+
+use grinnder_cuda::Cuda;
+use grinnder_graph::generate::{generate, preset, GenConfig};
+use grinnder_graph::rng::Stream;
+use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm};
+use grinnder_tensor::{Backend, Binary, Cpu, MaskKey, Mat, SparseMatrix, StepRule, Unary};
+
+fn gpu() -> Option<Cuda> {
+    match Cuda::new(0) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+fn random(rows: usize, cols: usize, seed: u64) -> Mat<f32> {
+    let mut s = Stream::new(&[seed, 77]);
+    Mat::from_vec(rows, cols, (0..rows * cols).map(|_| s.normal() as f32).collect())
+}
+
+fn random_sparse(rows: usize, cols: usize, per_row: usize, seed: u64) -> SparseMatrix {
+    let mut s = Stream::new(&[seed, 78]);
+    let mut row_ptr = vec![0u64];
+    let mut col_idx = Vec::new();
+    for _ in 0..rows {
+        let mut c: Vec<u32> = (0..per_row).map(|_| s.below(cols as u64) as u32).collect();
+        c.sort_unstable();
+        c.dedup();
+        col_idx.extend(c);
+        row_ptr.push(col_idx.len() as u64);
+    }
+    SparseMatrix::new(rows, cols, row_ptr, col_idx)
+}
+
+/// `max |a − b| / max |b|` (the tensor's largest deviation relative to its scale).
+fn rel(a: &Mat<f32>, b: &Mat<f32>) -> f64 {
+    assert_eq!((a.rows, a.cols), (b.rows, b.cols));
+    let scale = b.data.iter().fold(0f64, |m, &x| m.max((x as f64).abs())).max(1e-30);
+    a.data.iter().zip(&b.data).fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs())) / scale
+}
+
+const TOL: f64 = 1e-5;
+
+#[test]
+fn every_operation_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = Cpu::<f32>::new();
+    let check = |what: &str, got: &Mat<f32>, want: &Mat<f32>| {
+        let e = rel(got, want);
+        assert!(e <= TOL, "{what}: relative error {e:.3e}");
+    };
+    // gemm in all four transpose combinations, accumulating
+    let (a, b0) = (random(37, 53, 1), random(53, 29, 2));
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = if ta { random(53, 37, 3) } else { a.clone() };
+        let b = if tb { random(29, 53, 4) } else { b0.clone() };
+        let c0 = random(37, 29, 5);
+        let (mut want, mut got) = (c0.clone(), g.upload(&c0));
+        c.gemm(0.7, &a, ta, &b, tb, 1.0, &mut want);
+        g.gemm(0.7, &g.upload(&a), ta, &g.upload(&b), tb, 1.0, &mut got);
+        check(&format!("gemm {ta} {tb}"), &g.download(&got), &want);
+    }
+    // spmm forward and transposed, one and several value columns
+    let s = random_sparse(300, 200, 9, 6);
+    let (cs, gs) = (c.sparse(&s), g.sparse(&s));
+    for k in [1, 4] {
+        let vals = random(s.nnz(), k, 7);
+        for transpose in [false, true] {
+            let (rows, inner) = if transpose { (200, 300) } else { (300, 200) };
+            let x = random(inner, 64, 8);
+            let o0 = random(rows, 64, 9);
+            let (mut want, mut got) = (o0.clone(), g.upload(&o0));
+            c.spmm(&cs, &vals, transpose, &x, 0.5, &mut want);
+            g.spmm(&gs, &g.upload(&vals), transpose, &g.upload(&x), 0.5, &mut got);
+            check(&format!("spmm k={k} transpose={transpose}"), &g.download(&got), &want);
+        }
+    }
+    // attention pieces
+    let (k, f) = (4, 16);
+    let (za, zb) = (random(300, k * f, 10), random(200, k * f, 11));
+    let (mut want, mut got) = (Mat::zeros(s.nnz(), k), g.zeros(s.nnz(), k));
+    c.sddmm(&cs, &za, &zb, &mut want);
+    g.sddmm(&gs, &g.upload(&za), &g.upload(&zb), &mut got);
+    check("sddmm", &g.download(&got), &want);
+    let att = random(k, f, 12);
+    let (mut want, mut got) = (Mat::zeros(200, k), g.zeros(200, k));
+    c.head_dots(&zb, &att, &mut want);
+    g.head_dots(&g.upload(&zb), &g.upload(&att), &mut got);
+    check("head_dots", &g.download(&got), &want);
+    let ds = random(200, k, 13);
+    let (mut dz_w, mut datt_w) = (random(200, k * f, 14), random(k, f, 15));
+    let (mut dz_g, mut datt_g) = (g.upload(&dz_w), g.upload(&datt_w));
+    c.head_dots_backward(&zb, &att, &ds, &mut dz_w, &mut datt_w);
+    g.head_dots_backward(&g.upload(&zb), &g.upload(&att), &g.upload(&ds), &mut dz_g, &mut datt_g);
+    check("head_dots_backward dz", &g.download(&dz_g), &dz_w);
+    check("head_dots_backward datt", &g.download(&datt_g), &datt_w);
+    let (src, dst) = (random(200, k, 16), random(300, k, 17));
+    let (mut want, mut got) = (Mat::zeros(s.nnz(), k), g.zeros(s.nnz(), k));
+    c.edge_softmax(&cs, &src, &dst, 0.2, &mut want);
+    g.edge_softmax(&gs, &g.upload(&src), &g.upload(&dst), 0.2, &mut got);
+    check("edge_softmax", &g.download(&got), &want);
+    let dalpha = random(s.nnz(), k, 18);
+    let (mut want2, mut got2) = (Mat::zeros(s.nnz(), k), g.zeros(s.nnz(), k));
+    c.edge_softmax_backward(&cs, &src, &dst, 0.2, &want, &dalpha, &mut want2);
+    g.edge_softmax_backward(&gs, &g.upload(&src), &g.upload(&dst), 0.2, &got, &g.upload(&dalpha), &mut got2);
+    check("edge_softmax_backward", &g.download(&got2), &want2);
+    // dropout masks are bit-identical, with and without node ids
+    let key = MaskKey { seed: 3, epoch: 5, site: 7 };
+    let x = random(300, 37, 19);
+    let ids: Vec<u32> = (0..300).map(|i| (i * 7919 % 1000) as u32).collect();
+    for ids in [None, Some(&ids[..])] {
+        let (mut want, mut got) = (x.clone(), g.upload(&x));
+        c.dropout(key, 0.3, ids, &mut want);
+        g.dropout(key, 0.3, ids, &mut got);
+        assert_eq!(g.download(&got).data, want.data, "dropout masks differ");
+    }
+    let sid = s.clone().with_ids((0..300).map(|i| i * 3 + 1).collect(), (0..200).map(|i| i * 5 + 2).collect());
+    for sp in [&s, &sid] {
+        let vals = random(sp.nnz(), 4, 20);
+        let (mut want, mut got) = (vals.clone(), g.upload(&vals));
+        c.edge_dropout(&c.sparse(sp), key, 0.25, &mut want);
+        g.edge_dropout(&g.sparse(sp), key, 0.25, &mut got);
+        assert_eq!(g.download(&got).data, want.data, "edge dropout masks differ");
+    }
+    // rows, element-wise ops, bias, column sums
+    let idx: Vec<u32> = vec![5, 0, 299, 5, 17];
+    let (mut want, mut got) = (Mat::zeros(5, 37), g.zeros(5, 37));
+    c.gather_rows(&x, &idx, &mut want);
+    g.gather_rows(&g.upload(&x), &idx, &mut got);
+    check("gather_rows", &g.download(&got), &want);
+    let src5 = random(5, 37, 21);
+    let (mut want, mut got) = (x.clone(), g.upload(&x));
+    c.scatter_add_rows(&src5, &idx, &mut want);
+    g.scatter_add_rows(&g.upload(&src5), &idx, &mut got);
+    check("scatter_add_rows", &g.download(&got), &want);
+    for op in [Unary::Relu, Unary::Scale(-1.5)] {
+        let (mut want, mut got) = (x.clone(), g.upload(&x));
+        c.unary(op, &mut want);
+        g.unary(op, &mut got);
+        check(&format!("{op:?}"), &g.download(&got), &want);
+    }
+    let y = random(300, 37, 22);
+    for op in [Binary::Add, Binary::ReluGrad] {
+        let (mut want, mut got) = (y.clone(), g.upload(&y));
+        c.binary(op, &x, &mut want);
+        g.binary(op, &g.upload(&x), &mut got);
+        check(&format!("{op:?}"), &g.download(&got), &want);
+    }
+    let bias = random(1, 37, 23);
+    let (mut want, mut got) = (x.clone(), g.upload(&x));
+    c.add_row(&bias, &mut want);
+    g.add_row(&g.upload(&bias), &mut got);
+    check("add_row", &g.download(&got), &want);
+    let big = random(10_000, 37, 24);
+    let (mut want, mut got) = (bias.clone(), g.upload(&bias));
+    c.col_sums(&big, 1.0, &mut want);
+    g.col_sums(&g.upload(&big), 1.0, &mut got);
+    check("col_sums", &g.download(&got), &want);
+    // LayerNorm forward and backward
+    let (gamma, beta) = (random(1, 37, 25), random(1, 37, 26));
+    let (mut yw, mut sw) = (Mat::zeros(10_000, 37), Mat::zeros(10_000, 2));
+    let (mut yg, mut sg) = (g.zeros(10_000, 37), g.zeros(10_000, 2));
+    c.layer_norm(&big, &gamma, &beta, 1e-5, &mut yw, &mut sw);
+    g.layer_norm(&g.upload(&big), &g.upload(&gamma), &g.upload(&beta), 1e-5, &mut yg, &mut sg);
+    check("layer_norm", &g.download(&yg), &yw);
+    let dy = random(10_000, 37, 27);
+    let (mut dxw, mut dgw, mut dbw) = (Mat::zeros(10_000, 37), Mat::zeros(1, 37), Mat::zeros(1, 37));
+    let (mut dxg, mut dgg, mut dbg) = (g.zeros(10_000, 37), g.zeros(1, 37), g.zeros(1, 37));
+    c.layer_norm_backward(&big, &gamma, &sw, &dy, &mut dxw, &mut dgw, &mut dbw);
+    g.layer_norm_backward(&g.upload(&big), &g.upload(&gamma), &sg, &g.upload(&dy), &mut dxg, &mut dgg, &mut dbg);
+    check("layer_norm dx", &g.download(&dxg), &dxw);
+    check("layer_norm dgamma", &g.download(&dgg), &dgw);
+    check("layer_norm dbeta", &g.download(&dbg), &dbw);
+    // loss, accuracy, optimizer steps
+    let logits = random(300, 7, 28);
+    let labels: Vec<i32> = (0..300).map(|i| (i * 13 % 7) as i32).collect();
+    let rows: Vec<u32> = (0..300).step_by(3).collect();
+    let (mut gw, mut gg) = (Mat::zeros(300, 7), g.zeros(300, 7));
+    let (lw, cw) = c.cross_entropy(&logits, &labels, &rows, 0.01, &mut gw);
+    let (lg, cg) = g.cross_entropy(&g.upload(&logits), &labels, &rows, 0.01, &mut gg);
+    assert!((lw - lg).abs() <= 1e-5 * lw.abs(), "loss {lg} vs {lw}");
+    assert_eq!(cw, cg);
+    check("cross_entropy grad", &g.download(&gg), &gw);
+    assert_eq!(c.count_correct(&logits, &labels, &rows), g.count_correct(&g.upload(&logits), &labels, &rows));
+    let rules = [
+        StepRule::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 5e-4, decoupled: false, t: 3 },
+        StepRule::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, decoupled: true, t: 1 },
+        StepRule::Sgd { lr: 0.1, momentum: 0.9, weight_decay: 5e-4, first: false },
+    ];
+    for rule in rules {
+        let (p, gr, m, v) = (random(20, 30, 29), random(20, 30, 30), random(20, 30, 31), random(20, 30, 32));
+        let v = Mat::from_vec(20, 30, v.data.iter().map(|x| x.abs()).collect());
+        let (mut pw, mut mw, mut vw) = (p.clone(), m.clone(), v.clone());
+        let (mut pg, mut mg, mut vg) = (g.upload(&p), g.upload(&m), g.upload(&v));
+        c.step(rule, &mut pw, &gr, &mut mw, &mut vw);
+        g.step(rule, &mut pg, &g.upload(&gr), &mut mg, &mut vg);
+        check(&format!("{rule:?} parameters"), &g.download(&pg), &pw);
+        check(&format!("{rule:?} first moment"), &g.download(&mg), &mw);
+    }
+}
+
+#[test]
+fn models_give_the_cpu_gradients() {
+    let Some(g) = gpu() else { return };
+    let c = Cpu::<f32>::new();
+    let ds = generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
+    let x = Mat::from_vec(ds.num_nodes(), ds.features.dim, ds.features.data.to_vec());
+    let n = ds.splits.train.len() as f64;
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+        let cfg = ModelConfig {
+            kind,
+            layers: 3,
+            hidden: 32,
+            dropout: 0.3,
+            input_dropout: 0.1,
+            norm: Norm::Layer,
+            residual: true,
+            heads: 2,
+            attn_dropout: 0.2,
+            seed: 5,
+        };
+        let run = |b: &dyn Fn() -> (f64, Vec<(String, Mat<f32>)>)| b();
+        let cpu = run(&|| {
+            let gr = Graph::new(&c, &ds.graph);
+            let mut m = Model::init(&c, cfg.clone(), ds.features.dim, ds.num_classes as usize);
+            m.prepare(&c, &gr, &x);
+            let (logits, tape) = m.forward(&c, &gr, &x, true, 2);
+            let mut dl = c.zeros(logits.rows, logits.cols);
+            let (loss, _) = c.cross_entropy(&logits, &ds.labels, &ds.splits.train, 1.0 / n, &mut dl);
+            m.backward(&c, &gr, &x, tape, dl);
+            (loss, m.params_mut().into_iter().map(|p| (p.name.clone(), c.download(&p.grad))).collect())
+        });
+        let gpu_run = {
+            let gr = Graph::new(&g, &ds.graph);
+            let xg = g.upload(&x);
+            let mut m = Model::init(&g, cfg.clone(), ds.features.dim, ds.num_classes as usize);
+            m.prepare(&g, &gr, &xg);
+            let (logits, tape) = m.forward(&g, &gr, &xg, true, 2);
+            let mut dl = g.zeros(logits.rows, logits.cols);
+            let (loss, _) = g.cross_entropy(&logits, &ds.labels, &ds.splits.train, 1.0 / n, &mut dl);
+            m.backward(&g, &gr, &xg, tape, dl);
+            (loss, m.params_mut().into_iter().map(|p| (p.name.clone(), g.download(&p.grad))).collect::<Vec<_>>())
+        };
+        assert!((cpu.0 - gpu_run.0).abs() <= 1e-5 * cpu.0, "{kind:?}: loss {} vs {}", gpu_run.0, cpu.0);
+        for ((name, a), (_, b)) in gpu_run.1.iter().zip(&cpu.1) {
+            let e = rel(a, b);
+            assert!(e <= 1e-4, "{kind:?} {name}: relative error {e:.3e}");
+        }
+    }
+}
