@@ -505,7 +505,8 @@ impl TrainArgs {
             },
             precision: pick!(precision, PrecisionArg::F32),
             device: {
-                let d = Device::parse(&f.device.clone().or(file.device.clone()).unwrap_or_else(|| "cpu".into()))?;
+                let d =
+                    Device::parse(&f.device.clone().or(file.device.clone()).unwrap_or_else(|| "cpu".into()))?;
                 if d != Device::Cpu {
                     anyhow::ensure!(
                         pick!(precision, PrecisionArg::F32) == PrecisionArg::F32,

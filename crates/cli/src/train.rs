@@ -39,8 +39,12 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             let gpu = grinnder_cuda::Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
             run_on(&gpu, &ds, &plan, &mut metrics_file, &mut history)?
         }
-        (Device::Cpu, PrecisionArg::F32) => run_on(&Cpu::<f32>::new(), &ds, &plan, &mut metrics_file, &mut history)?,
-        (Device::Cpu, PrecisionArg::F64) => run_on(&Cpu::<f64>::new(), &ds, &plan, &mut metrics_file, &mut history)?,
+        (Device::Cpu, PrecisionArg::F32) => {
+            run_on(&Cpu::<f32>::new(), &ds, &plan, &mut metrics_file, &mut history)?
+        }
+        (Device::Cpu, PrecisionArg::F64) => {
+            run_on(&Cpu::<f64>::new(), &ds, &plan, &mut metrics_file, &mut history)?
+        }
     };
     if let Some(f) = metrics_file.as_mut() {
         let mut v = serde_json::to_value(&summary)?;

@@ -71,7 +71,10 @@ extern "C" __global__ void edge_dropout(const u64* ptr, const u32* idx, i64 rows
 
 // ---- sparse ----
 
-// out[r, :] = beta · out[r, :] + Σ_e vals[e, head(col)] · x[idx[e], :]; one warp per row
+// out[r, :] = beta · out[r, :] + Σ_e vals[e, head(col)] · x[idx[e], :]; one warp per row.
+// Columns go in tiles of 256 (8 per lane, in registers), so each entry's index and value are
+// read once per tile rather than once per column.
+#define SPMM_PER_LANE 8
 extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u64* perm, int has_perm,
                                 const float* vals, int vc, const float* x, int d, float* out, i64 rows,
                                 float beta) {
@@ -80,14 +83,24 @@ extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u64* perm,
     if (r >= rows) return;
     u64 s = ptr[r], e = ptr[r + 1];
     int f = d / vc;
-    for (int c = lane; c < d; c += 32) {
-        float acc = beta == 0.0f ? 0.0f : beta * out[r * d + c];
-        int h = c / f;
+    for (int c0 = 0; c0 < d; c0 += 32 * SPMM_PER_LANE) {
+        float acc[SPMM_PER_LANE];
+#pragma unroll
+        for (int i = 0; i < SPMM_PER_LANE; ++i) acc[i] = 0.0f;
         for (u64 k = s; k < e; ++k) {
             u64 ent = has_perm ? perm[k] : k;
-            acc += vals[ent * vc + h] * x[(u64)idx[k] * d + c];
+            const float* xr = x + (u64)idx[k] * d;
+#pragma unroll
+            for (int i = 0; i < SPMM_PER_LANE; ++i) {
+                int c = c0 + i * 32 + lane;
+                if (c < d) acc[i] += vals[ent * vc + (vc == 1 ? 0 : c / f)] * xr[c];
+            }
         }
-        out[r * d + c] = acc;
+#pragma unroll
+        for (int i = 0; i < SPMM_PER_LANE; ++i) {
+            int c = c0 + i * 32 + lane;
+            if (c < d) out[r * d + c] = (beta == 0.0f ? 0.0f : beta * out[r * d + c]) + acc[i];
+        }
     }
 }
 

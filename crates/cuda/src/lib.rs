@@ -12,7 +12,9 @@
 use std::sync::Arc;
 
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use grinnder_tensor::{Backend, Binary, MaskKey, Mat, SparseMatrix, StepRule, Unary};
 
@@ -162,11 +164,6 @@ impl Cuda {
         &self.k.f[name]
     }
 
-    /// Waits for all queued work.
-    pub fn synchronize(&self) {
-        self.stream.synchronize().expect("CUDA synchronize");
-    }
-
     /// Free and total device memory in bytes.
     pub fn mem_info(&self) -> (usize, usize) {
         self.ctx.mem_get_info().expect("CUDA memory info")
@@ -263,6 +260,10 @@ impl Backend for Cuda {
         DMat { rows, cols, data: self.stream.alloc_zeros::<f32>((rows * cols).max(1)).expect("CUDA alloc") }
     }
 
+    fn synchronize(&self) {
+        self.stream.synchronize().expect("CUDA synchronize");
+    }
+
     fn dims(&self, m: &DMat) -> (usize, usize) {
         (m.rows, m.cols)
     }
@@ -332,7 +333,14 @@ impl Backend for Cuda {
         }
         let (r64, w, k) = (s.rows as i64, a.cols as i32, out.cols as i32);
         let mut l = self.stream.launch_builder(self.func("sddmm"));
-        l.arg(&s.row_ptr).arg(&s.col_idx).arg(&r64).arg(&a.data).arg(&b.data).arg(&w).arg(&k).arg(&mut out.data);
+        l.arg(&s.row_ptr)
+            .arg(&s.col_idx)
+            .arg(&r64)
+            .arg(&a.data)
+            .arg(&b.data)
+            .arg(&w)
+            .arg(&k)
+            .arg(&mut out.data);
         // SAFETY: shapes checked above.
         unsafe { l.launch(warps(s.rows)) }.expect("CUDA sddmm");
     }
@@ -349,7 +357,11 @@ impl Backend for Cuda {
 
     fn head_dots_backward(&self, z: &DMat, att: &DMat, ds: &DMat, dz: &mut DMat, datt: &mut DMat) {
         let (k, f) = (att.rows, att.cols);
-        assert_eq!((ds.rows, ds.cols, dz.rows, dz.cols), (z.rows, k, z.rows, k * f), "head_dots_backward shapes");
+        assert_eq!(
+            (ds.rows, ds.cols, dz.rows, dz.cols),
+            (z.rows, k, z.rows, k * f),
+            "head_dots_backward shapes"
+        );
         let (n, k32, f32_) = (z.rows as i64, k as i32, f as i32);
         let mut l = self.stream.launch_builder(self.func("head_dots_dz"));
         l.arg(&att.data).arg(&ds.data).arg(&n).arg(&k32).arg(&f32_).arg(&mut dz.data);
@@ -533,11 +545,28 @@ impl Backend for Cuda {
         l.arg(&x.data).arg(&gamma.data).arg(&stats.data).arg(&dy.data).arg(&n).arg(&d).arg(&mut dx.data);
         // SAFETY: shapes as in layer_norm.
         unsafe { l.launch(warps(x.rows)) }.expect("CUDA layer_norm_dx");
-        self.col_reduce(&dy.data, Some(&x.data), Some(&stats.data), x.rows, x.cols, 1, 2, 1.0, &mut dgamma.data);
+        self.col_reduce(
+            &dy.data,
+            Some(&x.data),
+            Some(&stats.data),
+            x.rows,
+            x.cols,
+            1,
+            2,
+            1.0,
+            &mut dgamma.data,
+        );
         self.col_reduce(&dy.data, None, None, x.rows, x.cols, 1, 0, 1.0, &mut dbeta.data);
     }
 
-    fn cross_entropy(&self, logits: &DMat, labels: &[i32], rows: &[u32], scale: f64, grad: &mut DMat) -> (f64, usize) {
+    fn cross_entropy(
+        &self,
+        logits: &DMat,
+        labels: &[i32],
+        rows: &[u32],
+        scale: f64,
+        grad: &mut DMat,
+    ) -> (f64, usize) {
         let c = logits.cols;
         assert_eq!(labels.len(), logits.rows, "one label per row");
         for &r in rows {
@@ -569,8 +598,14 @@ impl Backend for Cuda {
             StepRule::Adam { lr, beta1, beta2, eps, weight_decay, decoupled, t } => {
                 let bc1 = (1.0 - beta1.powi(t as i32)) as f32;
                 let bc2 = (1.0 - beta2.powi(t as i32)) as f32;
-                let (lr, b1, b2, eps, wd, dec) =
-                    (lr as f32, beta1 as f32, beta2 as f32, eps as f32, weight_decay as f32, decoupled as i32);
+                let (lr, b1, b2, eps, wd, dec) = (
+                    lr as f32,
+                    beta1 as f32,
+                    beta2 as f32,
+                    eps as f32,
+                    weight_decay as f32,
+                    decoupled as i32,
+                );
                 let mut l = self.stream.launch_builder(self.func("adam"));
                 l.arg(&mut p.data).arg(&g.data).arg(&mut s1.data).arg(&mut s2.data).arg(&n64).arg(&lr);
                 l.arg(&b1).arg(&b2).arg(&eps).arg(&wd).arg(&dec).arg(&bc1).arg(&bc2);
@@ -580,7 +615,14 @@ impl Backend for Cuda {
             StepRule::Sgd { lr, momentum, weight_decay, first } => {
                 let (lr, mo, wd, first) = (lr as f32, momentum as f32, weight_decay as f32, first as i32);
                 let mut l = self.stream.launch_builder(self.func("sgd"));
-                l.arg(&mut p.data).arg(&g.data).arg(&mut s1.data).arg(&n64).arg(&lr).arg(&mo).arg(&wd).arg(&first);
+                l.arg(&mut p.data)
+                    .arg(&g.data)
+                    .arg(&mut s1.data)
+                    .arg(&n64)
+                    .arg(&lr)
+                    .arg(&mo)
+                    .arg(&wd)
+                    .arg(&first);
                 // SAFETY: three buffers of n elements.
                 unsafe { l.launch(grid(n)) }.expect("CUDA sgd");
             }

@@ -113,14 +113,15 @@ fn every_operation_matches_the_cpu() {
     // dropout masks are bit-identical, with and without node ids
     let key = MaskKey { seed: 3, epoch: 5, site: 7 };
     let x = random(300, 37, 19);
-    let ids: Vec<u32> = (0..300).map(|i| (i * 7919 % 1000) as u32).collect();
+    let ids: Vec<u32> = (0..300u32).map(|i| i * 7919 % 1000).collect();
     for ids in [None, Some(&ids[..])] {
         let (mut want, mut got) = (x.clone(), g.upload(&x));
         c.dropout(key, 0.3, ids, &mut want);
         g.dropout(key, 0.3, ids, &mut got);
         assert_eq!(g.download(&got).data, want.data, "dropout masks differ");
     }
-    let sid = s.clone().with_ids((0..300).map(|i| i * 3 + 1).collect(), (0..200).map(|i| i * 5 + 2).collect());
+    let sid =
+        s.clone().with_ids((0..300).map(|i| i * 3 + 1).collect(), (0..200).map(|i| i * 5 + 2).collect());
     for sp in [&s, &sid] {
         let vals = random(sp.nnz(), 4, 20);
         let (mut want, mut got) = (vals.clone(), g.upload(&vals));
@@ -173,13 +174,21 @@ fn every_operation_matches_the_cpu() {
     let (mut dxw, mut dgw, mut dbw) = (Mat::zeros(10_000, 37), Mat::zeros(1, 37), Mat::zeros(1, 37));
     let (mut dxg, mut dgg, mut dbg) = (g.zeros(10_000, 37), g.zeros(1, 37), g.zeros(1, 37));
     c.layer_norm_backward(&big, &gamma, &sw, &dy, &mut dxw, &mut dgw, &mut dbw);
-    g.layer_norm_backward(&g.upload(&big), &g.upload(&gamma), &sg, &g.upload(&dy), &mut dxg, &mut dgg, &mut dbg);
+    g.layer_norm_backward(
+        &g.upload(&big),
+        &g.upload(&gamma),
+        &sg,
+        &g.upload(&dy),
+        &mut dxg,
+        &mut dgg,
+        &mut dbg,
+    );
     check("layer_norm dx", &g.download(&dxg), &dxw);
     check("layer_norm dgamma", &g.download(&dgg), &dgw);
     check("layer_norm dbeta", &g.download(&dbg), &dbw);
     // loss, accuracy, optimizer steps
     let logits = random(300, 7, 28);
-    let labels: Vec<i32> = (0..300).map(|i| (i * 13 % 7) as i32).collect();
+    let labels: Vec<i32> = (0..300).map(|i| i * 13 % 7).collect();
     let rows: Vec<u32> = (0..300).step_by(3).collect();
     let (mut gw, mut gg) = (Mat::zeros(300, 7), g.zeros(300, 7));
     let (lw, cw) = c.cross_entropy(&logits, &labels, &rows, 0.01, &mut gw);
@@ -189,8 +198,24 @@ fn every_operation_matches_the_cpu() {
     check("cross_entropy grad", &g.download(&gg), &gw);
     assert_eq!(c.count_correct(&logits, &labels, &rows), g.count_correct(&g.upload(&logits), &labels, &rows));
     let rules = [
-        StepRule::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 5e-4, decoupled: false, t: 3 },
-        StepRule::Adam { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, decoupled: true, t: 1 },
+        StepRule::Adam {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 5e-4,
+            decoupled: false,
+            t: 3,
+        },
+        StepRule::Adam {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            decoupled: true,
+            t: 1,
+        },
         StepRule::Sgd { lr: 0.1, momentum: 0.9, weight_decay: 5e-4, first: false },
     ];
     for rule in rules {
@@ -209,7 +234,8 @@ fn every_operation_matches_the_cpu() {
 fn models_give_the_cpu_gradients() {
     let Some(g) = gpu() else { return };
     let c = Cpu::<f32>::new();
-    let ds = generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
+    let ds =
+        generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
     let x = Mat::from_vec(ds.num_nodes(), ds.features.dim, ds.features.data.to_vec());
     let n = ds.splits.train.len() as f64;
     for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
@@ -245,7 +271,10 @@ fn models_give_the_cpu_gradients() {
             let mut dl = g.zeros(logits.rows, logits.cols);
             let (loss, _) = g.cross_entropy(&logits, &ds.labels, &ds.splits.train, 1.0 / n, &mut dl);
             m.backward(&g, &gr, &xg, tape, dl);
-            (loss, m.params_mut().into_iter().map(|p| (p.name.clone(), g.download(&p.grad))).collect::<Vec<_>>())
+            (
+                loss,
+                m.params_mut().into_iter().map(|p| (p.name.clone(), g.download(&p.grad))).collect::<Vec<_>>(),
+            )
         };
         assert!((cpu.0 - gpu_run.0).abs() <= 1e-5 * cpu.0, "{kind:?}: loss {} vs {}", gpu_run.0, cpu.0);
         for ((name, a), (_, b)) in gpu_run.1.iter().zip(&cpu.1) {

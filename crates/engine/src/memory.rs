@@ -176,6 +176,7 @@ pub fn train<B: Backend>(
         drop(logits);
         model.backward(b, &g, &x, tape, dlogits);
         opt.step(b, model.params_mut());
+        b.synchronize();
         Ok((loss_sum, None))
     };
     let mut eval = |epoch: u64| {
@@ -219,6 +220,7 @@ pub fn train_tiered<B: Backend>(
         e.model.zero_grad(b);
         let (loss, _) = e.forward_backward(epoch)?;
         opt.step(b, e.model.params_mut());
+        b.synchronize();
         Ok((loss, Some(e.take_stats())))
     };
     let mut eval = |epoch: u64| ex.borrow_mut().evaluate(epoch);

@@ -68,6 +68,9 @@ pub trait Backend: Send + Sync + 'static {
     fn upload_owned(&self, m: Mat<Self::T>) -> Self::Mat {
         self.upload(&m)
     }
+    /// Waits for all work queued on the backend (a no-op where calls return finished): epoch
+    /// timings end here.
+    fn synchronize(&self) {}
     /// [`Backend::download`] of a matrix the caller gives up.
     fn download_owned(&self, m: Self::Mat) -> Mat<Self::T> {
         self.download(&m)
