@@ -10,7 +10,7 @@ use plotters::style::{register_font, FontStyle};
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
 /// A curve: its legend, colour and the figure it plots.
-type Series = (&'static str, RGBColor, fn(&EpochMetrics) -> f64);
+type Series = (&'static str, RGBColor, fn(&EpochMetrics) -> Option<f64>);
 
 pub fn curves(path: &Path, title: &str, history: &[EpochMetrics]) -> anyhow::Result<()> {
     anyhow::ensure!(!history.is_empty(), "no evaluated epoch to plot");
@@ -52,7 +52,7 @@ pub fn curves(path: &Path, title: &str, history: &[EpochMetrics]) -> anyhow::Res
         ("test", BLACK, |m| m.test_acc),
     ];
     for (name, color, f) in series {
-        c.draw_series(LineSeries::new(history.iter().map(|m| (m.epoch as f64, f(m))), color))?
+        c.draw_series(LineSeries::new(history.iter().filter_map(|m| Some((m.epoch as f64, f(m)?))), color))?
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
     }

@@ -77,7 +77,9 @@ fn run_on<B: Backend>(
     let mut write_err = None;
     let mut on_epoch = |m: &EpochMetrics| {
         pb.set_position(m.epoch as u64 + 1);
-        pb.set_message(format!("loss {:.3} val {:.1}%", m.loss, m.valid_acc * 100.0));
+        if let Some(v) = m.valid_acc {
+            pb.set_message(format!("loss {:.3} val {:.1}%", m.loss, v * 100.0));
+        }
         if let Some(f) = file.as_mut() {
             if let Err(e) =
                 serde_json::to_string(m).map_err(std::io::Error::other).and_then(|s| writeln!(f, "{s}"))

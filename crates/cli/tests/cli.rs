@@ -263,3 +263,32 @@ fn train_with_partitions_and_a_storage_tier_matches_in_memory_training() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--storage-dir"), "{}", stderr(&o));
 }
+
+#[test]
+fn every_epoch_writes_its_figures_accuracies_only_when_evaluated() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("m.jsonl");
+    let o = grinnder(&[
+        "-q",
+        "train",
+        "--epochs",
+        "5",
+        "--eval-every",
+        "2",
+        "--metrics-out",
+        metrics.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 6, "five epochs and the final line");
+    for (i, m) in lines[..5].iter().enumerate() {
+        assert_eq!(m["epoch"], i);
+        assert!(m["loss"].is_number() && m["epoch_s"].is_number());
+        // epochs 1, 3 (every second) and 4 (the last) are evaluated
+        assert_eq!(m.get("valid_acc").is_some(), matches!(i, 1 | 3 | 4), "epoch {i}: {m}");
+    }
+}

@@ -86,7 +86,8 @@ pub fn check_dataset(ds: &Dataset) -> Result<(), TrainError> {
 
 /// The epoch loop both trainers share: `step` trains one epoch and returns the summed training
 /// loss (and the executor's phase figures); `eval` returns correct counts on train, valid and
-/// test. Keeps the test accuracy at the best validation epoch.
+/// test. `on_epoch` sees every epoch (accuracies on evaluated ones). Keeps the test accuracy at
+/// the best validation epoch.
 pub fn run_epochs(
     ds: &Dataset,
     cfg: &TrainConfig,
@@ -106,32 +107,34 @@ pub fn run_epochs(
         let epoch_s = t.elapsed().as_secs_f64();
         times.push(epoch_s);
         last_loss = loss_sum / n_train;
-        if (epoch + 1) % cfg.eval_every.max(1) != 0 && epoch + 1 != cfg.epochs {
-            continue;
-        }
-        let t = Instant::now();
-        let correct = eval(epoch as u64)?;
-        let acc = |k: usize| {
-            let n = ds.splits.named()[k].1.len();
-            if n == 0 {
-                0.0
-            } else {
-                correct[k] as f64 / n as f64
-            }
-        };
-        let m = EpochMetrics {
+        let mut m = EpochMetrics {
             epoch,
             loss: last_loss,
-            train_acc: acc(0),
-            valid_acc: acc(1),
-            test_acc: acc(2),
+            train_acc: None,
+            valid_acc: None,
+            test_acc: None,
             epoch_s,
-            eval_s: t.elapsed().as_secs_f64(),
+            eval_s: None,
             peak_host_bytes: peak_rss_bytes(),
             tier,
         };
-        if best.is_none_or(|(_, v, _)| m.valid_acc > v) {
-            best = Some((epoch, m.valid_acc, m.test_acc));
+        if (epoch + 1) % cfg.eval_every.max(1) == 0 || epoch + 1 == cfg.epochs {
+            let t = Instant::now();
+            let correct = eval(epoch as u64)?;
+            let acc = |k: usize| {
+                let n = ds.splits.named()[k].1.len();
+                if n == 0 {
+                    0.0
+                } else {
+                    correct[k] as f64 / n as f64
+                }
+            };
+            (m.train_acc, m.valid_acc, m.test_acc) = (Some(acc(0)), Some(acc(1)), Some(acc(2)));
+            m.eval_s = Some(t.elapsed().as_secs_f64());
+            m.peak_host_bytes = peak_rss_bytes();
+            if best.is_none_or(|(_, v, _)| acc(1) > v) {
+                best = Some((epoch, acc(1), acc(2)));
+            }
         }
         on_epoch(&m);
         last = Some(m);

@@ -8,13 +8,18 @@ pub struct EpochMetrics {
     pub epoch: usize,
     /// Mean cross-entropy over the training nodes (train mode: with dropout).
     pub loss: f64,
-    pub train_acc: f64,
-    pub valid_acc: f64,
-    pub test_acc: f64,
+    /// Accuracies and evaluation time, on evaluated epochs (`--eval-every`) only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_acc: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub valid_acc: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub test_acc: Option<f64>,
     /// Seconds of the training step (forward, loss, backward, optimizer).
     pub epoch_s: f64,
     /// Seconds of the evaluation pass.
-    pub eval_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_s: Option<f64>,
     /// Peak resident memory of the process so far.
     pub peak_host_bytes: u64,
     /// The tiered executor's phase times and store counters (training step only).
