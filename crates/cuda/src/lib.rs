@@ -66,8 +66,37 @@ struct Kernels {
     f: std::collections::HashMap<&'static str, CudaFunction>,
 }
 
+/// Time per operation when `GRINNDER_CUDA_PROFILE` is set: every operation is bracketed by
+/// device synchronisations (slower, but each figure is that operation's alone); the table is
+/// printed when the backend is dropped.
+#[derive(Default)]
+struct Profile {
+    ops: std::sync::Mutex<std::collections::BTreeMap<&'static str, (f64, u64)>>,
+}
+
+/// One profiled operation (see [`Profile`]).
+struct Span<'a> {
+    cuda: &'a Cuda,
+    name: &'static str,
+    start: std::time::Instant,
+}
+
+impl Drop for Span<'_> {
+    fn drop(&mut self) {
+        self.cuda.stream.synchronize().expect("CUDA synchronize");
+        let t = self.start.elapsed().as_secs_f64();
+        if let Some(p) = &self.cuda.prof {
+            let mut ops = p.ops.lock().unwrap_or_else(|e| e.into_inner());
+            let e = ops.entry(self.name).or_insert((0.0, 0));
+            e.0 += t;
+            e.1 += 1;
+        }
+    }
+}
+
 /// The CUDA backend on one device.
 pub struct Cuda {
+    prof: Option<Profile>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
@@ -157,7 +186,15 @@ impl Cuda {
             ctx.name().unwrap_or_default(),
             ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64
         );
-        Ok(Cuda { ctx, stream, blas, k: Kernels { _module: module, f }, dummy_u64, dummy_u32 })
+        let prof = std::env::var_os("GRINNDER_CUDA_PROFILE").map(|_| Profile::default());
+        Ok(Cuda { prof, ctx, stream, blas, k: Kernels { _module: module, f }, dummy_u64, dummy_u32 })
+    }
+
+    /// Starts timing an operation when profiling.
+    fn span(&self, name: &'static str) -> Option<Span<'_>> {
+        self.prof.as_ref()?;
+        self.stream.synchronize().expect("CUDA synchronize");
+        Some(Span { cuda: self, name, start: std::time::Instant::now() })
     }
 
     fn func(&self, name: &str) -> &CudaFunction {
@@ -243,10 +280,12 @@ impl Backend for Cuda {
     }
 
     fn upload(&self, m: &Mat<f32>) -> DMat {
+        let _p = self.span("upload");
         DMat { rows: m.rows, cols: m.cols, data: self.upload_slice(&m.data) }
     }
 
     fn download(&self, m: &DMat) -> Mat<f32> {
+        let _p = self.span("download");
         let n = m.rows * m.cols;
         if n == 0 {
             return Mat::zeros(m.rows, m.cols);
@@ -257,6 +296,7 @@ impl Backend for Cuda {
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> DMat {
+        let _p = self.span("zeros");
         DMat { rows, cols, data: self.stream.alloc_zeros::<f32>((rows * cols).max(1)).expect("CUDA alloc") }
     }
 
@@ -269,6 +309,7 @@ impl Backend for Cuda {
     }
 
     fn copy(&self, src: &DMat, dst: &mut DMat) {
+        let _p = self.span("copy");
         assert_eq!((src.rows, src.cols), (dst.rows, dst.cols), "copy: shapes differ");
         let n = src.rows * src.cols;
         if n > 0 {
@@ -277,6 +318,7 @@ impl Backend for Cuda {
     }
 
     fn gemm(&self, alpha: f64, a: &DMat, ta: bool, b: &DMat, tb: bool, beta: f64, c: &mut DMat) {
+        let _p = self.span("gemm");
         let (m, ka) = if ta { (a.cols, a.rows) } else { (a.rows, a.cols) };
         let (kb, n) = if tb { (b.cols, b.rows) } else { (b.rows, b.cols) };
         assert_eq!(ka, kb, "gemm: inner dimensions differ");
@@ -307,6 +349,7 @@ impl Backend for Cuda {
     }
 
     fn spmm(&self, s: &DSparse, vals: &DMat, transpose: bool, x: &DMat, beta: f64, out: &mut DMat) {
+        let _p = self.span(if transpose { "spmm (transposed)" } else { "spmm" });
         assert_eq!(vals.rows, s.nnz, "one value per stored entry");
         let (rows, inner) = if transpose { (s.cols, s.rows) } else { (s.rows, s.cols) };
         assert_eq!(x.rows, inner, "spmm: x rows");
@@ -326,6 +369,7 @@ impl Backend for Cuda {
     }
 
     fn sddmm(&self, s: &DSparse, a: &DMat, b: &DMat, out: &mut DMat) {
+        let _p = self.span("sddmm");
         assert_eq!(out.rows, s.nnz, "sddmm: one output row per entry");
         assert_eq!((a.rows, b.rows, a.cols), (s.rows, s.cols, b.cols), "sddmm: operand shapes");
         if s.rows == 0 {
@@ -346,6 +390,7 @@ impl Backend for Cuda {
     }
 
     fn head_dots(&self, z: &DMat, att: &DMat, out: &mut DMat) {
+        let _p = self.span("head_dots");
         let (k, f) = (att.rows, att.cols);
         assert_eq!((z.cols, out.cols, out.rows), (k * f, k, z.rows), "head_dots shapes");
         let (n, k32, f32_) = (z.rows as i64, k as i32, f as i32);
@@ -356,6 +401,7 @@ impl Backend for Cuda {
     }
 
     fn head_dots_backward(&self, z: &DMat, att: &DMat, ds: &DMat, dz: &mut DMat, datt: &mut DMat) {
+        let _p = self.span("head_dots_backward");
         let (k, f) = (att.rows, att.cols);
         assert_eq!(
             (ds.rows, ds.cols, dz.rows, dz.cols),
@@ -371,6 +417,7 @@ impl Backend for Cuda {
     }
 
     fn edge_softmax(&self, s: &DSparse, src: &DMat, dst: &DMat, slope: f64, out: &mut DMat) {
+        let _p = self.span("edge_softmax");
         let k = out.cols;
         assert_eq!((out.rows, src.cols, dst.cols), (s.nnz, k, k), "edge_softmax shapes");
         let (r64, k32, sl) = (s.rows as i64, k as i32, slope as f32);
@@ -391,6 +438,7 @@ impl Backend for Cuda {
         dalpha: &DMat,
         dpre: &mut DMat,
     ) {
+        let _p = self.span("edge_softmax_backward");
         let k = alpha.cols;
         let (r64, k32, sl) = (s.rows as i64, k as i32, slope as f32);
         let mut l = self.stream.launch_builder(self.func("edge_softmax_backward"));
@@ -401,6 +449,7 @@ impl Backend for Cuda {
     }
 
     fn edge_dropout(&self, s: &DSparse, key: MaskKey, p: f64, vals: &mut DMat) {
+        let _p = self.span("edge_dropout");
         assert!((0.0..1.0).contains(&p), "dropout probability {p} outside [0, 1)");
         if p == 0.0 || s.rows == 0 {
             return;
@@ -418,6 +467,7 @@ impl Backend for Cuda {
     }
 
     fn gather_rows(&self, x: &DMat, idx: &[u32], out: &mut DMat) {
+        let _p = self.span("gather_rows");
         assert_eq!((out.rows, out.cols), (idx.len(), x.cols), "gather: output shape");
         if idx.is_empty() || x.cols == 0 {
             return;
@@ -431,6 +481,7 @@ impl Backend for Cuda {
     }
 
     fn scatter_add_rows(&self, src: &DMat, idx: &[u32], out: &mut DMat) {
+        let _p = self.span("scatter_add_rows");
         assert_eq!((src.rows, src.cols), (idx.len(), out.cols), "scatter-add: input shape");
         if idx.is_empty() || src.cols == 0 {
             return;
@@ -445,6 +496,7 @@ impl Backend for Cuda {
     }
 
     fn unary(&self, op: Unary, x: &mut DMat) {
+        let _p = self.span("unary");
         let n = x.rows * x.cols;
         if n == 0 {
             return;
@@ -461,6 +513,7 @@ impl Backend for Cuda {
     }
 
     fn binary(&self, op: Binary, a: &DMat, b: &mut DMat) {
+        let _p = self.span("binary");
         assert_eq!((a.rows, a.cols), (b.rows, b.cols), "element-wise op on different shapes");
         let n = a.rows * a.cols;
         if n == 0 {
@@ -478,6 +531,7 @@ impl Backend for Cuda {
     }
 
     fn add_row(&self, row: &DMat, x: &mut DMat) {
+        let _p = self.span("add_row");
         assert_eq!((row.rows, row.cols), (1, x.cols), "bias shape");
         let n = x.rows * x.cols;
         if n == 0 {
@@ -491,11 +545,13 @@ impl Backend for Cuda {
     }
 
     fn col_sums(&self, x: &DMat, beta: f64, out: &mut DMat) {
+        let _p = self.span("col_sums");
         assert_eq!((out.rows, out.cols), (1, x.cols), "column-sum shape");
         self.col_reduce(&x.data, None, None, x.rows, x.cols, 1, 0, beta as f32, &mut out.data);
     }
 
     fn dropout(&self, key: MaskKey, p: f64, ids: Option<&[u32]>, x: &mut DMat) {
+        let _p = self.span("dropout");
         assert!((0.0..1.0).contains(&p), "dropout probability {p} outside [0, 1)");
         let n = x.rows * x.cols;
         if p == 0.0 || n == 0 {
@@ -515,6 +571,7 @@ impl Backend for Cuda {
     }
 
     fn layer_norm(&self, x: &DMat, gamma: &DMat, beta: &DMat, eps: f64, y: &mut DMat, stats: &mut DMat) {
+        let _p = self.span("layer_norm");
         assert_eq!((stats.rows, stats.cols), (x.rows, 2), "LayerNorm stats are rows × 2");
         if x.rows == 0 {
             return;
@@ -537,6 +594,7 @@ impl Backend for Cuda {
         dgamma: &mut DMat,
         dbeta: &mut DMat,
     ) {
+        let _p = self.span("layer_norm_backward");
         if x.rows == 0 {
             return;
         }
@@ -567,6 +625,7 @@ impl Backend for Cuda {
         scale: f64,
         grad: &mut DMat,
     ) -> (f64, usize) {
+        let _p = self.span("cross_entropy");
         let c = logits.cols;
         assert_eq!(labels.len(), logits.rows, "one label per row");
         for &r in rows {
@@ -591,6 +650,7 @@ impl Backend for Cuda {
     }
 
     fn step(&self, rule: StepRule, p: &mut DMat, g: &DMat, s1: &mut DMat, s2: &mut DMat) {
+        let _p = self.span("step");
         let n = p.rows * p.cols;
         assert_eq!(n, g.rows * g.cols, "parameter and gradient shapes differ");
         let n64 = n as i64;
@@ -630,6 +690,7 @@ impl Backend for Cuda {
     }
 
     fn count_correct(&self, logits: &DMat, labels: &[i32], rows: &[u32]) -> usize {
+        let _p = self.span("count_correct");
         if rows.is_empty() {
             return 0;
         }
@@ -641,5 +702,19 @@ impl Backend for Cuda {
         // SAFETY: rows index logits.
         unsafe { l.launch(grid(rows.len())) }.expect("CUDA count_correct");
         self.stream.clone_dtoh(&ok).expect("CUDA download").iter().filter(|&&o| o != 0).count()
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        let Some(p) = &self.prof else { return };
+        let ops = p.ops.lock().unwrap_or_else(|e| e.into_inner());
+        let total: f64 = ops.values().map(|v| v.0).sum();
+        let mut rows: Vec<_> = ops.iter().collect();
+        rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        eprintln!("CUDA profile (synchronised per operation): {total:.3} s in {} kinds of operation", rows.len());
+        for (name, (t, n)) in rows {
+            eprintln!("  {name:<24} {t:>9.4} s {:>5.1} % {n:>8} calls", 100.0 * t / total.max(1e-12));
+        }
     }
 }
