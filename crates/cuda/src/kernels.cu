@@ -72,8 +72,9 @@ extern "C" __global__ void edge_dropout(const u64* ptr, const u32* idx, i64 rows
 // ---- sparse ----
 
 // out[r, :] = beta · out[r, :] + Σ_e vals[e, head(col)] · x[idx[e], :]; one warp per row.
-// Columns go in tiles of 256 (8 per lane, in registers), so each entry's index and value are
-// read once per tile rather than once per column.
+// The row's entries are read 32 at a time, coalesced (index, entry position, value), and
+// broadcast lane to lane; columns go in tiles of 256 (8 per lane, in registers). The gathers of
+// consecutive entries are independent, so several are in flight per warp.
 #define SPMM_PER_LANE 8
 extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u64* perm, int has_perm,
                                 const float* vals, int vc, const float* x, int d, float* out, i64 rows,
@@ -87,13 +88,28 @@ extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u64* perm,
         float acc[SPMM_PER_LANE];
 #pragma unroll
         for (int i = 0; i < SPMM_PER_LANE; ++i) acc[i] = 0.0f;
-        for (u64 k = s; k < e; ++k) {
-            u64 ent = has_perm ? perm[k] : k;
-            const float* xr = x + (u64)idx[k] * d;
+        for (u64 base = s; base < e; base += 32) {
+            u64 k = base + lane;
+            u32 my_col = 0;
+            u64 my_ent = 0;
+            float my_val = 0.0f;
+            if (k < e) {
+                my_col = idx[k];
+                my_ent = has_perm ? perm[k] : k;
+                if (vc == 1) my_val = vals[my_ent];
+            }
+            int n = (int)(e - base < 32 ? e - base : 32);
+#pragma unroll 4
+            for (int j = 0; j < n; ++j) {
+                u32 col = __shfl_sync(FULL, my_col, j);
+                float w = __shfl_sync(FULL, my_val, j);
+                u64 ent = __shfl_sync(FULL, my_ent, j);
+                const float* xr = x + (u64)col * d;
 #pragma unroll
-            for (int i = 0; i < SPMM_PER_LANE; ++i) {
-                int c = c0 + i * 32 + lane;
-                if (c < d) acc[i] += vals[ent * vc + (vc == 1 ? 0 : c / f)] * xr[c];
+                for (int i = 0; i < SPMM_PER_LANE; ++i) {
+                    int c = c0 + i * 32 + lane;
+                    if (c < d) acc[i] += (vc == 1 ? w : vals[ent * vc + c / f]) * xr[c];
+                }
             }
         }
 #pragma unroll
@@ -248,6 +264,15 @@ extern "C" __global__ void col_partial(const float* a, const float* b, const flo
 
 extern "C" __global__ void col_finish(const float* partial, int parts, int w, float beta, float* out) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= w) return;
+    float t = 0.0f;
+    for (int p = 0; p < parts; ++p) t += partial[(i64)p * w + j];
+    out[j] = t + beta * out[j];
+}
+
+// out[j] = Σ_p partial[p, j] + beta · out[j] over a long vector (split-K GEMM's reduction)
+extern "C" __global__ void sum_parts(const float* partial, int parts, i64 w, float beta, float* out) {
+    i64 j = global_thread();
     if (j >= w) return;
     float t = 0.0f;
     for (int p = 0; p < parts; ++p) t += partial[(i64)p * w + j];

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
@@ -106,7 +106,8 @@ pub struct Cuda {
     dummy_u32: CudaSlice<u32>,
 }
 
-const KERNELS: [&str; 21] = [
+const KERNELS: [&str; 22] = [
+    "sum_parts",
     "dropout",
     "edge_dropout",
     "spmm",
@@ -344,6 +345,47 @@ impl Backend for Cuda {
             beta: beta as f32,
             ldc: n as i32,
         };
+        // a small output over a long inner dimension (weight gradients) gets few thread blocks
+        // from cuBLAS: split K into chunks computed as one strided batch, then sum the partial
+        // products in a fixed order (deterministic)
+        let chunk = 16_384usize;
+        let parts = ka / chunk;
+        if m * n <= (1 << 20) && parts >= 4 {
+            let parts = parts.min(256);
+            let kc = ka / parts;
+            // element offsets of K-chunk i: op(A) = A (m × K) advances by columns, Aᵀ (A is
+            // K × m) by rows; op(B) = B (K × n) by rows, Bᵀ (B is n × K) by columns
+            let a_step = if ta { a.cols } else { 1 };
+            let b_step = if tb { 1 } else { b.cols };
+            let mut partial = self.stream.alloc_zeros::<f32>(parts * m * n).expect("CUDA alloc");
+            let batched = StridedBatchedConfig {
+                gemm: GemmConfig { k: kc as i32, beta: 0.0, ..cfg },
+                batch_size: parts as i32,
+                stride_a: (kc * b_step) as i64,
+                stride_b: (kc * a_step) as i64,
+                stride_c: (m * n) as i64,
+            };
+            // SAFETY: each batch member reads a K-chunk inside its operand and writes its own
+            // m × n block of `partial`.
+            unsafe { self.blas.gemm_strided_batched(batched, &b.data, &a.data, &mut partial) }
+                .expect("cuBLAS sgemm (split K)");
+            let (p32, w, bt) = (parts as i32, (m * n) as i64, beta as f32);
+            let mut l = self.stream.launch_builder(self.func("sum_parts"));
+            l.arg(&partial).arg(&p32).arg(&w).arg(&bt).arg(&mut c.data);
+            // SAFETY: partial holds parts × w values, c holds w.
+            unsafe { l.launch(grid(m * n)) }.expect("CUDA sum_parts");
+            let done = parts * kc;
+            if done < ka {
+                // the remainder of K, accumulated
+                let rest = ka - done;
+                let (ob, oa) = (done * b_step, done * a_step);
+                let tail = GemmConfig { k: rest as i32, beta: 1.0, ..cfg };
+                let (bv, av) = (b.data.slice(ob..), a.data.slice(oa..));
+                // SAFETY: the views start at the remainder's first element; strides unchanged.
+                unsafe { self.blas.gemm(tail, &bv, &av, &mut c.data) }.expect("cuBLAS sgemm (K tail)");
+            }
+            return;
+        }
         // SAFETY: the leading dimensions and sizes above describe the three buffers exactly.
         unsafe { self.blas.gemm(cfg, &b.data, &a.data, &mut c.data) }.expect("cuBLAS sgemm");
     }

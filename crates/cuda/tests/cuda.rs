@@ -66,6 +66,18 @@ fn every_operation_matches_the_cpu() {
         g.gemm(0.7, &g.upload(&a), ta, &g.upload(&b), tb, 1.0, &mut got);
         check(&format!("gemm {ta} {tb}"), &g.download(&got), &want);
     }
+    // long inner dimensions take the split-K path (with a remainder chunk)
+    for (ta, tb) in [(true, false), (false, true)] {
+        let k = 100_003;
+        let a = if ta { random(k, 37, 40) } else { random(37, k, 41) };
+        let b = if tb { random(29, k, 42) } else { random(k, 29, 43) };
+        let c0 = random(37, 29, 44);
+        let (mut want, mut got) = (c0.clone(), g.upload(&c0));
+        c.gemm(1.0, &a, ta, &b, tb, 1.0, &mut want);
+        g.gemm(1.0, &g.upload(&a), ta, &g.upload(&b), tb, 1.0, &mut got);
+        let e = rel(&g.download(&got), &want);
+        assert!(e <= 1e-4, "split-K gemm {ta} {tb}: relative error {e:.3e}");
+    }
     // spmm forward and transposed, one and several value columns
     let s = random_sparse(300, 200, 9, 6);
     let (cs, gs) = (c.sparse(&s), g.sparse(&s));
