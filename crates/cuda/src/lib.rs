@@ -301,6 +301,13 @@ impl Backend for Cuda {
         DMat { rows, cols, data: self.stream.alloc_zeros::<f32>((rows * cols).max(1)).expect("CUDA alloc") }
     }
 
+    fn output(&self, rows: usize, cols: usize) -> DMat {
+        let _p = self.span("output");
+        // SAFETY: the caller overwrites every element before reading (the trait's contract).
+        let data = unsafe { self.stream.alloc::<f32>((rows * cols).max(1)) }.expect("CUDA alloc");
+        DMat { rows, cols, data }
+    }
+
     fn synchronize(&self) {
         self.stream.synchronize().expect("CUDA synchronize");
     }
@@ -754,7 +761,10 @@ impl Drop for Cuda {
         let total: f64 = ops.values().map(|v| v.0).sum();
         let mut rows: Vec<_> = ops.iter().collect();
         rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
-        eprintln!("CUDA profile (synchronised per operation): {total:.3} s in {} kinds of operation", rows.len());
+        eprintln!(
+            "CUDA profile (synchronised per operation): {total:.3} s in {} kinds of operation",
+            rows.len()
+        );
         for (name, (t, n)) in rows {
             eprintln!("  {name:<24} {t:>9.4} s {:>5.1} % {n:>8} calls", 100.0 * t / total.max(1e-12));
         }

@@ -42,7 +42,10 @@ fn random_sparse(rows: usize, cols: usize, per_row: usize, seed: u64) -> SparseM
 fn rel(a: &Mat<f32>, b: &Mat<f32>) -> f64 {
     assert_eq!((a.rows, a.cols), (b.rows, b.cols));
     let scale = b.data.iter().fold(0f64, |m, &x| m.max((x as f64).abs())).max(1e-30);
-    a.data.iter().zip(&b.data).fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs())) / scale
+    // a NaN anywhere is an infinite error (f64::max would skip it)
+    let diff =
+        |x: f32, y: f32| if x.is_nan() || y.is_nan() { f64::INFINITY } else { (x as f64 - y as f64).abs() };
+    a.data.iter().zip(&b.data).fold(0f64, |m, (&x, &y)| m.max(diff(x, y))) / scale
 }
 
 const TOL: f64 = 1e-5;

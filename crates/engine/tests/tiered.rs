@@ -74,7 +74,15 @@ fn assert_close(what: &str, got: &Grads, want: &Grads, tol: f64) {
     assert_eq!(got.len(), want.len());
     for ((name, a), (_, b)) in got.iter().zip(want) {
         let scale = b.data.iter().fold(0f64, |m, &x| m.max((x as f64).abs()));
-        let err = a.data.iter().zip(&b.data).fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
+        // a NaN anywhere is an infinite error (f64::max would skip it)
+        let diff = |x: f32, y: f32| {
+            if x.is_nan() || y.is_nan() {
+                f64::INFINITY
+            } else {
+                (x as f64 - y as f64).abs()
+            }
+        };
+        let err = a.data.iter().zip(&b.data).fold(0f64, |m, (&x, &y)| m.max(diff(x, y)));
         assert!(scale > 0.0, "{what}: {name} has an all-zero reference gradient");
         assert!(err / scale <= tol, "{what}: {name} off by {:.3e} (relative to {scale:.3e})", err / scale);
     }

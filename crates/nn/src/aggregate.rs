@@ -10,7 +10,7 @@ use crate::linear::Linear;
 
 /// `A x` (`g.rows` rows).
 pub fn aggregate<B: Backend>(b: &B, g: &Graph<B>, a: &Adjacency<B>, x: &B::Mat) -> B::Mat {
-    let mut t = b.zeros(g.rows, b.dims(x).1);
+    let mut t = b.output(g.rows, b.dims(x).1);
     b.spmm(&a.s, &a.vals, false, x, 0.0, &mut t);
     t
 }
@@ -33,9 +33,9 @@ pub fn forward<B: Backend>(
         let t = aggregate(b, g, a, x);
         return (lin.forward(b, &t), Some(t));
     }
-    let mut h = b.zeros(b.dims(x).0, out_dim);
+    let mut h = b.output(b.dims(x).0, out_dim);
     b.gemm(1.0, x, false, &lin.weight.value, true, 0.0, &mut h);
-    let mut y = b.zeros(g.rows, out_dim);
+    let mut y = b.output(g.rows, out_dim);
     b.spmm(&a.s, &a.vals, false, &h, 0.0, &mut y);
     if let Some(bias) = &lin.bias {
         b.add_row(&bias.value, &mut y);
@@ -62,7 +62,7 @@ pub fn backward<B: Backend>(
     let in_dim = lin.in_dim(b);
     let beta = if dx_acc.is_some() { 1.0 } else { 0.0 };
     if need_dx && dx_acc.is_none() {
-        *dx_acc = Some(b.zeros(n, in_dim));
+        *dx_acc = Some(b.output(n, in_dim));
     }
     let dx = dx_acc.as_mut().filter(|_| need_dx);
     if let Some(t) = agg {
@@ -72,7 +72,7 @@ pub fn backward<B: Backend>(
     } else {
         // transform first: y = A h + b, h = x Wᵀ
         let out_dim = b.dims(dy).1;
-        let mut dh = b.zeros(n, out_dim);
+        let mut dh = b.output(n, out_dim);
         b.spmm(&a.s, &a.vals, true, dy, 0.0, &mut dh);
         b.gemm(1.0, &dh, true, x, false, 1.0, &mut lin.weight.grad);
         if let Some(bias) = &mut lin.bias {

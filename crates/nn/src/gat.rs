@@ -76,7 +76,7 @@ impl<B: Backend> GatConv<B> {
     ) -> Option<B::Mat> {
         let (key, p) = dropout.filter(|&(_, p)| p > 0.0)?;
         let (r, c) = b.dims(alpha);
-        let mut a = b.zeros(r, c);
+        let mut a = b.output(r, c);
         b.copy(alpha, &mut a);
         b.edge_dropout(&g.looped().s, key, p, &mut a);
         Some(a)
@@ -95,18 +95,18 @@ impl<B: Backend> GatConv<B> {
         let z = self.lin.forward(b, x);
         let ni = b.dims(&z).0;
         // destination scores are only read for the output rows, which come first
-        let (mut s_src, mut s_dst) = (b.zeros(ni, self.heads), b.zeros(ni, self.heads));
+        let (mut s_src, mut s_dst) = (b.output(ni, self.heads), b.output(ni, self.heads));
         b.head_dots(&z, &self.att_src.value, &mut s_src);
         b.head_dots(&z, &self.att_dst.value, &mut s_dst);
-        let mut alpha = b.zeros(a.nnz, self.heads);
+        let mut alpha = b.output(a.nnz, self.heads);
         b.edge_softmax(&a.s, &s_src, &s_dst, NEGATIVE_SLOPE, &mut alpha);
         let dropped = self.dropped(b, g, &alpha, dropout);
-        let mut agg = b.zeros(n, b.dims(&z).1);
+        let mut agg = b.output(n, b.dims(&z).1);
         b.spmm(&a.s, dropped.as_ref().unwrap_or(&alpha), false, &z, 0.0, &mut agg);
         let mut y = match &self.mean {
             None => agg,
             Some(m) => {
-                let mut y = b.zeros(n, b.dims(m).1);
+                let mut y = b.output(n, b.dims(m).1);
                 b.gemm(1.0, &agg, false, m, false, 0.0, &mut y);
                 y
             }
@@ -134,22 +134,22 @@ impl<B: Backend> GatConv<B> {
         let n = g.rows;
         b.col_sums(dy, 1.0, &mut self.bias.grad);
         let dagg_owned = self.mean.as_ref().map(|m| {
-            let mut d = b.zeros(n, width);
+            let mut d = b.output(n, width);
             b.gemm(1.0, dy, false, m, true, 0.0, &mut d);
             d
         });
         let dagg = dagg_owned.as_ref().unwrap_or(dy);
         let dropped = self.dropped(b, g, &alpha, dropout);
-        let mut dz = b.zeros(ni, width);
+        let mut dz = b.output(ni, width);
         b.spmm(&a.s, dropped.as_ref().unwrap_or(&alpha), true, dagg, 0.0, &mut dz);
         drop(dropped);
         let nnz = b.dims(&alpha).0;
-        let mut dalpha = b.zeros(nnz, self.heads);
+        let mut dalpha = b.output(nnz, self.heads);
         b.sddmm(&a.s, dagg, &z, &mut dalpha);
         if let Some((key, p)) = dropout.filter(|&(_, p)| p > 0.0) {
             b.edge_dropout(&a.s, key, p, &mut dalpha);
         }
-        let mut dpre = b.zeros(nnz, self.heads);
+        let mut dpre = b.output(nnz, self.heads);
         b.edge_softmax_backward(&a.s, &s_src, &s_dst, NEGATIVE_SLOPE, &alpha, &dalpha, &mut dpre);
         drop((alpha, dalpha));
         let ones = |rows: usize| {
@@ -158,9 +158,9 @@ impl<B: Backend> GatConv<B> {
         };
         // source scores collect over each input's out-edges, destination scores over each
         // output's in-edges (then padded to the input rows; the halo has none)
-        let mut ds_src = b.zeros(ni, self.heads);
+        let mut ds_src = b.output(ni, self.heads);
         b.spmm(&a.s, &dpre, true, &ones(n), 0.0, &mut ds_src);
-        let mut ds_dst = b.zeros(n, self.heads);
+        let mut ds_dst = b.output(n, self.heads);
         b.spmm(&a.s, &dpre, false, &ones(ni), 0.0, &mut ds_dst);
         if ni != n {
             let mut padded = b.zeros(ni, self.heads);

@@ -85,7 +85,7 @@ impl<B: Backend> Graph<B> {
             return None;
         }
         let idx: Vec<u32> = (0..self.rows as u32).collect();
-        let mut out = b.zeros(self.rows, d);
+        let mut out = b.output(self.rows, d);
         b.gather_rows(x, &idx, &mut out);
         Some(out)
     }

@@ -24,14 +24,14 @@ impl<B: Backend> LayerNorm<B> {
     /// Returns `y` and the per-row statistics backward needs.
     pub fn forward(&self, b: &B, x: &B::Mat) -> (B::Mat, B::Mat) {
         let (n, d) = b.dims(x);
-        let (mut y, mut stats) = (b.zeros(n, d), b.zeros(n, 2));
+        let (mut y, mut stats) = (b.output(n, d), b.output(n, 2));
         b.layer_norm(x, &self.gamma.value, &self.beta.value, EPS, &mut y, &mut stats);
         (y, stats)
     }
 
     pub fn backward(&mut self, b: &B, x: &B::Mat, stats: &B::Mat, dy: &B::Mat) -> B::Mat {
         let (n, d) = b.dims(x);
-        let mut dx = b.zeros(n, d);
+        let mut dx = b.output(n, d);
         b.layer_norm_backward(
             x,
             &self.gamma.value,

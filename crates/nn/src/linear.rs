@@ -35,7 +35,7 @@ impl<B: Backend> Linear<B> {
     }
 
     pub fn forward(&self, b: &B, x: &B::Mat) -> B::Mat {
-        let mut y = b.zeros(b.dims(x).0, self.out_dim(b));
+        let mut y = b.output(b.dims(x).0, self.out_dim(b));
         self.forward_into(b, x, 0.0, &mut y);
         y
     }
@@ -47,7 +47,7 @@ impl<B: Backend> Linear<B> {
             b.col_sums(dy, 1.0, &mut bias.grad);
         }
         need_dx.then(|| {
-            let mut dx = b.zeros(b.dims(dy).0, self.in_dim(b));
+            let mut dx = b.output(b.dims(dy).0, self.in_dim(b));
             b.gemm(1.0, dy, false, &self.weight.value, false, 0.0, &mut dx);
             dx
         })

@@ -316,7 +316,7 @@ impl<B: Backend> Model<B> {
         let key = |site| MaskKey { seed: self.config.seed, epoch, site };
         let dropped_input = (l == 0 && train && self.config.input_dropout > 0.0).then(|| {
             let (n, d) = b.dims(x);
-            let mut x0 = b.zeros(n, d);
+            let mut x0 = b.output(n, d);
             b.copy(x, &mut x0);
             let ids = if n == g.rows { g.row_ids() } else { g.col_ids() };
             b.dropout(key(INPUT_SITE), self.config.input_dropout, ids, &mut x0);
@@ -370,14 +370,14 @@ impl<B: Backend> Model<B> {
         tape.residual = input.is_some();
         let out = if let Some(input) = input {
             let own = g.own_rows(b, input);
-            let mut s = b.zeros(g.rows, b.dims(&z).1);
+            let mut s = b.output(g.rows, b.dims(&z).1);
             b.copy(own.as_ref().unwrap_or(input), &mut s);
             b.binary(Binary::Add, &z, &mut s);
             tape.act = Some(z);
             s
         } else if keep_act {
             let (n, d) = b.dims(&z);
-            let mut keep = b.zeros(n, d);
+            let mut keep = b.output(n, d);
             b.copy(&z, &mut keep);
             tape.act = Some(keep);
             z
@@ -506,7 +506,7 @@ impl<B: Backend> Model<B> {
     ) -> B::Mat {
         let key = MaskKey { seed: self.config.seed, epoch, site: l as u64 };
         let (n, d) = b.dims(dy);
-        let mut dz = b.zeros(n, d);
+        let mut dz = b.output(n, d);
         b.copy(dy, &mut dz);
         if self.config.dropout > 0.0 {
             b.dropout(key, self.config.dropout, g.row_ids(), &mut dz);
@@ -544,7 +544,7 @@ impl<B: Backend> Model<B> {
             Conv::Sage(c) => &c.lin_l,
             Conv::Gat(_) => panic!("GAT layers do not run split"),
         };
-        let mut h = b.zeros(b.dims(x).0, self.dims[l + 1]);
+        let mut h = b.output(b.dims(x).0, self.dims[l + 1]);
         b.gemm(1.0, x, false, &lin.weight.value, true, 0.0, &mut h);
         h
     }
@@ -567,7 +567,7 @@ impl<B: Backend> Model<B> {
             Conv::Sage(c) => (g.plain(), &c.lin_l, Some(&c.lin_r)),
             Conv::Gat(_) => panic!("GAT layers do not run split"),
         };
-        let mut z = b.zeros(g.rows, self.dims[l + 1]);
+        let mut z = b.output(g.rows, self.dims[l + 1]);
         b.spmm(&a.s, &a.vals, false, h, 0.0, &mut z);
         if let Some(bias) = &lin.bias {
             b.add_row(&bias.value, &mut z);
@@ -619,7 +619,7 @@ impl<B: Backend> Model<B> {
             Kind::Gcn => g.looped(),
             _ => g.plain(),
         };
-        let mut dh = b.zeros(g.cols, self.dims[l + 1]);
+        let mut dh = b.output(g.cols, self.dims[l + 1]);
         b.spmm(&a.s, &a.vals, true, dz, 0.0, &mut dh);
         let (lin, root) = self.split_lins(l);
         if let Some(bias) = &mut lin.bias {
@@ -642,7 +642,7 @@ impl<B: Backend> Model<B> {
         let (lin, _) = self.split_lins(l);
         b.gemm(1.0, dh, true, x, false, 1.0, &mut lin.weight.grad);
         need_dx.then(|| {
-            let mut dx = b.zeros(b.dims(dh).0, lin.in_dim(b));
+            let mut dx = b.output(b.dims(dh).0, lin.in_dim(b));
             b.gemm(1.0, dh, false, &lin.weight.value, false, 0.0, &mut dx);
             dx
         })

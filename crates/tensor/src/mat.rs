@@ -46,6 +46,8 @@ impl<T: Scalar> Mat<T> {
                 let (a, b) = (a.f64(), b.f64());
                 (a - b).abs() / a.abs().max(b.abs()).max(floor)
             })
+            // a NaN on either side is an infinite error (f64::max would skip it)
+            .map(|e| if e.is_nan() { f64::INFINITY } else { e })
             .fold(0.0, f64::max)
     }
 }

@@ -42,6 +42,13 @@ impl<T: Scalar> Backend for Cpu<T> {
     fn download_owned(&self, m: Mat<T>) -> Mat<T> {
         m
     }
+    fn output(&self, rows: usize, cols: usize) -> Mat<T> {
+        if cfg!(debug_assertions) {
+            Mat::from_vec(rows, cols, vec![T::nan(); rows * cols])
+        } else {
+            Mat::zeros(rows, cols)
+        }
+    }
     fn zeros(&self, rows: usize, cols: usize) -> Mat<T> {
         Mat::zeros(rows, cols)
     }
