@@ -179,6 +179,7 @@ impl Cuda {
             f.insert(name, module.load_function(name).map_err(err)?);
         }
         let stream = ctx.default_stream();
+        keep_freed_memory(&ctx);
         let blas = CudaBlas::new(stream.clone()).map_err(err)?;
         let dummy_u64 = stream.alloc_zeros::<u64>(1).map_err(err)?;
         let dummy_u32 = stream.alloc_zeros::<u32>(1).map_err(err)?;
@@ -251,6 +252,28 @@ impl Cuda {
         l.arg(&partial).arg(&parts32).arg(&w32).arg(&beta).arg(out);
         // SAFETY: as above.
         unsafe { l.launch(grid(w)) }.expect("CUDA col_finish");
+    }
+}
+
+/// Lets the device's default memory pool keep freed memory instead of returning it at every
+/// synchronisation: an epoch frees and re-allocates the same few-GB matrices, and mapping them
+/// afresh each time cost milliseconds per allocation.
+fn keep_freed_memory(ctx: &Arc<CudaContext>) {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: plain driver calls on this context's device with valid out-pointers.
+    let ok = unsafe {
+        ctx.bind_to_thread().is_ok()
+            && sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS
+            && sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut threshold as *mut u64 as *mut std::ffi::c_void,
+            ) == sys::CUresult::CUDA_SUCCESS
+    };
+    if !ok {
+        tracing::warn!("could not raise the CUDA memory pool's release threshold; allocations stay slower");
     }
 }
 
