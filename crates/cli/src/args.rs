@@ -383,6 +383,33 @@ pub struct TrainArgs {
     /// Draw loss and accuracy curves into a PNG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Write checkpoints (parameters, optimizer state, epoch) into this directory.
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every this many epochs (and after the last).
+    #[arg(long, default_value_t = 1)]
+    pub checkpoint_every: usize,
+    /// Checkpoints kept (the newest).
+    #[arg(long, default_value_t = 3)]
+    pub checkpoint_keep: usize,
+    /// Continue from the newest valid checkpoint in --checkpoint-dir (refused when it was made
+    /// for other settings or another dataset; starts afresh when there is none).
+    #[arg(long, requires = "checkpoint_dir")]
+    pub resume: bool,
+}
+
+impl TrainArgs {
+    /// The checkpoint settings, if any.
+    pub fn checkpoint(&self) -> anyhow::Result<Option<grinnder_engine::CheckpointConfig>> {
+        anyhow::ensure!(self.checkpoint_every >= 1, "--checkpoint-every must be at least 1");
+        anyhow::ensure!(self.checkpoint_keep >= 1, "--checkpoint-keep must be at least 1");
+        Ok(self.checkpoint_dir.as_ref().map(|dir| grinnder_engine::CheckpointConfig {
+            dir: dir.clone(),
+            every: self.checkpoint_every,
+            keep: self.checkpoint_keep,
+            resume: self.resume,
+        }))
+    }
 }
 
 /// Validated training settings.

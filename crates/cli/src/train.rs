@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use anyhow::Context;
-use grinnder_engine::{train, train_tiered, EpochMetrics, Summary, TieredConfig};
+use grinnder_engine::{train_tiered_with, train_with, CheckpointConfig, EpochMetrics, Summary, TieredConfig};
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
 
@@ -12,6 +12,7 @@ use crate::args::{Device, PrecisionArg, TrainArgs, TrainPlan};
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let plan = a.plan()?;
+    let ckpt = a.checkpoint()?;
     let path = a.input.path()?;
     let ds = io::open(&path, a.input.format(), &a.input.options()?)
         .with_context(|| format!("cannot load {}", path.display()))?;
@@ -37,13 +38,13 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let summary = match (plan.device, plan.precision) {
         (Device::Cuda(n), _) => {
             let gpu = grinnder_cuda::Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
-            run_on(&gpu, &ds, &plan, &mut metrics_file, &mut history)?
+            run_on(&gpu, &ds, &plan, ckpt.as_ref(), &mut metrics_file, &mut history)?
         }
         (Device::Cpu, PrecisionArg::F32) => {
-            run_on(&Cpu::<f32>::new(), &ds, &plan, &mut metrics_file, &mut history)?
+            run_on(&Cpu::<f32>::new(), &ds, &plan, ckpt.as_ref(), &mut metrics_file, &mut history)?
         }
         (Device::Cpu, PrecisionArg::F64) => {
-            run_on(&Cpu::<f64>::new(), &ds, &plan, &mut metrics_file, &mut history)?
+            run_on(&Cpu::<f64>::new(), &ds, &plan, ckpt.as_ref(), &mut metrics_file, &mut history)?
         }
     };
     if let Some(f) = metrics_file.as_mut() {
@@ -70,6 +71,7 @@ fn run_on<B: Backend>(
     b: &B,
     ds: &Dataset,
     plan: &TrainPlan,
+    ckpt: Option<&CheckpointConfig>,
     file: &mut Option<std::fs::File>,
     history: &mut Vec<EpochMetrics>,
 ) -> anyhow::Result<Summary> {
@@ -105,7 +107,7 @@ fn run_on<B: Backend>(
         history.push(m.clone());
     };
     let summary = match &plan.tiered {
-        None => train(b, ds, &plan.config, &mut on_epoch)?,
+        None => train_with(b, ds, &plan.config, ckpt, &mut on_epoch)?,
         Some(t) => {
             let tc = TieredConfig {
                 parts: t.parts,
@@ -119,7 +121,7 @@ fn run_on<B: Backend>(
                 fail_writes_after: None,
                 cache_bytes: None,
             };
-            train_tiered(b, ds, &plan.config, &tc, &mut on_epoch)?
+            train_tiered_with(b, ds, &plan.config, &tc, ckpt, &mut on_epoch)?
         }
     };
     pb.finish_and_clear();

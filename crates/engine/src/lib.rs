@@ -2,10 +2,12 @@
 //! every other executor is checked against) and the layer-wise, partition-wise executor over
 //! the tiered store.
 
+pub mod checkpoint;
 pub mod memory;
 pub mod metrics;
 pub mod tiered;
 
-pub use memory::{train, train_tiered, FeatureNorm, TrainConfig, TrainError};
+pub use checkpoint::CheckpointConfig;
+pub use memory::{train, train_tiered, train_tiered_with, train_with, FeatureNorm, TrainConfig, TrainError};
 pub use metrics::{EpochMetrics, Summary};
 pub use tiered::{CacheMode, Executor, TierDtype, TieredConfig};

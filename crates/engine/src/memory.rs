@@ -10,6 +10,7 @@ use grinnder_tensor::{Backend, Mat, Scalar};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::{self, CheckpointConfig, ParamState};
 use crate::metrics::{peak_rss_bytes, EpochMetrics, Summary};
 use crate::tiered::{Executor, PhaseStats, TieredConfig};
 
@@ -36,6 +37,33 @@ pub enum TrainError {
     Partition(String),
     #[error("storage tier: {0}")]
     Storage(String),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+}
+
+/// The parts of a trainer a checkpoint saves and restores.
+pub trait TrainerState {
+    /// Parameters with optimizer state, and the optimizer's step count.
+    fn capture(&mut self) -> (Vec<ParamState>, u64);
+    fn restore(&mut self, params: &[ParamState], steps: u64) -> Result<(), String>;
+}
+
+/// A model and its optimizer behind `RefCell`s (shared with the epoch closures).
+struct Cells<'a, B: Backend> {
+    b: &'a B,
+    model: &'a std::cell::RefCell<Model<B>>,
+    opt: &'a std::cell::RefCell<Optimizer>,
+}
+
+impl<B: Backend> TrainerState for Cells<'_, B> {
+    fn capture(&mut self) -> (Vec<ParamState>, u64) {
+        (checkpoint::capture(self.b, &mut self.model.borrow_mut()), self.opt.borrow().steps)
+    }
+    fn restore(&mut self, params: &[ParamState], steps: u64) -> Result<(), String> {
+        checkpoint::restore(self.b, &mut self.model.borrow_mut(), params)?;
+        checkpoint::restore_optimizer(&mut self.opt.borrow_mut(), steps);
+        Ok(())
+    }
 }
 
 /// Preprocessing of the input features.
@@ -88,9 +116,12 @@ pub fn check_dataset(ds: &Dataset) -> Result<(), TrainError> {
 /// loss (and the executor's phase figures); `eval` returns correct counts on train, valid and
 /// test. `on_epoch` sees every epoch (accuracies on evaluated ones). Keeps the test accuracy at
 /// the best validation epoch.
+#[allow(clippy::too_many_arguments)]
 pub fn run_epochs(
     ds: &Dataset,
     cfg: &TrainConfig,
+    ckpt: Option<&CheckpointConfig>,
+    state: &mut dyn TrainerState,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
     step: &mut dyn FnMut(u64) -> Result<(f64, Option<PhaseStats>), TrainError>,
     eval: &mut dyn FnMut(u64) -> Result<[usize; 3], TrainError>,
@@ -99,8 +130,24 @@ pub fn run_epochs(
     let mut best: Option<(usize, f64, f64)> = None;
     let mut times = Vec::with_capacity(cfg.epochs);
     let mut last_loss = f64::NAN;
-    let mut last = None;
-    for epoch in 0..cfg.epochs {
+    let mut last: Option<EpochMetrics> = None;
+    let ck_err = |e: checkpoint::CheckpointError| TrainError::Checkpoint(e.to_string());
+    let config_json = serde_json::to_value(cfg).expect("a training configuration serialises");
+    let fingerprint = if ckpt.is_some() { checkpoint::dataset_fingerprint(ds) } else { String::new() };
+    let mut first = 0;
+    if let Some(c) = ckpt.filter(|c| c.resume) {
+        if let Some((path, ck)) = checkpoint::latest(&c.dir).map_err(ck_err)? {
+            checkpoint::check_compatible(&path, &ck, &config_json, &fingerprint).map_err(ck_err)?;
+            state
+                .restore(&ck.params, ck.optimizer_steps)
+                .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
+            tracing::info!("resuming from {} (epoch {} done)", path.display(), ck.epoch);
+            (first, best, times, last_loss) = (ck.epoch, ck.best, ck.epoch_times, ck.last_loss);
+        } else {
+            tracing::info!("no checkpoint in {} yet: starting from the beginning", c.dir.display());
+        }
+    }
+    for epoch in first..cfg.epochs {
         let _span = tracing::debug_span!("epoch", epoch).entered();
         let t = Instant::now();
         let (loss_sum, tier) = step(epoch as u64)?;
@@ -138,6 +185,20 @@ pub fn run_epochs(
         }
         on_epoch(&m);
         last = Some(m);
+        if let Some(c) = ckpt.filter(|c| (epoch + 1) % c.every.max(1) == 0 || epoch + 1 == cfg.epochs) {
+            let (params, optimizer_steps) = state.capture();
+            let ck = checkpoint::Checkpoint {
+                epoch: epoch + 1,
+                config: config_json.clone(),
+                dataset: fingerprint.clone(),
+                optimizer_steps,
+                params,
+                best,
+                epoch_times: times.clone(),
+                last_loss,
+            };
+            checkpoint::save(c, &ck).map_err(ck_err)?;
+        }
     }
     let (best_epoch, best_valid_acc, test_acc) = best.unwrap_or((0, 0.0, 0.0));
     times.sort_by(f64::total_cmp);
@@ -159,13 +220,24 @@ pub fn train<B: Backend>(
     cfg: &TrainConfig,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
+    train_with(b, ds, cfg, None, on_epoch)
+}
+
+/// [`train`] with checkpoints (and resuming) when `ckpt` is given.
+pub fn train_with<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    ckpt: Option<&CheckpointConfig>,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<Summary, TrainError> {
     check_dataset(ds)?;
     let g = Graph::new(b, &ds.graph);
     let x = features(b, ds, cfg.feature_norm);
     let model =
         std::cell::RefCell::new(Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize));
     model.borrow_mut().prepare(b, &g, &x);
-    let mut opt = Optimizer::new(cfg.optim);
+    let opt = std::cell::RefCell::new(Optimizer::new(cfg.optim));
     let labels: &[i32] = &ds.labels;
     let train_ids: &[u32] = &ds.splits.train;
     let n_train = train_ids.len() as f64;
@@ -178,7 +250,7 @@ pub fn train<B: Backend>(
         let (loss_sum, _) = b.cross_entropy(&logits, labels, train_ids, 1.0 / n_train, &mut dlogits);
         drop(logits);
         model.backward(b, &g, &x, tape, dlogits);
-        opt.step(b, model.params_mut());
+        opt.borrow_mut().step(b, model.params_mut());
         b.synchronize();
         Ok((loss_sum, None))
     };
@@ -186,7 +258,8 @@ pub fn train<B: Backend>(
         let (eval, _) = model.borrow().forward(b, &g, &x, false, epoch);
         Ok(ds.splits.named().map(|(_, ids)| b.count_correct(&eval, labels, ids)))
     };
-    run_epochs(ds, cfg, on_epoch, &mut step, &mut eval)
+    let mut state = Cells { b, model: &model, opt: &opt };
+    run_epochs(ds, cfg, ckpt, &mut state, on_epoch, &mut step, &mut eval)
 }
 
 /// Trains `cfg` on `ds` with the layer-wise, partition-wise executor over the tiered store.
@@ -195,6 +268,18 @@ pub fn train_tiered<B: Backend>(
     ds: &Dataset,
     cfg: &TrainConfig,
     tc: &TieredConfig,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<Summary, TrainError> {
+    train_tiered_with(b, ds, cfg, tc, None, on_epoch)
+}
+
+/// [`train_tiered`] with checkpoints (and resuming) when `ckpt` is given.
+pub fn train_tiered_with<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    tc: &TieredConfig,
+    ckpt: Option<&CheckpointConfig>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
     let ex = std::cell::RefCell::new(Executor::new(b, ds, &cfg.model, cfg.feature_norm, tc)?);
@@ -217,15 +302,34 @@ pub fn train_tiered<B: Backend>(
             }
         );
     }
-    let mut opt = Optimizer::new(cfg.optim);
+    let opt = std::cell::RefCell::new(Optimizer::new(cfg.optim));
     let mut step = |epoch: u64| {
         let mut e = ex.borrow_mut();
         e.model.zero_grad(b);
         let (loss, _) = e.forward_backward(epoch)?;
-        opt.step(b, e.model.params_mut());
+        opt.borrow_mut().step(b, e.model.params_mut());
         b.synchronize();
         Ok((loss, Some(e.take_stats())))
     };
     let mut eval = |epoch: u64| ex.borrow_mut().evaluate(epoch);
-    run_epochs(ds, cfg, on_epoch, &mut step, &mut eval)
+    let mut state = ExecutorCells { b, ex: &ex, opt: &opt };
+    run_epochs(ds, cfg, ckpt, &mut state, on_epoch, &mut step, &mut eval)
+}
+
+/// The tiered executor's model and the optimizer, for checkpoints.
+struct ExecutorCells<'a, 'b, B: Backend> {
+    b: &'a B,
+    ex: &'a std::cell::RefCell<Executor<'b, B>>,
+    opt: &'a std::cell::RefCell<Optimizer>,
+}
+
+impl<B: Backend> TrainerState for ExecutorCells<'_, '_, B> {
+    fn capture(&mut self) -> (Vec<ParamState>, u64) {
+        (checkpoint::capture(self.b, &mut self.ex.borrow_mut().model), self.opt.borrow().steps)
+    }
+    fn restore(&mut self, params: &[ParamState], steps: u64) -> Result<(), String> {
+        checkpoint::restore(self.b, &mut self.ex.borrow_mut().model, params)?;
+        checkpoint::restore_optimizer(&mut self.opt.borrow_mut(), steps);
+        Ok(())
+    }
 }

@@ -1,0 +1,278 @@
+//! Checkpoints: parameters, optimizer state, the epoch reached, the metrics needed to go on,
+//! and fingerprints of the configuration and the dataset, so a killed run resumes where its
+//! last checkpoint left it and ends with the same parameters bit for bit.
+//!
+//! File (`ckpt-epoch-NNNNNNNN.grnd-ckpt`): a first line `GRNDCKPT <version>`, one line of JSON,
+//! and a last line `xxh3 <hex>` of the JSON bytes. Written to a temporary name, synced, renamed
+//! into place, and the directory synced: a crash leaves the previous checkpoint or the new one,
+//! never half of one. Values are stored as f64 (exact for f32) in JSON's shortest round-trip
+//! form. The `keep` newest checkpoints are kept.
+//!
+//! Dropout masks are keyed by (seed, epoch, site, node, column), so the epoch is all the random
+//! state there is.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use grinnder_graph::buf::as_bytes;
+use grinnder_graph::Dataset;
+use grinnder_nn::{Model, Optimizer};
+use grinnder_tensor::{Backend, Mat, Scalar};
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
+
+const MAGIC: &str = "GRNDCKPT";
+const VERSION: u32 = 1;
+const SUFFIX: &str = ".grnd-ckpt";
+
+/// Where and how often to checkpoint, and whether to resume.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointConfig {
+    pub dir: PathBuf,
+    /// Every this many epochs (and after the last).
+    pub every: usize,
+    /// Newest checkpoints kept.
+    pub keep: usize,
+    /// Continue from the newest valid checkpoint in `dir`.
+    pub resume: bool,
+}
+
+/// One parameter and its optimizer state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParamState {
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub value: Vec<f64>,
+    pub state: Option<(Vec<f64>, Vec<f64>)>,
+}
+
+/// Everything a checkpoint holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Epochs completed.
+    pub epoch: usize,
+    /// The training configuration, for a field-by-field comparison on resume.
+    pub config: serde_json::Value,
+    /// Fingerprint of the dataset (see [`dataset_fingerprint`]).
+    pub dataset: String,
+    pub optimizer_steps: u64,
+    pub params: Vec<ParamState>,
+    /// (epoch, valid accuracy, test accuracy) of the best validation so far.
+    pub best: Option<(usize, f64, f64)>,
+    pub epoch_times: Vec<f64>,
+    pub last_loss: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error("checkpoint {path} was made for another run: {field} is {then} there, {now} here")]
+    Mismatch { path: PathBuf, field: String, then: String, now: String },
+    #[error("checkpoint {path} was made for another dataset (fingerprint {then}, this one {now})")]
+    OtherDataset { path: PathBuf, then: String, now: String },
+    #[error("checkpoint directory {dir}: {source}")]
+    Io { dir: PathBuf, source: std::io::Error },
+}
+
+/// xxh3 over the graph structure, labels, splits, feature shape and the first and last MiB of
+/// the features (hashing tens of GB of features at every start would cost more than it
+/// protects).
+pub fn dataset_fingerprint(ds: &Dataset) -> String {
+    let f: &[f32] = &ds.features.data;
+    let edge = 1 << 18;
+    let parts: Vec<u64> = vec![
+        xxh3_64(as_bytes(ds.graph.row_ptr())),
+        xxh3_64(as_bytes(ds.graph.col_idx())),
+        xxh3_64(as_bytes(&ds.labels[..])),
+        xxh3_64(as_bytes(&ds.splits.train[..])),
+        xxh3_64(as_bytes(&ds.splits.valid[..])),
+        xxh3_64(as_bytes(&ds.splits.test[..])),
+        xxh3_64(as_bytes(&f[..f.len().min(edge)])),
+        xxh3_64(as_bytes(&f[f.len().saturating_sub(edge)..])),
+        ds.features.dim as u64,
+        ds.num_classes as u64,
+    ];
+    format!("{:016x}", xxh3_64(as_bytes(&parts)))
+}
+
+/// The model's parameters and the optimizer's state, as stored.
+pub fn capture<B: Backend>(b: &B, model: &mut Model<B>) -> Vec<ParamState> {
+    let to64 = |m: &Mat<B::T>| m.data.iter().map(|x| x.f64()).collect::<Vec<f64>>();
+    model
+        .params_mut()
+        .into_iter()
+        .map(|p| {
+            let v = b.download(&p.value);
+            ParamState {
+                name: p.name.clone(),
+                rows: v.rows,
+                cols: v.cols,
+                value: to64(&v),
+                state: p.state.as_ref().map(|(s1, s2)| (to64(&b.download(s1)), to64(&b.download(s2)))),
+            }
+        })
+        .collect()
+}
+
+/// Puts stored parameters and optimizer state back into `model`.
+pub fn restore<B: Backend>(b: &B, model: &mut Model<B>, params: &[ParamState]) -> Result<(), String> {
+    let mut mine = model.params_mut();
+    if mine.len() != params.len() {
+        return Err(format!("{} parameters stored, the model has {}", params.len(), mine.len()));
+    }
+    let mat = |rows, cols, v: &[f64]| Mat::from_vec(rows, cols, v.iter().map(|&x| B::T::of(x)).collect());
+    for (p, s) in mine.iter_mut().zip(params) {
+        let (r, c) = b.dims(&p.value);
+        if p.name != s.name || (r, c) != (s.rows, s.cols) || s.value.len() != r * c {
+            return Err(format!(
+                "parameter {} ({r} × {c}) stored as {} ({} × {})",
+                p.name, s.name, s.rows, s.cols
+            ));
+        }
+        p.value = b.upload(&mat(r, c, &s.value));
+        p.state = match &s.state {
+            Some((s1, s2)) if s1.len() == r * c && s2.len() == r * c => {
+                Some((b.upload(&mat(r, c, s1)), b.upload(&mat(r, c, s2))))
+            }
+            Some(_) => return Err(format!("optimizer state of {} has the wrong size", p.name)),
+            None => None,
+        };
+    }
+    Ok(())
+}
+
+/// Restores the optimizer's step count.
+pub fn restore_optimizer(opt: &mut Optimizer, steps: u64) {
+    opt.steps = steps;
+}
+
+fn file_name(epoch: usize) -> String {
+    format!("ckpt-epoch-{epoch:08}{SUFFIX}")
+}
+
+fn io_err(dir: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io { dir: dir.to_path_buf(), source }
+}
+
+/// Writes `ck` atomically into `cfg.dir` and prunes older checkpoints beyond `cfg.keep`.
+pub fn save(cfg: &CheckpointConfig, ck: &Checkpoint) -> Result<PathBuf, CheckpointError> {
+    let dir = &cfg.dir;
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let json = serde_json::to_string(ck).expect("a checkpoint serialises");
+    let body = format!("{MAGIC} {VERSION}\n{json}\nxxh3 {:016x}\n", xxh3_64(json.as_bytes()));
+    let path = dir.join(file_name(ck.epoch));
+    let tmp = dir.join(format!(".{}.tmp-{}", file_name(ck.epoch), std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(io_err(dir))?;
+        f.write_all(body.as_bytes()).map_err(io_err(dir))?;
+        f.sync_all().map_err(io_err(dir))?;
+    }
+    std::fs::rename(&tmp, &path).map_err(io_err(dir))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))?;
+    let mut all = list(dir).map_err(io_err(dir))?;
+    all.sort_by_key(|e| std::cmp::Reverse(e.0));
+    for (_, old) in all.into_iter().skip(cfg.keep.max(1)) {
+        let _ = std::fs::remove_file(old);
+    }
+    Ok(path)
+}
+
+/// Checkpoint files in `dir` with their epochs.
+fn list(dir: &Path) -> std::io::Result<Vec<(usize, PathBuf)>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if let Some(epoch) = name.strip_prefix("ckpt-epoch-").and_then(|r| r.strip_suffix(SUFFIX)) {
+            if let Ok(epoch) = epoch.parse() {
+                out.push((epoch, p));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reads and verifies one checkpoint file.
+pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    let bad = |reason: String| CheckpointError::Invalid { path: path.to_path_buf(), reason };
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| bad("not text (corrupted)".into()))?;
+    let mut lines = text.split('\n');
+    let head = lines.next().unwrap_or("");
+    match head.strip_prefix(MAGIC).map(str::trim) {
+        Some(v) if v == VERSION.to_string() => {}
+        Some(v) => return Err(bad(format!("checkpoint format version {v}, this build reads {VERSION}"))),
+        None => return Err(bad("not a grinnder checkpoint (bad first line)".into())),
+    }
+    let json = lines.next().ok_or_else(|| bad("truncated: no body".into()))?;
+    let sum = lines
+        .next()
+        .and_then(|l| l.strip_prefix("xxh3 "))
+        .ok_or_else(|| bad("truncated: no checksum".into()))?;
+    if format!("{:016x}", xxh3_64(json.as_bytes())) != sum.trim() {
+        return Err(bad("checksum mismatch (corrupted)".into()));
+    }
+    serde_json::from_str(json).map_err(|e| bad(format!("unreadable body: {e}")))
+}
+
+/// The newest checkpoint in `dir` that verifies (older ones are tried when a newer one is
+/// damaged, with a warning); `None` when there is none.
+pub fn latest(dir: &Path) -> Result<Option<(PathBuf, Checkpoint)>, CheckpointError> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let mut all = list(dir).map_err(io_err(dir))?;
+    all.sort_by_key(|e| std::cmp::Reverse(e.0));
+    for (_, p) in all {
+        match load(&p) {
+            Ok(ck) => return Ok(Some((p, ck))),
+            Err(e) => tracing::warn!("skipping a damaged checkpoint: {e}"),
+        }
+    }
+    Ok(None)
+}
+
+/// Refuses a checkpoint made for another configuration (naming the first field that differs;
+/// `epochs` and `eval_every` may change) or another dataset.
+pub fn check_compatible(
+    path: &Path,
+    ck: &Checkpoint,
+    config: &serde_json::Value,
+    dataset: &str,
+) -> Result<(), CheckpointError> {
+    fn first_diff(
+        a: &serde_json::Value,
+        b: &serde_json::Value,
+        at: &str,
+    ) -> Option<(String, String, String)> {
+        match (a, b) {
+            (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
+                let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+                keys.sort();
+                keys.dedup();
+                keys.into_iter()
+                    .filter(|k| !(at.is_empty() && matches!(k.as_str(), "epochs" | "eval_every")))
+                    .find_map(|k| {
+                        let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                        let null = serde_json::Value::Null;
+                        first_diff(x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), &path)
+                    })
+            }
+            _ if a != b => Some((at.to_string(), a.to_string(), b.to_string())),
+            _ => None,
+        }
+    }
+    if let Some((field, then, now)) = first_diff(&ck.config, config, "") {
+        return Err(CheckpointError::Mismatch { path: path.to_path_buf(), field, then, now });
+    }
+    if ck.dataset != dataset {
+        return Err(CheckpointError::OtherDataset {
+            path: path.to_path_buf(),
+            then: ck.dataset.clone(),
+            now: dataset.to_string(),
+        });
+    }
+    Ok(())
+}
