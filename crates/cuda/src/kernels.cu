@@ -120,6 +120,118 @@ extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u64* perm,
     }
 }
 
+// The same product for narrow rows (d ≤ 64): a half-warp per row, up to 4 columns per lane,
+// so two rows' gathers are in flight per warp and few lanes idle.
+extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u64* perm, int has_perm,
+                                  const float* vals, int vc, const float* x, int d, float* out, i64 rows,
+                                  float beta) {
+    i64 r = global_thread() >> 4;
+    int lane = threadIdx.x & 15;
+    unsigned mask = (threadIdx.x & 16) ? 0xffff0000u : 0x0000ffffu;
+    if (r >= rows) return;
+    u64 s = ptr[r], e = ptr[r + 1];
+    int f = d / vc;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (u64 base = s; base < e; base += 16) {
+        u64 k = base + lane;
+        u32 my_col = 0;
+        u64 my_ent = 0;
+        float my_val = 0.0f;
+        if (k < e) {
+            my_col = idx[k];
+            my_ent = has_perm ? perm[k] : k;
+            if (vc == 1) my_val = vals[my_ent];
+        }
+        int n = (int)(e - base < 16 ? e - base : 16);
+#pragma unroll 4
+        for (int j = 0; j < n; ++j) {
+            u32 col = __shfl_sync(mask, my_col, j, 16);
+            float w = __shfl_sync(mask, my_val, j, 16);
+            u64 ent = __shfl_sync(mask, my_ent, j, 16);
+            const float* xr = x + (u64)col * d;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                int c = i * 16 + lane;
+                if (c < d) acc[i] += (vc == 1 ? w : vals[ent * vc + c / f]) * xr[c];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int c = i * 16 + lane;
+        if (c < d) out[r * d + c] = (beta == 0.0f ? 0.0f : beta * out[r * d + c]) + acc[i];
+    }
+}
+
+// The same product for rows of a multiple of 4 floats: 16-byte loads, two per lane per tile
+// of 256 columns (x and out rows are 16-byte aligned: d % 4 == 0, allocations 256-byte aligned).
+extern "C" __global__ void spmm_v4(const u64* ptr, const u32* idx, const u64* perm, int has_perm,
+                                   const float* vals, int vc, const float* x, int d, float* out, i64 rows,
+                                   float beta) {
+    i64 r = global_warp();
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    u64 s = ptr[r], e = ptr[r + 1];
+    int f = d / vc;
+    int d4 = d >> 2;
+    const float4* x4 = (const float4*)x;
+    float4* out4 = (float4*)out;
+    for (int q0 = 0; q0 < d4; q0 += 64) {
+        float4 acc[2];
+        acc[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        acc[1] = acc[0];
+        for (u64 base = s; base < e; base += 32) {
+            u64 k = base + lane;
+            u32 my_col = 0;
+            u64 my_ent = 0;
+            float my_val = 0.0f;
+            if (k < e) {
+                my_col = idx[k];
+                my_ent = has_perm ? perm[k] : k;
+                if (vc == 1) my_val = vals[my_ent];
+            }
+            int n = (int)(e - base < 32 ? e - base : 32);
+#pragma unroll 4
+            for (int j = 0; j < n; ++j) {
+                u32 col = __shfl_sync(FULL, my_col, j);
+                float w = __shfl_sync(FULL, my_val, j);
+                u64 ent = __shfl_sync(FULL, my_ent, j);
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    int q = q0 + i * 32 + lane;
+                    if (q < d4) {
+                        float ww = vc == 1 ? w : vals[ent * vc + (q * 4) / f];
+                        float4 v = x4[(u64)col * d4 + q];
+                        acc[i].x += ww * v.x;
+                        acc[i].y += ww * v.y;
+                        acc[i].z += ww * v.z;
+                        acc[i].w += ww * v.w;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            int q = q0 + i * 32 + lane;
+            if (q < d4) {
+                float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (beta != 0.0f) {
+                    o = out4[r * d4 + q];
+                    o.x *= beta;
+                    o.y *= beta;
+                    o.z *= beta;
+                    o.w *= beta;
+                }
+                o.x += acc[i].x;
+                o.y += acc[i].y;
+                o.z += acc[i].z;
+                o.w += acc[i].w;
+                out4[r * d4 + q] = o;
+            }
+        }
+    }
+}
+
 // out[e, h] = a[r, block h] · b[idx[e], block h]; one warp per row
 extern "C" __global__ void sddmm(const u64* ptr, const u32* idx, i64 rows, const float* a, const float* b,
                                  int width, int k, float* out) {

@@ -94,9 +94,18 @@ impl Drop for Span<'_> {
     }
 }
 
+/// Which SpMM kernel runs: chosen by shape, or the general one everywhere
+/// (`GRINNDER_SPMM=warp`, for comparisons).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SpmmKernel {
+    Auto,
+    Warp,
+}
+
 /// The CUDA backend on one device.
 pub struct Cuda {
     prof: Option<Profile>,
+    spmm_kernel: SpmmKernel,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
@@ -106,8 +115,10 @@ pub struct Cuda {
     dummy_u32: CudaSlice<u32>,
 }
 
-const KERNELS: [&str; 22] = [
+const KERNELS: [&str; 24] = [
     "sum_parts",
+    "spmm16",
+    "spmm_v4",
     "dropout",
     "edge_dropout",
     "spmm",
@@ -189,7 +200,20 @@ impl Cuda {
             ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64
         );
         let prof = std::env::var_os("GRINNDER_CUDA_PROFILE").map(|_| Profile::default());
-        Ok(Cuda { prof, ctx, stream, blas, k: Kernels { _module: module, f }, dummy_u64, dummy_u32 })
+        let spmm_kernel = match std::env::var("GRINNDER_SPMM").as_deref() {
+            Ok("warp") => SpmmKernel::Warp,
+            _ => SpmmKernel::Auto,
+        };
+        Ok(Cuda {
+            prof,
+            spmm_kernel,
+            ctx,
+            stream,
+            blas,
+            k: Kernels { _module: module, f },
+            dummy_u64,
+            dummy_u32,
+        })
     }
 
     /// Starts timing an operation when profiling.
@@ -433,11 +457,18 @@ impl Backend for Cuda {
         let has_perm = transpose as i32;
         let perm = if transpose { &s.t_perm } else { &self.dummy_u64 };
         let (vc, d, r64, beta) = (vals.cols as i32, x.cols as i32, rows as i64, beta as f32);
-        let mut l = self.stream.launch_builder(self.func("spmm"));
+        // narrow rows: a half-warp each; rows of whole 16-byte vectors (in one head per vector):
+        // vector loads; otherwise the general kernel
+        let (name, cfg) = match self.spmm_kernel {
+            SpmmKernel::Auto if x.cols <= 64 => ("spmm16", grid(rows * 16)),
+            SpmmKernel::Auto if x.cols % 4 == 0 && (x.cols / vals.cols) % 4 == 0 => ("spmm_v4", warps(rows)),
+            _ => ("spmm", warps(rows)),
+        };
+        let mut l = self.stream.launch_builder(self.func(name));
         l.arg(ptr).arg(idx).arg(perm).arg(&has_perm).arg(&vals.data).arg(&vc).arg(&x.data).arg(&d);
         l.arg(&mut out.data).arg(&r64).arg(&beta);
         // SAFETY: the structure's indices are below x's rows (checked when it was built).
-        unsafe { l.launch(warps(rows)) }.expect("CUDA spmm");
+        unsafe { l.launch(cfg) }.expect("CUDA spmm");
     }
 
     fn sddmm(&self, s: &DSparse, a: &DMat, b: &DMat, out: &mut DMat) {

@@ -84,16 +84,17 @@ fn every_operation_matches_the_cpu() {
     // spmm forward and transposed, one and several value columns
     let s = random_sparse(300, 200, 9, 6);
     let (cs, gs) = (c.sparse(&s), g.sparse(&s));
-    for k in [1, 4] {
+    // widths that take each kernel: half-warp (≤ 64), 16-byte vectors, general
+    for (k, d) in [(1, 20), (1, 47), (1, 64), (4, 64), (1, 70), (1, 96), (4, 96), (4, 100), (1, 300)] {
         let vals = random(s.nnz(), k, 7);
         for transpose in [false, true] {
             let (rows, inner) = if transpose { (200, 300) } else { (300, 200) };
-            let x = random(inner, 64, 8);
-            let o0 = random(rows, 64, 9);
+            let x = random(inner, d, 8);
+            let o0 = random(rows, d, 9);
             let (mut want, mut got) = (o0.clone(), g.upload(&o0));
             c.spmm(&cs, &vals, transpose, &x, 0.5, &mut want);
             g.spmm(&gs, &g.upload(&vals), transpose, &g.upload(&x), 0.5, &mut got);
-            check(&format!("spmm k={k} transpose={transpose}"), &g.download(&got), &want);
+            check(&format!("spmm k={k} d={d} transpose={transpose}"), &g.download(&got), &want);
         }
     }
     // attention pieces
