@@ -102,9 +102,45 @@ enum SpmmKernel {
     Warp,
 }
 
+/// Device copies of small host arrays that are passed again and again (labels, split rows):
+/// an array is uploaded once and found again by comparing its contents with a host copy (exact;
+/// the comparison runs on the host while the device computes).
+struct UploadCache<T> {
+    entries: std::sync::Mutex<Vec<Cached<T>>>,
+}
+
+/// A host array and its device copy.
+type Cached<T> = (Vec<T>, Arc<CudaSlice<T>>);
+
+impl<T> Default for UploadCache<T> {
+    fn default() -> Self {
+        UploadCache { entries: std::sync::Mutex::new(Vec::new()) }
+    }
+}
+
+impl<T: cudarc::driver::DeviceRepr + PartialEq + Clone> UploadCache<T> {
+    const KEEP: usize = 8;
+
+    fn get(&self, cuda: &Cuda, v: &[T]) -> Arc<CudaSlice<T>> {
+        let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = e.iter().position(|(h, _)| h.as_slice() == v) {
+            let hit = e.remove(i);
+            let d = hit.1.clone();
+            e.insert(0, hit);
+            return d;
+        }
+        let d = Arc::new(cuda.upload_slice(v));
+        e.insert(0, (v.to_vec(), d.clone()));
+        e.truncate(Self::KEEP);
+        d
+    }
+}
+
 /// The CUDA backend on one device.
 pub struct Cuda {
     prof: Option<Profile>,
+    labels: UploadCache<i32>,
+    rows: UploadCache<u32>,
     spmm_kernel: SpmmKernel,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -206,6 +242,8 @@ impl Cuda {
         };
         Ok(Cuda {
             prof,
+            labels: UploadCache::default(),
+            rows: UploadCache::default(),
             spmm_kernel,
             ctx,
             stream,
@@ -738,12 +776,13 @@ impl Backend for Cuda {
         if rows.is_empty() {
             return (0.0, 0);
         }
-        let (dl, dr) = (self.upload_slice(labels), self.upload_slice(rows));
+        let (dl, dr) = (self.labels.get(self, labels), self.rows.get(self, rows));
+        let (dl, dr) = (dl.as_ref(), dr.as_ref());
         let mut loss = self.stream.alloc_zeros::<f32>(rows.len()).expect("CUDA alloc");
         let mut ok = self.stream.alloc_zeros::<i32>(rows.len()).expect("CUDA alloc");
         let (m, c32, s) = (rows.len() as i64, c as i32, scale as f32);
         let mut l = self.stream.launch_builder(self.func("cross_entropy"));
-        l.arg(&logits.data).arg(&dl).arg(&dr).arg(&m).arg(&c32).arg(&s).arg(&mut grad.data).arg(&mut loss);
+        l.arg(&logits.data).arg(dl).arg(dr).arg(&m).arg(&c32).arg(&s).arg(&mut grad.data).arg(&mut loss);
         l.arg(&mut ok);
         // SAFETY: rows index logits; labels checked above.
         unsafe { l.launch(grid(rows.len())) }.expect("CUDA cross_entropy");
@@ -797,11 +836,12 @@ impl Backend for Cuda {
         if rows.is_empty() {
             return 0;
         }
-        let (dl, dr) = (self.upload_slice(labels), self.upload_slice(rows));
+        let (dl, dr) = (self.labels.get(self, labels), self.rows.get(self, rows));
+        let (dl, dr) = (dl.as_ref(), dr.as_ref());
         let mut ok = self.stream.alloc_zeros::<i32>(rows.len()).expect("CUDA alloc");
         let (m, c) = (rows.len() as i64, logits.cols as i32);
         let mut l = self.stream.launch_builder(self.func("count_correct"));
-        l.arg(&logits.data).arg(&dl).arg(&dr).arg(&m).arg(&c).arg(&mut ok);
+        l.arg(&logits.data).arg(dl).arg(dr).arg(&m).arg(&c).arg(&mut ok);
         // SAFETY: rows index logits.
         unsafe { l.launch(grid(rows.len())) }.expect("CUDA count_correct");
         self.stream.clone_dtoh(&ok).expect("CUDA download").iter().filter(|&&o| o != 0).count()
