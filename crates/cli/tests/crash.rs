@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-const EPOCHS: usize = 60;
+const EPOCHS: usize = 150;
 
 /// Cora as a native file (loads in milliseconds, so restarts are cheap).
 fn cora(tmp: &Path) -> std::path::PathBuf {
@@ -55,20 +55,26 @@ fn killed_and_resumed_training_ends_with_the_same_parameters() {
     let tmp = tempfile::tempdir().unwrap();
     let data = cora(tmp.path());
     let (reference, crashed) = (tmp.path().join("reference"), tmp.path().join("crashed"));
-    // timings of this machine: start-up (one epoch) and the whole run
-    let t = Instant::now();
-    finish(start(&data, &tmp.path().join("probe"), 1, &[]));
-    let startup = t.elapsed();
+    // timings of this machine: start-up (one epoch; the fastest of three, as other jobs may
+    // share the machine) and the whole run
+    let startup = (0..3)
+        .map(|i| {
+            let t = Instant::now();
+            finish(start(&data, &tmp.path().join(format!("probe{i}")), 1, &[]));
+            t.elapsed()
+        })
+        .min()
+        .unwrap();
     let t = Instant::now();
     finish(start(&data, &reference, EPOCHS, &[]));
     let per_epoch = t.elapsed().saturating_sub(startup) / EPOCHS as u32;
     let want = params(&reference, EPOCHS);
 
-    // kill at delays spread from inside start-up to two epochs in, until a run completes
+    // kill at delays spread from inside start-up to a couple of epochs in, until a run completes
     let mut kills = 0;
     for i in 0..1000u64 {
         let u = ((i * 0x9E37_79B9) % 1000) as f64 / 1000.0;
-        let delay = startup.mul_f64(0.3 + 0.9 * u) + per_epoch.mul_f64(2.0 * u);
+        let delay = startup.mul_f64(0.2 + 0.9 * u) + per_epoch.mul_f64(1.5 * u);
         let mut child = start(&data, &crashed, EPOCHS, &[]);
         std::thread::sleep(delay);
         if child.try_wait().unwrap().is_none() {
@@ -90,7 +96,7 @@ fn killed_and_resumed_training_ends_with_the_same_parameters() {
         "parameters after {kills} kills differ from the uninterrupted run"
     );
     let left: Vec<_> = std::fs::read_dir(&crashed).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert!(left.len() <= 2 + 1, "at most the kept checkpoints and one stale temporary file: {left:?}");
+    assert_eq!(left.len(), 2, "the kept checkpoints only (temporaries of killed writes removed): {left:?}");
 }
 
 #[test]

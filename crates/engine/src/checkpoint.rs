@@ -6,7 +6,8 @@
 //! and a last line `xxh3 <hex>` of the JSON bytes. Written to a temporary name, synced, renamed
 //! into place, and the directory synced: a crash leaves the previous checkpoint or the new one,
 //! never half of one. Values are stored as f64 (exact for f32) in JSON's shortest round-trip
-//! form. The `keep` newest checkpoints are kept.
+//! form. The `keep` newest checkpoints are kept, and temporaries left by writers killed
+//! mid-write are removed at the next save.
 //!
 //! Dropout masks are keyed by (seed, epoch, site, node, column), so the epoch is all the random
 //! state there is.
@@ -175,6 +176,14 @@ pub fn save(cfg: &CheckpointConfig, ck: &Checkpoint) -> Result<PathBuf, Checkpoi
     all.sort_by_key(|e| std::cmp::Reverse(e.0));
     for (_, old) in all.into_iter().skip(cfg.keep.max(1)) {
         let _ = std::fs::remove_file(old);
+    }
+    // temporaries of writers killed mid-write (one writer per directory at a time)
+    for e in std::fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(".ckpt-epoch-") && name.contains(".tmp-") {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
     Ok(path)
 }
