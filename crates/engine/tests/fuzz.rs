@@ -16,7 +16,11 @@ fn budget() -> f64 {
 
 /// One random corruption: bit flip, byte overwrite, truncation, insertion or removal.
 fn mutate(s: &mut Stream, b: &mut Vec<u8>) {
-    let len = b.len().max(1) as u64;
+    if b.is_empty() {
+        b.push(s.below(256) as u8);
+        return;
+    }
+    let len = b.len() as u64;
     let i = (s.below(len) as usize).min(b.len().saturating_sub(1));
     match s.below(5) {
         0 => b[i] ^= 1 << s.below(8),
