@@ -8,6 +8,20 @@ use grinnder_tensor::Backend;
 use crate::graph::{Adjacency, Graph};
 use crate::linear::Linear;
 
+/// What backward of a GCN or SAGE layer needs besides the layer input.
+pub struct AggCache<B: Backend> {
+    /// `A x` when the layer aggregated first.
+    pub(crate) agg: Option<B::Mat>,
+}
+
+impl<B: Backend> AggCache<B> {
+    /// The cache of a forward that kept no aggregation (it was given `pre`, or transformed
+    /// first): backward then needs only the layer input.
+    pub(crate) fn without_aggregation() -> Self {
+        AggCache { agg: None }
+    }
+}
+
 /// `A x` (`g.rows` rows).
 pub fn aggregate<B: Backend>(b: &B, g: &Graph<B>, a: &Adjacency<B>, x: &B::Mat) -> B::Mat {
     let mut t = b.output(g.rows, b.dims(x).1);

@@ -18,18 +18,7 @@ pub struct GcnConv<B: Backend> {
 }
 
 /// What backward needs besides the layer input.
-pub struct GcnCache<B: Backend> {
-    /// `Â x` when the layer aggregated first.
-    agg: Option<B::Mat>,
-}
-
-impl<B: Backend> GcnCache<B> {
-    /// The cache of a forward that kept no aggregation (it was given `pre`, or transformed
-    /// first): backward then needs only the layer input.
-    pub(crate) fn without_aggregation() -> Self {
-        GcnCache { agg: None }
-    }
-}
+pub type GcnCache<B> = aggregate::AggCache<B>;
 
 impl<B: Backend> GcnConv<B> {
     pub fn init(b: &B, name: &str, in_dim: usize, out_dim: usize, seed: u64) -> Self {

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gat::{GatCache, GatConv};
 use crate::gcn::{GcnCache, GcnConv};
-use crate::graph::Graph;
+use crate::graph::{Adjacency, Graph};
 use crate::layer_norm::LayerNorm;
 use crate::linear::Linear;
 use crate::param::Param;
@@ -270,7 +270,7 @@ impl<B: Backend> Model<B> {
             let input_owned = if l == 0 { None } else { hidden.pop() };
             let input = input_owned.as_ref().unwrap_or(x);
             let pre_l = if l == 0 { pre.as_ref() } else { None };
-            let dx = self.layer_backward_impl(b, g, l, input, pre_l, t, &grad, l > 0, output.as_ref());
+            let dx = self.layer_backward(b, g, l, input, pre_l, t, &grad, l > 0, output.as_ref());
             // this layer's input is the layer below's output
             output = input_owned;
             match dx {
@@ -300,7 +300,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// `keep_act = false`: a hidden output without residual is not copied into the tape; the
-    /// caller then hands it to [`Model::layer_backward_impl`] as `output`.
+    /// caller then hands it to [`Model::layer_backward`] as `output`.
     #[allow(clippy::too_many_arguments)]
     fn layer_forward_impl(
         &self,
@@ -388,24 +388,6 @@ impl<B: Backend> Model<B> {
         out
     }
 
-    /// Backward of [`Model::layer_forward`] given the gradient of its output (`g.rows` rows):
-    /// accumulates the layer's parameter gradients and returns the gradient of its input
-    /// (`g.cols` rows) when `need_dx`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn layer_backward(
-        &mut self,
-        b: &B,
-        g: &Graph<B>,
-        l: usize,
-        x: &B::Mat,
-        pre: Option<&B::Mat>,
-        tape: LayerTape<B>,
-        dy: &B::Mat,
-        need_dx: bool,
-    ) -> Option<B::Mat> {
-        self.layer_backward_impl(b, g, l, x, pre, tape, dy, need_dx, None)
-    }
-
     /// Whether hidden layer `l`'s backward can run from its stored output instead of a
     /// recomputed forward ([`Model::tape_from_output`]): a GCN or SAGE layer without norm,
     /// residual or input dropout whose forward keeps no aggregation (it used the precomputed
@@ -422,7 +404,7 @@ impl<B: Backend> Model<B> {
 
     /// The tape of hidden layer `l` at `epoch` without recomputing it, when
     /// [`Model::backward_from_output`] allows; pass the layer's output to
-    /// [`Model::layer_backward_from_output`].
+    /// [`Model::layer_backward`].
     pub fn tape_from_output(&self, l: usize, with_pre: bool, epoch: u64) -> Option<LayerTape<B>> {
         if !self.backward_from_output(l, with_pre) {
             return None;
@@ -443,27 +425,13 @@ impl<B: Backend> Model<B> {
         })
     }
 
-    /// [`Model::layer_backward`] for a tape from [`Model::tape_from_output`]: `output` is the
-    /// layer's output rows (its ReLU and dropout mask).
+    /// Backward of [`Model::layer_forward`] given the gradient of its output (`g.rows` rows):
+    /// accumulates the layer's parameter gradients and returns the gradient of its input
+    /// (`g.cols` rows) when `need_dx`. `output` is the layer's output rows, needed (as the
+    /// ReLU and dropout mask) only when the tape does not hold the activation: a tape from
+    /// [`Model::tape_from_output`], or the whole-model forward's.
     #[allow(clippy::too_many_arguments)]
-    pub fn layer_backward_from_output(
-        &mut self,
-        b: &B,
-        g: &Graph<B>,
-        l: usize,
-        x: &B::Mat,
-        pre: Option<&B::Mat>,
-        tape: LayerTape<B>,
-        dy: &B::Mat,
-        need_dx: bool,
-        output: &B::Mat,
-    ) -> Option<B::Mat> {
-        self.layer_backward_impl(b, g, l, x, pre, tape, dy, need_dx, Some(output))
-    }
-
-    /// `output`: the layer's output, when forward did not keep the activation.
-    #[allow(clippy::too_many_arguments)]
-    fn layer_backward_impl(
+    pub fn layer_backward(
         &mut self,
         b: &B,
         g: &Graph<B>,
@@ -528,7 +496,24 @@ impl<B: Backend> Model<B> {
         conv && self.dims[l] > self.dims[l + 1] && !first_fixed
     }
 
-    /// The aggregated linear map of a GCN or SAGE layer, and SAGE's root map.
+    /// A split layer's aggregated linear map and SAGE's root map.
+    fn split_maps(&self, l: usize) -> (&Linear<B>, Option<&Linear<B>>) {
+        match &self.convs[l] {
+            Conv::Gcn(c) => (&c.lin, None),
+            Conv::Sage(c) => (&c.lin_l, Some(&c.lin_r)),
+            Conv::Gat(_) => panic!("GAT layers do not run split"),
+        }
+    }
+
+    /// The adjacency a split layer aggregates over: `A + I` for GCN, `A` for SAGE.
+    fn split_adjacency<'g>(&self, g: &'g Graph<B>) -> &'g Adjacency<B> {
+        match self.config.kind {
+            Kind::Gcn => g.looped(),
+            _ => g.plain(),
+        }
+    }
+
+    /// [`Model::split_maps`] for accumulating their gradients.
     fn split_lins(&mut self, l: usize) -> (&mut Linear<B>, Option<&mut Linear<B>>) {
         match &mut self.convs[l] {
             Conv::Gcn(c) => (&mut c.lin, None),
@@ -539,11 +524,7 @@ impl<B: Backend> Model<B> {
 
     /// Phase 1 of a split layer: `h = x Wᵀ` for the rows of `x` (no bias).
     pub fn split_transform(&self, b: &B, l: usize, x: &B::Mat) -> B::Mat {
-        let lin = match &self.convs[l] {
-            Conv::Gcn(c) => &c.lin,
-            Conv::Sage(c) => &c.lin_l,
-            Conv::Gat(_) => panic!("GAT layers do not run split"),
-        };
+        let lin = self.split_maps(l).0;
         let mut h = b.output(b.dims(x).0, self.dims[l + 1]);
         b.gemm(1.0, x, false, &lin.weight.value, true, 0.0, &mut h);
         h
@@ -562,11 +543,7 @@ impl<B: Backend> Model<B> {
         train: bool,
         epoch: u64,
     ) -> (B::Mat, LayerTape<B>) {
-        let (a, lin, root) = match &self.convs[l] {
-            Conv::Gcn(c) => (g.looped(), &c.lin, None),
-            Conv::Sage(c) => (g.plain(), &c.lin_l, Some(&c.lin_r)),
-            Conv::Gat(_) => panic!("GAT layers do not run split"),
-        };
+        let (a, (lin, root)) = (self.split_adjacency(g), self.split_maps(l));
         let mut z = b.output(g.rows, self.dims[l + 1]);
         b.spmm(&a.s, &a.vals, false, h, 0.0, &mut z);
         if let Some(bias) = &lin.bias {
@@ -615,10 +592,7 @@ impl<B: Backend> Model<B> {
             self.hidden_grad(b, g, l, epoch, act, norm_in, dy)
         });
         let dz = dz_owned.as_ref().unwrap_or(dy);
-        let a = match self.config.kind {
-            Kind::Gcn => g.looped(),
-            _ => g.plain(),
-        };
+        let a = self.split_adjacency(g);
         let mut dh = b.output(g.cols, self.dims[l + 1]);
         b.spmm(&a.s, &a.vals, true, dz, 0.0, &mut dh);
         let (lin, root) = self.split_lins(l);

@@ -18,17 +18,8 @@ pub struct SageConv<B: Backend> {
     pub lin_r: Linear<B>,
 }
 
-pub struct SageCache<B: Backend> {
-    agg: Option<B::Mat>,
-}
-
-impl<B: Backend> SageCache<B> {
-    /// The cache of a forward that kept no aggregation (it was given `pre`, or transformed
-    /// first): backward then needs only the layer input.
-    pub(crate) fn without_aggregation() -> Self {
-        SageCache { agg: None }
-    }
-}
+/// What backward needs besides the layer input.
+pub type SageCache<B> = aggregate::AggCache<B>;
 
 impl<B: Backend> SageConv<B> {
     pub fn init(b: &B, name: &str, in_dim: usize, out_dim: usize, seed: u64) -> Self {
