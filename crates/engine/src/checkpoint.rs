@@ -144,9 +144,22 @@ pub fn restore<B: Backend>(b: &B, model: &mut Model<B>, params: &[ParamState]) -
     Ok(())
 }
 
-/// Restores the optimizer's step count.
-pub fn restore_optimizer(opt: &mut Optimizer, steps: u64) {
+/// [`capture`] with the optimizer's step count.
+pub fn capture_state<B: Backend>(b: &B, model: &mut Model<B>, opt: &Optimizer) -> (Vec<ParamState>, u64) {
+    (capture(b, model), opt.steps)
+}
+
+/// [`restore`] with the optimizer's step count.
+pub fn restore_state<B: Backend>(
+    b: &B,
+    model: &mut Model<B>,
+    opt: &mut Optimizer,
+    params: &[ParamState],
+    steps: u64,
+) -> Result<(), String> {
+    restore(b, model, params)?;
     opt.steps = steps;
+    Ok(())
 }
 
 fn file_name(epoch: usize) -> String {

@@ -57,12 +57,16 @@ struct Cells<'a, B: Backend> {
 
 impl<B: Backend> TrainerState for Cells<'_, B> {
     fn capture(&mut self) -> (Vec<ParamState>, u64) {
-        (checkpoint::capture(self.b, &mut self.model.borrow_mut()), self.opt.borrow().steps)
+        checkpoint::capture_state(self.b, &mut self.model.borrow_mut(), &self.opt.borrow())
     }
     fn restore(&mut self, params: &[ParamState], steps: u64) -> Result<(), String> {
-        checkpoint::restore(self.b, &mut self.model.borrow_mut(), params)?;
-        checkpoint::restore_optimizer(&mut self.opt.borrow_mut(), steps);
-        Ok(())
+        checkpoint::restore_state(
+            self.b,
+            &mut self.model.borrow_mut(),
+            &mut self.opt.borrow_mut(),
+            params,
+            steps,
+        )
     }
 }
 
@@ -79,21 +83,32 @@ pub enum FeatureNorm {
 
 /// Host features, preprocessed, as a backend matrix.
 pub fn features<B: Backend>(b: &B, ds: &Dataset, norm: FeatureNorm) -> B::Mat {
-    let d = ds.features.dim;
-    let src: &[f32] = &ds.features.data;
-    let data: Vec<B::T> = match norm {
-        FeatureNorm::None => src.par_iter().map(|&x| B::T::of(x as f64)).collect(),
-        FeatureNorm::Row => {
-            let min = src.par_iter().copied().reduce(|| f32::INFINITY, f32::min) as f64;
-            src.par_chunks(d.max(1))
-                .flat_map_iter(|r| {
-                    let sum = r.iter().map(|&v| v as f64 - min).sum::<f64>().max(1.0);
-                    r.iter().map(move |&v| B::T::of((v as f64 - min) / sum))
-                })
-                .collect()
-        }
-    };
+    let shift = feature_shift(ds, norm);
+    let data: Vec<B::T> = ds
+        .features
+        .data
+        .par_chunks(ds.features.dim.max(1))
+        .flat_map_iter(|r| normalized(r, norm, shift))
+        .collect();
     b.upload(&Mat::from_vec(ds.num_nodes(), ds.features.dim, data))
+}
+
+/// What [`FeatureNorm::Row`] shifts every value by: the global minimum (0 for `None`).
+pub fn feature_shift(ds: &Dataset, norm: FeatureNorm) -> f64 {
+    match norm {
+        FeatureNorm::None => 0.0,
+        FeatureNorm::Row => ds.features.data.par_iter().copied().reduce(|| f32::INFINITY, f32::min) as f64,
+    }
+}
+
+/// One feature row preprocessed (`shift` from [`feature_shift`]).
+pub fn normalized<T: Scalar>(r: &[f32], norm: FeatureNorm, shift: f64) -> impl Iterator<Item = T> + '_ {
+    let sum = match norm {
+        FeatureNorm::None => 1.0,
+        FeatureNorm::Row => r.iter().map(|&v| v as f64 - shift).sum::<f64>().max(1.0),
+    };
+    let shift = if norm == FeatureNorm::Row { shift } else { 0.0 };
+    r.iter().map(move |&v| T::of((v as f64 - shift) / sum))
 }
 
 /// Refuses datasets the trainers cannot train on, with the reason.
@@ -325,11 +340,10 @@ struct ExecutorCells<'a, 'b, B: Backend> {
 
 impl<B: Backend> TrainerState for ExecutorCells<'_, '_, B> {
     fn capture(&mut self) -> (Vec<ParamState>, u64) {
-        (checkpoint::capture(self.b, &mut self.ex.borrow_mut().model), self.opt.borrow().steps)
+        checkpoint::capture_state(self.b, &mut self.ex.borrow_mut().model, &self.opt.borrow())
     }
     fn restore(&mut self, params: &[ParamState], steps: u64) -> Result<(), String> {
-        checkpoint::restore(self.b, &mut self.ex.borrow_mut().model, params)?;
-        checkpoint::restore_optimizer(&mut self.opt.borrow_mut(), steps);
-        Ok(())
+        let model = &mut self.ex.borrow_mut().model;
+        checkpoint::restore_state(self.b, model, &mut self.opt.borrow_mut(), params, steps)
     }
 }

@@ -43,11 +43,21 @@ pub struct Summary {
 
 /// Peak resident set size of this process (Linux `VmHWM`; 0 where unavailable).
 pub fn peak_rss_bytes() -> u64 {
+    status_bytes("VmHWM:")
+}
+
+/// Resident set size of this process now (Linux `VmRSS`; 0 where unavailable).
+pub fn rss_bytes() -> u64 {
+    status_bytes("VmRSS:")
+}
+
+/// A kB field of `/proc/self/status`, in bytes.
+fn status_bytes(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<u64>().ok())
         })

@@ -30,7 +30,7 @@ use serde::Serialize;
 
 pub use store::{BlockId, CacheMode, Kind, Store, StoreConfig, TierDtype, TierStats};
 
-use crate::memory::{FeatureNorm, TrainError};
+use crate::memory::{feature_shift, normalized, FeatureNorm, TrainError};
 
 /// How the executor partitions and where its blocks live.
 #[derive(Clone, Debug)]
@@ -119,22 +119,11 @@ pub struct Executor<'a, B: Backend> {
     stats: PhaseStats,
 }
 
-/// Features of `ids`, preprocessed (`min` is the global minimum, for row normalisation).
-pub fn feature_rows<T: Scalar>(ds: &Dataset, norm: FeatureNorm, min: f64, ids: &[u32]) -> Vec<T> {
+/// Features of `ids`, preprocessed (`shift` from [`feature_shift`]).
+pub fn feature_rows<T: Scalar>(ds: &Dataset, norm: FeatureNorm, shift: f64, ids: &[u32]) -> Vec<T> {
     let d = ds.features.dim;
     let src: &[f32] = &ds.features.data;
-    let mut out = Vec::with_capacity(ids.len() * d);
-    for &v in ids {
-        let r = &src[v as usize * d..(v as usize + 1) * d];
-        match norm {
-            FeatureNorm::None => out.extend(r.iter().map(|&x| T::of(x as f64))),
-            FeatureNorm::Row => {
-                let sum = r.iter().map(|&x| x as f64 - min).sum::<f64>().max(1.0);
-                out.extend(r.iter().map(|&x| T::of((x as f64 - min) / sum)));
-            }
-        }
-    }
-    out
+    ids.iter().flat_map(|&v| normalized(&src[v as usize * d..(v as usize + 1) * d], norm, shift)).collect()
 }
 
 fn io_err(e: std::io::Error) -> TrainError {
@@ -251,10 +240,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     }
 
     fn load_features(&mut self, ds: &Dataset, norm: FeatureNorm) -> Result<(), TrainError> {
-        let min = match norm {
-            FeatureNorm::Row => ds.features.data.iter().copied().fold(f32::INFINITY, f32::min) as f64,
-            FeatureNorm::None => 0.0,
-        };
+        let min = feature_shift(ds, norm);
         let d = ds.features.dim;
         for q in 0..self.parts.len() {
             let first = self.partitioning.ptr[q] as usize;
@@ -490,7 +476,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                         let tape =
                             self.model.tape_from_output(l, l == 0 && self.pre, epoch).expect("allowed");
                         let g = &self.parts[q].graph;
-                        let dx = self.model.layer_backward_from_output(
+                        let dx = self.model.layer_backward(
                             b,
                             g,
                             l,
@@ -499,7 +485,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                             tape,
                             &dy,
                             l > 0,
-                            &out,
+                            Some(&out),
                         );
                         self.stats.compute_s += t.elapsed().as_secs_f64();
                         dx
@@ -512,7 +498,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                         drop(y);
                         let t = Instant::now();
                         let g = &self.parts[q].graph;
-                        let dx = self.model.layer_backward(b, g, l, &x, pre.as_ref(), tape, &dy, l > 0);
+                        let dx = self.model.layer_backward(b, g, l, &x, pre.as_ref(), tape, &dy, l > 0, None);
                         self.stats.compute_s += t.elapsed().as_secs_f64();
                         dx
                     };
@@ -633,18 +619,6 @@ fn act(layer: usize, part: usize) -> BlockId {
     BlockId { kind: Kind::Act, layer, part }
 }
 
-/// Resident bytes now (`VmRSS`), 0 where unknown.
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
 /// Splits the host budget: what is resident now, a working set for the largest partition, a
 /// margin, and the rest for the block cache; picks the cache mode for `Auto`.
 fn make_plan<B: Backend>(model: &Model<B>, parts: &[Part<B>], tc: &TieredConfig, elem: usize) -> Plan {
@@ -671,7 +645,7 @@ fn make_plan<B: Backend>(model: &Model<B>, parts: &[Part<B>], tc: &TieredConfig,
     let layer_bytes = |l: usize| nodes * model.dim(l) as u64 * elem_tier;
     let block_bytes: u64 = (0..layers).map(layer_bytes).sum::<u64>() * 2;
     let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
-    let resident_bytes = rss_bytes();
+    let resident_bytes = crate::metrics::rss_bytes();
     let (cache_bytes, margin_bytes) = match tc.host_mem {
         _ if tc.cache_bytes.is_some() => (tc.cache_bytes, 0),
         None => (None, 0),

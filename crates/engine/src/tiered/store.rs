@@ -359,20 +359,9 @@ impl<T: Scalar> Store<T> {
             if bytes > budget {
                 continue;
             }
-            // room by evicting the least recently used (writes queue behind; they release
-            // their bytes when done, so a prefetch may have to wait for a later call)
-            while self.held() + bytes > budget {
-                let victims = self.victims(None);
-                if victims.is_empty() {
-                    break;
-                }
-                for v in victims {
-                    self.evict(v)?;
-                    if self.held() + bytes <= budget {
-                        break;
-                    }
-                }
-            }
+            // room by eviction under the cache mode (writes queue behind and release their bytes
+            // when done, so a prefetch may have to wait for a later call)
+            self.evict_down_to(budget - bytes, None)?;
             self.poll(false)?;
             if self.held() + bytes > budget {
                 break;
@@ -535,12 +524,14 @@ impl<T: Scalar> Store<T> {
 
     /// Drops block `id` from RAM and storage.
     pub fn remove(&mut self, id: BlockId) -> io::Result<()> {
+        // no transfer of this block may land after it is gone (a later block of the same id
+        // starts its versions afresh)
         self.wait_writes(id)?;
+        while self.reading.contains(&id) {
+            self.poll(true)?;
+        }
         self.remove_ram(id);
         self.forget_prefetch(id);
-        if let Some(e) = self.entries.get_mut(&id) {
-            e.version += 1; // a prefetch in flight is discarded on arrival
-        }
         if let Some(e) = self.entries.remove(&id) {
             if e.on_disk {
                 if let Some(f) = &self.files {
@@ -647,18 +638,7 @@ impl<T: Scalar> Store<T> {
     fn make_room_for(&mut self, extra: u64, keep: Option<BlockId>) -> io::Result<()> {
         self.stats.peak_cache_bytes = self.stats.peak_cache_bytes.max(self.held());
         let Some(budget) = self.cfg.budget.map(|b| b.saturating_sub(extra)) else { return Ok(()) };
-        while self.held() > budget {
-            let victims = self.victims(keep);
-            if victims.is_empty() {
-                break; // the pinned working set alone is over budget
-            }
-            for v in victims {
-                self.evict(v)?;
-                if self.cfg.mode == CacheMode::PartitionLru && self.held() <= budget {
-                    break;
-                }
-            }
-        }
+        self.evict_down_to(budget, keep)?;
         // prefetched buffers give way first, then writes drain
         if self.held() > budget {
             let ids: Vec<BlockId> = self.ready.keys().copied().collect();
@@ -668,6 +648,24 @@ impl<T: Scalar> Store<T> {
         }
         while self.held() > budget && !self.writing.is_empty() {
             self.poll(true)?;
+        }
+        Ok(())
+    }
+
+    /// Evicts victims under the cache mode until the held bytes are at most `target` (or only
+    /// pinned blocks and `keep` remain in RAM).
+    fn evict_down_to(&mut self, target: u64, keep: Option<BlockId>) -> io::Result<()> {
+        while self.held() > target {
+            let victims = self.victims(keep);
+            if victims.is_empty() {
+                break; // the pinned working set alone is over budget
+            }
+            for v in victims {
+                self.evict(v)?;
+                if self.cfg.mode == CacheMode::PartitionLru && self.held() <= target {
+                    break;
+                }
+            }
         }
         Ok(())
     }
@@ -722,12 +720,12 @@ impl<T: Scalar> Store<T> {
     }
 
     fn write(&mut self, id: BlockId) -> io::Result<()> {
-        let files = self.files.as_ref().ok_or_else(|| {
-            io::Error::new(
+        if self.io.is_none() {
+            return Err(io::Error::new(
                 io::ErrorKind::OutOfMemory,
                 "the host budget is exceeded and there is no storage directory to spill to (give --storage-dir or more --host-mem)",
-            )
-        })?;
+            ));
+        }
         let e = &self.entries[&id];
         let header = BlockHeader { dtype: self.file_dtype(), rows: e.rows as u64, cols: e.cols as u64 };
         let len = header.file_len();
@@ -753,8 +751,7 @@ impl<T: Scalar> Store<T> {
             }
         }
         encode_header(&header, &mut buf);
-        let _ = files;
-        self.io.as_ref().expect("an I/O thread with the files").send(Job::Write { id, buf, len });
+        self.io.as_ref().expect("checked above").send(Job::Write { id, buf, len });
         *self.writing.entry(id).or_insert(0) += 1;
         self.writing_bytes += len as u64;
         let e = self.entries.get_mut(&id).expect("present");
