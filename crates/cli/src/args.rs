@@ -350,6 +350,14 @@ pub struct TrainSettings {
     /// Keep the block files at the end of the run.
     #[arg(long)]
     pub keep_storage: Option<bool>,
+    /// GPU memory budget of the run with --device cuda, e.g. 8GiB: the tiered executor keeps
+    /// the blocks that fit on the GPU and the rest in host memory (and storage); allocations
+    /// past it stop the run [default: the whole GPU, in-memory training].
+    #[arg(long)]
+    pub gpu_mem: Option<String>,
+    /// GEMMs on TF32 tensor cores with --device cuda (faster, 10-bit mantissa products).
+    #[arg(long)]
+    pub tf32: Option<bool>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -420,6 +428,7 @@ pub struct TrainPlan {
     pub device: Device,
     /// The tiered executor's settings; `None`: the in-memory trainer.
     pub tiered: Option<TieredPlan>,
+    pub tf32: bool,
 }
 
 /// Where training computes.
@@ -452,6 +461,7 @@ pub struct TieredPlan {
     pub storage_dir: Option<PathBuf>,
     pub tier_dtype: grinnder_engine::TierDtype,
     pub keep_storage: bool,
+    pub gpu_mem: Option<u64>,
 }
 
 impl TrainArgs {
@@ -543,6 +553,17 @@ impl TrainArgs {
                 d
             },
             tiered: self.tiered_plan(&file)?,
+            tf32: f.tf32.or(file.tf32).unwrap_or(false),
+        })
+        .and_then(|p| {
+            if p.device == Device::Cpu {
+                anyhow::ensure!(!p.tf32, "--tf32 needs --device cuda");
+                anyhow::ensure!(
+                    p.tiered.as_ref().is_none_or(|t| t.gpu_mem.is_none()),
+                    "--gpu-mem needs --device cuda (on the CPU, --host-mem budgets memory)"
+                );
+            }
+            Ok(p)
         })
     }
 
@@ -556,7 +577,10 @@ impl TrainArgs {
         let host_mem =
             get!(host_mem).map(|t: String| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()?;
         let storage_dir = get!(storage_dir);
-        let any = get!(parts).is_some()
+        let gpu_mem =
+            get!(gpu_mem).map(|t: String| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()?;
+        let any = gpu_mem.is_some()
+            || get!(parts).is_some()
             || get!(partitioner).is_some()
             || get!(cache_mode).is_some()
             || host_mem.is_some()
@@ -586,6 +610,7 @@ impl TrainArgs {
                 TierDtypeArg::Bf16 => grinnder_engine::TierDtype::Bf16,
             },
             keep_storage: get!(keep_storage).unwrap_or(false),
+            gpu_mem,
         }))
     }
 }

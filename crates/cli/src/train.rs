@@ -37,7 +37,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let mut history = Vec::new();
     let summary = match (plan.device, plan.precision) {
         (Device::Cuda(n), _) => {
-            let gpu = grinnder_cuda::Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
+            let mut gpu =
+                grinnder_cuda::Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
+            gpu.set_memory_budget(plan.tiered.as_ref().and_then(|t| t.gpu_mem))?;
+            gpu.set_tf32(plan.tf32)?;
             run_on(&gpu, &ds, &plan, ckpt.as_ref(), &mut metrics_file, &mut history)?
         }
         (Device::Cpu, PrecisionArg::F32) => {
@@ -55,14 +58,16 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     if let Some(p) = &a.plot {
         crate::plot::curves(p, &ds.name, &history).with_context(|| format!("cannot draw {}", p.display()))?;
     }
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
-        "test accuracy {:.2} % (epoch {} of best validation accuracy {:.2} %); final loss {:.4}; {:.4} s per epoch (median), peak host memory {:.2} GiB",
+        "test accuracy {:.2} % (epoch {} of best validation accuracy {:.2} %); final loss {:.4}; {:.4} s per epoch (median), peak host memory {:.2} GiB{}",
         summary.test_acc * 100.0,
         summary.best_epoch,
         summary.best_valid_acc * 100.0,
         summary.final_loss,
         summary.epoch_s_median,
-        summary.peak_host_bytes as f64 / (1u64 << 30) as f64
+        gib(summary.peak_host_bytes),
+        summary.peak_device_bytes.map_or(String::new(), |b| format!(", peak GPU memory {:.2} GiB", gib(b)))
     );
     Ok(())
 }
@@ -91,11 +96,13 @@ fn run_on<B: Backend>(
         }
         if let Some(t) = &m.tier {
             tracing::info!(
-                "epoch {}: gather {:.3} s, compute {:.3} s, write-back {:.3} s, storage read {:.3} s write {:.3} s; cache hits {} misses {}, storage read {:.1} MiB written {:.1} MiB",
+                "epoch {}: gather {:.3} s, compute {:.3} s, write-back {:.3} s (to the backend {:.1} MiB, back {:.1} MiB), storage read {:.3} s write {:.3} s; cache hits {} misses {}, storage read {:.1} MiB written {:.1} MiB",
                 m.epoch,
                 t.gather_s,
                 t.compute_s,
                 t.write_back_s,
+                t.upload_bytes as f64 / 1048576.0,
+                t.download_bytes as f64 / 1048576.0,
                 t.tier.read_s,
                 t.tier.write_s,
                 t.tier.hits,
@@ -120,6 +127,8 @@ fn run_on<B: Backend>(
                 keep_storage: t.keep_storage,
                 fail_writes_after: None,
                 cache_bytes: None,
+                gpu_mem: t.gpu_mem,
+                device_cache_bytes: None,
             };
             train_tiered_with(b, ds, &plan.config, &tc, ckpt, &mut on_epoch)?
         }

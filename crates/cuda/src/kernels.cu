@@ -76,7 +76,7 @@ extern "C" __global__ void edge_dropout(const u64* ptr, const u32* idx, i64 rows
 // broadcast lane to lane; columns go in tiles of 256 (8 per lane, in registers). The gathers of
 // consecutive entries are independent, so several are in flight per warp.
 #define SPMM_PER_LANE 8
-extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u64* perm, int has_perm,
+extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u32* perm, int has_perm,
                                 const float* vals, int vc, const float* x, int d, float* out, i64 rows,
                                 float beta) {
     i64 r = global_warp();
@@ -122,7 +122,7 @@ extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u64* perm,
 
 // The same product for narrow rows (d ≤ 64): a half-warp per row, up to 4 columns per lane,
 // so two rows' gathers are in flight per warp and few lanes idle.
-extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u64* perm, int has_perm,
+extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u32* perm, int has_perm,
                                   const float* vals, int vc, const float* x, int d, float* out, i64 rows,
                                   float beta) {
     i64 r = global_thread() >> 4;
@@ -165,7 +165,7 @@ extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u64* per
 
 // The same product for rows of a multiple of 4 floats: 16-byte loads, two per lane per tile
 // of 256 columns (x and out rows are 16-byte aligned: d % 4 == 0, allocations 256-byte aligned).
-extern "C" __global__ void spmm_v4(const u64* ptr, const u32* idx, const u64* perm, int has_perm,
+extern "C" __global__ void spmm_v4(const u64* ptr, const u32* idx, const u32* perm, int has_perm,
                                    const float* vals, int vc, const float* x, int d, float* out, i64 rows,
                                    float beta) {
     i64 r = global_warp();
@@ -312,16 +312,37 @@ extern "C" __global__ void head_dots_dz(const float* att, const float* ds, i64 n
 
 // ---- dense ----
 
-extern "C" __global__ void gather_rows(const float* x, const u32* idx, i64 n, int d, float* out) {
-    i64 t = global_thread();
-    if (t >= n * d) return;
-    out[t] = x[(u64)idx[t / d] * d + t % d];
+// out[i] = x[idx ? idx[i] : start + i] for n rows of width d (out already offset); one warp per
+// row reads it from its start, so with d % 32 == 0 each request is 128-byte aligned, and with
+// float4 loads where the width allows (PyTorch-Direct's access pattern; x may be mapped host
+// memory).
+extern "C" __global__ void gather_rows(const float* x, const u32* idx, i64 start, i64 n, int d,
+                                       float* out) {
+    i64 w = global_thread() / 32;
+    int lane = threadIdx.x % 32;
+    if (w >= n) return;
+    u64 r = idx ? (u64)idx[w] : (u64)(start + w);
+    const float* src = x + r * d;
+    float* dst = out + (u64)w * d;
+    if (d % 4 == 0) {
+        const float4* s4 = (const float4*)src;
+        float4* d4 = (float4*)dst;
+        for (int j = lane; j < d / 4; j += 32) d4[j] = s4[j];
+    } else {
+        for (int j = lane; j < d; j += 32) dst[j] = src[j];
+    }
 }
 
-extern "C" __global__ void scatter_add_rows(const float* src, const u32* idx, i64 n, int d, float* out) {
+// out[idx ? idx[i] : start + i] += src[i] for n rows of width d (src already offset); atomics
+// where indices may repeat.
+extern "C" __global__ void scatter_add_rows(const float* src, const u32* idx, i64 start, i64 n,
+                                            int d, float* out) {
     i64 t = global_thread();
     if (t >= n * d) return;
-    atomicAdd(&out[(u64)idx[t / d] * d + t % d], src[t]);
+    i64 i = t / d;
+    u64 o = (idx ? (u64)idx[i] : (u64)(start + i)) * d + t % d;
+    if (idx) atomicAdd(&out[o], src[t]);
+    else out[o] += src[t];
 }
 
 // op 0: relu, 1: scale

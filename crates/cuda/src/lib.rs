@@ -13,10 +13,15 @@ use std::sync::Arc;
 
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaViewMut, DevicePtr, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
-use grinnder_tensor::{Backend, Binary, MaskKey, Mat, SparseMatrix, StepRule, Unary};
+use grinnder_tensor::{Backend, Binary, DeviceMemory, MaskKey, Mat, Rows, SparseMatrix, StepRule, Unary};
+
+mod host;
+
+pub use host::HostTable;
 
 const SOURCE: &str = include_str!("kernels.cu");
 
@@ -56,7 +61,8 @@ pub struct DSparse {
     col_idx: CudaSlice<u32>,
     t_row_ptr: CudaSlice<u64>,
     t_col_idx: CudaSlice<u32>,
-    t_perm: CudaSlice<u64>,
+    /// 32-bit: a partition's structure has fewer than 2³² entries (checked at upload)
+    t_perm: CudaSlice<u32>,
     /// node ids of rows and columns for edge-dropout keys
     ids: Option<(CudaSlice<u32>, CudaSlice<u32>)>,
 }
@@ -138,6 +144,9 @@ impl<T: cudarc::driver::DeviceRepr + PartialEq + Clone> UploadCache<T> {
 
 /// The CUDA backend on one device.
 pub struct Cuda {
+    pool: Option<MemPool>,
+    /// `--gpu-mem`: the most bytes of device memory the backend may hold.
+    budget: Option<u64>,
     prof: Option<Profile>,
     labels: UploadCache<i32>,
     rows: UploadCache<u32>,
@@ -147,7 +156,6 @@ pub struct Cuda {
     blas: CudaBlas,
     k: Kernels,
     /// placeholders for absent optional pointer arguments
-    dummy_u64: CudaSlice<u64>,
     dummy_u32: CudaSlice<u32>,
 }
 
@@ -181,6 +189,8 @@ const KERNELS: [&str; 24] = [
 fn err<E: std::fmt::Debug>(e: E) -> CudaError {
     CudaError::Driver(format!("{e:?}"))
 }
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// Threads per block of the element-wise and warp-per-row kernels.
 const BLOCK: u32 = 256;
@@ -226,9 +236,8 @@ impl Cuda {
             f.insert(name, module.load_function(name).map_err(err)?);
         }
         let stream = ctx.default_stream();
-        keep_freed_memory(&ctx);
+        let pool = keep_freed_memory(&ctx);
         let blas = CudaBlas::new(stream.clone()).map_err(err)?;
-        let dummy_u64 = stream.alloc_zeros::<u64>(1).map_err(err)?;
         let dummy_u32 = stream.alloc_zeros::<u32>(1).map_err(err)?;
         tracing::info!(
             "CUDA device {ordinal}: {} (sm_{major}{minor}), {:.1} GiB",
@@ -241,6 +250,8 @@ impl Cuda {
             _ => SpmmKernel::Auto,
         };
         Ok(Cuda {
+            pool,
+            budget: None,
             prof,
             labels: UploadCache::default(),
             rows: UploadCache::default(),
@@ -249,7 +260,6 @@ impl Cuda {
             stream,
             blas,
             k: Kernels { _module: module, f },
-            dummy_u64,
             dummy_u32,
         })
     }
@@ -270,12 +280,85 @@ impl Cuda {
         self.ctx.mem_get_info().expect("CUDA memory info")
     }
 
+    /// Limits the device memory this backend allocates (matrices, sparse structures and
+    /// temporaries; not the CUDA context or cuBLAS's workspace) to `bytes`: an allocation past
+    /// it panics with the figures, so a large GPU behaves like a smaller one.
+    pub fn set_memory_budget(&mut self, bytes: Option<u64>) -> Result<(), CudaError> {
+        if bytes.is_some() && self.pool.is_none() {
+            return Err(CudaError::Driver(
+                "the device's memory pool cannot be queried: --gpu-mem needs it".into(),
+            ));
+        }
+        self.budget = bytes;
+        Ok(())
+    }
+
+    /// GEMMs on TF32 tensor cores (10-bit mantissa products, fp32 accumulation) instead of fp32.
+    pub fn set_tf32(&self, on: bool) -> Result<(), CudaError> {
+        use cudarc::cublas::sys;
+        let mode = if on {
+            sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+        } else {
+            sys::cublasMath_t::CUBLAS_DEFAULT_MATH
+        };
+        // SAFETY: a live handle owned by this backend.
+        let r = unsafe { sys::cublasSetMathMode(*self.blas.handle(), mode) };
+        if r != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(CudaError::Driver(format!("cublasSetMathMode: {r:?}")));
+        }
+        Ok(())
+    }
+
+    /// Checks an allocation of `bytes` against the budget.
+    fn charge(&self, bytes: usize) {
+        let (Some(budget), Some(pool)) = (self.budget, &self.pool) else { return };
+        let used = pool.used();
+        if used + bytes as u64 > budget {
+            panic!(
+                "GPU memory budget exceeded: {:.2} GiB in use, {:.2} GiB more asked, --gpu-mem is {:.2} GiB; \
+                 train with (more) --parts, or give a larger --gpu-mem",
+                used as f64 / GIB,
+                bytes as f64 / GIB,
+                budget as f64 / GIB
+            );
+        }
+    }
+
     fn upload_slice<T: cudarc::driver::DeviceRepr>(&self, v: &[T]) -> CudaSlice<T> {
+        self.charge(std::mem::size_of_val(v));
         if v.is_empty() {
             // SAFETY: a one-element allocation never read (lengths say it is empty).
             return unsafe { self.stream.alloc::<T>(1) }.expect("CUDA alloc");
         }
         self.stream.clone_htod(v).expect("CUDA upload")
+    }
+
+    /// Launches a row-copy kernel (`gather_rows`, `scatter_add_rows`): `src` (a device address:
+    /// device memory, or mapped host memory), the row list (indices uploaded, or a range
+    /// start), the width and `dst`.
+    fn launch_rows(
+        &self,
+        name: &str,
+        src: u64,
+        rows: Rows<'_>,
+        d: usize,
+        mut dst: CudaViewMut<'_, f32>,
+        cfg: LaunchConfig,
+    ) {
+        let (idx, start) = match rows {
+            Rows::Index(i) => (Some(self.upload_slice(i)), 0i64),
+            Rows::Range(s, _) => (None, s as i64),
+        };
+        let (n, d, null) = (rows.len() as i64, d as i32, 0u64);
+        let mut l = self.stream.launch_builder(self.func(name));
+        l.arg(&src);
+        match &idx {
+            Some(i) => l.arg(i),
+            None => l.arg(&null),
+        };
+        l.arg(&start).arg(&n).arg(&d).arg(&mut dst);
+        // SAFETY: the callers checked every row number against both matrices.
+        unsafe { l.launch(cfg) }.expect(name);
     }
 
     /// Column sums of a term (see `col_partial` in kernels.cu) into `out` (`1 × w`).
@@ -320,7 +403,7 @@ impl Cuda {
 /// Lets the device's default memory pool keep freed memory instead of returning it at every
 /// synchronisation: an epoch frees and re-allocates the same few-GB matrices, and mapping them
 /// afresh each time cost milliseconds per allocation.
-fn keep_freed_memory(ctx: &Arc<CudaContext>) {
+fn keep_freed_memory(ctx: &Arc<CudaContext>) -> Option<MemPool> {
     use cudarc::driver::sys;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let mut threshold = u64::MAX;
@@ -336,6 +419,47 @@ fn keep_freed_memory(ctx: &Arc<CudaContext>) {
     };
     if !ok {
         tracing::warn!("could not raise the CUDA memory pool's release threshold; allocations stay slower");
+        return None;
+    }
+    Some(MemPool(pool as usize))
+}
+
+/// The device's default memory pool, which every stream-ordered allocation comes from: its
+/// counters give the bytes in use and their peak.
+struct MemPool(usize);
+
+impl MemPool {
+    fn attr(&self, a: cudarc::driver::sys::CUmemPool_attribute) -> u64 {
+        let mut v = 0u64;
+        // SAFETY: a valid pool handle and an out-pointer to a u64, as the attribute expects.
+        unsafe {
+            cudarc::driver::sys::cuMemPoolGetAttribute(
+                self.0 as cudarc::driver::sys::CUmemoryPool,
+                a,
+                &mut v as *mut u64 as *mut std::ffi::c_void,
+            );
+        }
+        v
+    }
+
+    fn used(&self) -> u64 {
+        self.attr(cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    }
+
+    fn peak(&self) -> u64 {
+        self.attr(cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+    }
+
+    fn reset_peak(&self) {
+        let mut zero = 0u64;
+        // SAFETY: as in `attr`; setting the high watermark to 0 resets it.
+        unsafe {
+            cudarc::driver::sys::cuMemPoolSetAttribute(
+                self.0 as cudarc::driver::sys::CUmemoryPool,
+                cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                &mut zero as *mut u64 as *mut std::ffi::c_void,
+            );
+        }
     }
 }
 
@@ -348,6 +472,17 @@ impl Backend for Cuda {
     type Mat = DMat;
     type Sparse = DSparse;
 
+    fn device_memory(&self) -> Option<DeviceMemory> {
+        let p = self.pool.as_ref()?;
+        Some(DeviceMemory { used: p.used(), peak: p.peak() })
+    }
+
+    fn reset_memory_peak(&self) {
+        if let Some(p) = &self.pool {
+            p.reset_peak();
+        }
+    }
+
     fn sparse(&self, s: &SparseMatrix) -> DSparse {
         DSparse {
             rows: s.rows,
@@ -357,7 +492,13 @@ impl Backend for Cuda {
             col_idx: self.upload_slice(&s.col_idx),
             t_row_ptr: self.upload_slice(&s.t_row_ptr),
             t_col_idx: self.upload_slice(&s.t_col_idx),
-            t_perm: self.upload_slice(&s.t_perm),
+            t_perm: {
+                assert!(
+                    s.nnz() <= u32::MAX as usize,
+                    "a sparse structure on the GPU holds under 2^32 entries"
+                );
+                self.upload_slice(&s.t_perm.iter().map(|&e| e as u32).collect::<Vec<u32>>())
+            },
             ids: match (&s.row_ids, &s.col_ids) {
                 (Some(r), Some(c)) => Some((self.upload_slice(r), self.upload_slice(c))),
                 _ => None,
@@ -382,11 +523,13 @@ impl Backend for Cuda {
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> DMat {
+        self.charge(rows * cols * 4);
         let _p = self.span("zeros");
         DMat { rows, cols, data: self.stream.alloc_zeros::<f32>((rows * cols).max(1)).expect("CUDA alloc") }
     }
 
     fn output(&self, rows: usize, cols: usize) -> DMat {
+        self.charge(rows * cols * 4);
         let _p = self.span("output");
         // SAFETY: the caller overwrites every element before reading (the trait's contract).
         let data = unsafe { self.stream.alloc::<f32>((rows * cols).max(1)) }.expect("CUDA alloc");
@@ -493,7 +636,7 @@ impl Backend for Cuda {
         }
         let (ptr, idx) = if transpose { (&s.t_row_ptr, &s.t_col_idx) } else { (&s.row_ptr, &s.col_idx) };
         let has_perm = transpose as i32;
-        let perm = if transpose { &s.t_perm } else { &self.dummy_u64 };
+        let perm = if transpose { &s.t_perm } else { &self.dummy_u32 };
         let (vc, d, r64, beta) = (vals.cols as i32, x.cols as i32, rows as i64, beta as f32);
         // narrow rows: a half-warp each; rows of whole 16-byte vectors (in one head per vector):
         // vector loads; otherwise the general kernel
@@ -607,33 +750,29 @@ impl Backend for Cuda {
         unsafe { l.launch(warps(s.rows)) }.expect("CUDA edge_dropout");
     }
 
-    fn gather_rows(&self, x: &DMat, idx: &[u32], out: &mut DMat) {
+    fn gather_rows(&self, x: &DMat, rows: Rows<'_>, out: &mut DMat, at: usize) {
         let _p = self.span("gather_rows");
-        assert_eq!((out.rows, out.cols), (idx.len(), x.cols), "gather: output shape");
-        if idx.is_empty() || x.cols == 0 {
+        let (d, n) = (x.cols, rows.len());
+        assert!(out.cols == d && at + n <= out.rows && rows.end() <= x.rows, "gather: shapes");
+        if n == 0 || d == 0 {
             return;
         }
-        let di = self.upload_slice(idx);
-        let (n, d) = (idx.len() as i64, x.cols as i32);
-        let mut l = self.stream.launch_builder(self.func("gather_rows"));
-        l.arg(&x.data).arg(&di).arg(&n).arg(&d).arg(&mut out.data);
-        // SAFETY: indices are rows of x (the callers' contract).
-        unsafe { l.launch(grid(idx.len() * x.cols)) }.expect("CUDA gather_rows");
+        let dst = out.data.slice_mut(at * d..(at + n) * d);
+        let (src, _sync) = x.data.device_ptr(&self.stream);
+        self.launch_rows("gather_rows", src, rows, d, dst, warps(n));
     }
 
-    fn scatter_add_rows(&self, src: &DMat, idx: &[u32], out: &mut DMat) {
+    fn scatter_add_rows(&self, src: &DMat, from: usize, rows: Rows<'_>, out: &mut DMat) {
         let _p = self.span("scatter_add_rows");
-        assert_eq!((src.rows, src.cols), (idx.len(), out.cols), "scatter-add: input shape");
-        if idx.is_empty() || src.cols == 0 {
+        let (d, n) = (out.cols, rows.len());
+        assert!(src.cols == d && from + n <= src.rows, "scatter-add: input shape");
+        assert!(rows.end() <= out.rows, "scatter-add: row {} out of range", rows.end() - 1);
+        if n == 0 || d == 0 {
             return;
         }
-        assert!(idx.iter().all(|&i| (i as usize) < out.rows), "scatter-add: row out of range");
-        let di = self.upload_slice(idx);
-        let (n, d) = (idx.len() as i64, src.cols as i32);
-        let mut l = self.stream.launch_builder(self.func("scatter_add_rows"));
-        l.arg(&src.data).arg(&di).arg(&n).arg(&d).arg(&mut out.data);
-        // SAFETY: indices checked above.
-        unsafe { l.launch(grid(idx.len() * src.cols)) }.expect("CUDA scatter_add_rows");
+        let s = src.data.slice(from * d..(from + n) * d);
+        let (s, _sync) = s.device_ptr(&self.stream);
+        self.launch_rows("scatter_add_rows", s, rows, d, out.data.slice_mut(..), grid(n * d));
     }
 
     fn unary(&self, op: Unary, x: &mut DMat) {

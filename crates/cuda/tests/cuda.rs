@@ -7,7 +7,7 @@ use grinnder_cuda::Cuda;
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::rng::Stream;
 use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm};
-use grinnder_tensor::{Backend, Binary, Cpu, MaskKey, Mat, SparseMatrix, StepRule, Unary};
+use grinnder_tensor::{Backend, Binary, Cpu, MaskKey, Mat, Rows, SparseMatrix, StepRule, Unary};
 
 fn gpu() -> Option<Cuda> {
     match Cuda::new(0) {
@@ -147,15 +147,24 @@ fn every_operation_matches_the_cpu() {
     }
     // rows, element-wise ops, bias, column sums
     let idx: Vec<u32> = vec![5, 0, 299, 5, 17];
-    let (mut want, mut got) = (Mat::zeros(5, 37), g.zeros(5, 37));
-    c.gather_rows(&x, &idx, &mut want);
-    g.gather_rows(&g.upload(&x), &idx, &mut got);
-    check("gather_rows", &g.download(&got), &want);
-    let src5 = random(5, 37, 21);
-    let (mut want, mut got) = (x.clone(), g.upload(&x));
-    c.scatter_add_rows(&src5, &idx, &mut want);
-    g.scatter_add_rows(&g.upload(&src5), &idx, &mut got);
-    check("scatter_add_rows", &g.download(&got), &want);
+    for (w, seed) in [(37, 30), (64, 31)] {
+        // indexed and ranged rows at offsets, widths with and without float4 loads
+        let x = random(300, w, seed);
+        let (mut want, mut got) = (random(9, w, seed + 1), g.zeros(9, w));
+        g.copy(&g.upload(&want), &mut got);
+        for (rows, at) in [(Rows::Index(&idx), 1), (Rows::Range(290, 3), 6)] {
+            c.gather_rows(&x, rows, &mut want, at);
+            g.gather_rows(&g.upload(&x), rows, &mut got, at);
+        }
+        check("gather_rows", &g.download(&got), &want);
+        let src = random(9, w, seed + 2);
+        let (mut want, mut got) = (x.clone(), g.upload(&x));
+        for (from, rows) in [(1, Rows::Index(&idx)), (6, Rows::Range(290, 3))] {
+            c.scatter_add_rows(&src, from, rows, &mut want);
+            g.scatter_add_rows(&g.upload(&src), from, rows, &mut got);
+        }
+        check("scatter_add_rows", &g.download(&got), &want);
+    }
     for op in [Unary::Relu, Unary::Scale(-1.5)] {
         let (mut want, mut got) = (x.clone(), g.upload(&x));
         c.unary(op, &mut want);

@@ -39,6 +39,8 @@ pub enum TrainError {
     Storage(String),
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    #[error("memory: {0}")]
+    Memory(String),
 }
 
 /// The parts of a trainer a checkpoint saves and restores.
@@ -46,6 +48,10 @@ pub trait TrainerState {
     /// Parameters with optimizer state, and the optimizer's step count.
     fn capture(&mut self) -> (Vec<ParamState>, u64);
     fn restore(&mut self, params: &[ParamState], steps: u64) -> Result<(), String>;
+    /// Peak bytes of the backend's own (GPU) memory so far; `None` for host-memory backends.
+    fn peak_device_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A model and its optimizer behind `RefCell`s (shared with the epoch closures).
@@ -56,6 +62,10 @@ struct Cells<'a, B: Backend> {
 }
 
 impl<B: Backend> TrainerState for Cells<'_, B> {
+    fn peak_device_bytes(&self) -> Option<u64> {
+        self.b.device_memory().map(|m| m.peak)
+    }
+
     fn capture(&mut self) -> (Vec<ParamState>, u64) {
         checkpoint::capture_state(self.b, &mut self.model.borrow_mut(), &self.opt.borrow())
     }
@@ -178,6 +188,7 @@ pub fn run_epochs(
             epoch_s,
             eval_s: None,
             peak_host_bytes: peak_rss_bytes(),
+            peak_device_bytes: state.peak_device_bytes(),
             tier,
         };
         if (epoch + 1) % cfg.eval_every.max(1) == 0 || epoch + 1 == cfg.epochs {
@@ -194,6 +205,7 @@ pub fn run_epochs(
             (m.train_acc, m.valid_acc, m.test_acc) = (Some(acc(0)), Some(acc(1)), Some(acc(2)));
             m.eval_s = Some(t.elapsed().as_secs_f64());
             m.peak_host_bytes = peak_rss_bytes();
+            m.peak_device_bytes = state.peak_device_bytes();
             if best.is_none_or(|(_, v, _)| acc(1) > v) {
                 best = Some((epoch, acc(1), acc(2)));
             }
@@ -225,6 +237,7 @@ pub fn run_epochs(
         final_loss: last.map_or(last_loss, |m| m.loss),
         epoch_s_median: times.get(times.len() / 2).copied().unwrap_or(0.0),
         peak_host_bytes: peak_rss_bytes(),
+        peak_device_bytes: state.peak_device_bytes(),
     })
 }
 
@@ -339,6 +352,10 @@ struct ExecutorCells<'a, 'b, B: Backend> {
 }
 
 impl<B: Backend> TrainerState for ExecutorCells<'_, '_, B> {
+    fn peak_device_bytes(&self) -> Option<u64> {
+        self.b.device_memory().map(|m| m.peak)
+    }
+
     fn capture(&mut self) -> (Vec<ParamState>, u64) {
         checkpoint::capture_state(self.b, &mut self.ex.borrow_mut().model, &self.opt.borrow())
     }

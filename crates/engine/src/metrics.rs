@@ -22,6 +22,9 @@ pub struct EpochMetrics {
     pub eval_s: Option<f64>,
     /// Peak resident memory of the process so far.
     pub peak_host_bytes: u64,
+    /// Peak bytes of GPU memory the backend held so far (GPU backends only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_device_bytes: Option<u64>,
     /// The tiered executor's phase times and store counters (training step only).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub tier: Option<crate::tiered::PhaseStats>,
@@ -39,6 +42,8 @@ pub struct Summary {
     /// Median training-step time.
     pub epoch_s_median: f64,
     pub peak_host_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_device_bytes: Option<u64>,
 }
 
 /// Peak resident set size of this process (Linux `VmHWM`; 0 where unavailable).

@@ -176,6 +176,70 @@ fn a_cache_smaller_than_the_blocks_spills_and_prefetches_exactly() {
 }
 
 #[test]
+fn blocks_kept_in_the_device_tier_give_the_same_gradients() {
+    // the CPU backend's "device" is host memory: the placement, the gathers from device blocks
+    // mixed with host ones and the scatter-adds into device blocks are the GPU tier's code
+    let ds = dataset();
+    let dir = tempfile::tempdir().unwrap();
+    let base = TieredConfig::in_ram(4, Method::Metis { seed: 0 });
+    let placed = |cfg: &ModelConfig, tc: &TieredConfig| {
+        let b = Cpu::<f32>::new();
+        let ex = Executor::new(&b, &ds, cfg, FeatureNorm::Row, tc).unwrap();
+        ex.plan.device.clone().expect("a device plan").blocks
+    };
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+        for input_dropout in [0.0, 0.2] {
+            let cfg = model(kind, input_dropout);
+            let all = placed(&cfg, &TieredConfig { device_cache_bytes: Some(u64::MAX), ..base.clone() });
+            for budget in [0, 60_000, u64::MAX] {
+                let tc = TieredConfig { device_cache_bytes: Some(budget), ..base.clone() };
+                let n = placed(&cfg, &tc);
+                match budget {
+                    0 => assert_eq!(n, 0),
+                    u64::MAX => assert!(n == all && n > 0),
+                    _ => assert!(0 < n && n < all, "{kind:?}: {n} of {all} blocks placed"),
+                }
+                check(
+                    &ds,
+                    &cfg,
+                    &tc,
+                    &format!("{kind:?} input dropout {input_dropout}, {n} of {all} on the device"),
+                );
+            }
+        }
+        // under the device tier, a host cache that spills to storage
+        let cfg = model(kind, 0.0);
+        let tc = TieredConfig {
+            device_cache_bytes: Some(60_000),
+            cache_bytes: Some(50_000),
+            cache_mode: CacheMode::PartitionLru,
+            storage_dir: Some(dir.path().to_path_buf()),
+            ..base.clone()
+        };
+        check(&ds, &cfg, &tc, &format!("{kind:?}, device tier over a spilling host cache"));
+    }
+    // training with evaluation: the same figures as in memory
+    let cfg = TrainConfig {
+        model: model(Kind::Sage, 0.1),
+        optim: OptimConfig::Adam { lr: 0.01, weight_decay: 5e-4 },
+        epochs: 4,
+        eval_every: 2,
+        feature_norm: FeatureNorm::Row,
+    };
+    let mut want = Vec::new();
+    train(&Cpu::<f32>::new(), &ds, &cfg, &mut |m| want.push(m.clone())).unwrap();
+    let mut got = Vec::new();
+    let tc = TieredConfig { device_cache_bytes: Some(60_000), ..base.clone() };
+    train_tiered(&Cpu::<f32>::new(), &ds, &cfg, &tc, &mut |m| got.push(m.clone())).unwrap();
+    for (a, r) in got.iter().zip(&want) {
+        assert!((a.loss - r.loss).abs() <= 1e-4 * r.loss, "epoch {}: {} vs {}", a.epoch, a.loss, r.loss);
+        assert_eq!((a.train_acc, a.valid_acc, a.test_acc), (r.train_acc, r.valid_acc, r.test_acc));
+    }
+    let t = got[0].tier.as_ref().unwrap();
+    assert!(t.upload_bytes > 0 && t.download_bytes > 0, "{t:?}");
+}
+
+#[test]
 fn partitions_without_training_nodes_contribute_exactly() {
     let mut ds = dataset();
     // training nodes only among the first ids: contiguous partitions past the first have none

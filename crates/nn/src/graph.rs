@@ -7,7 +7,7 @@
 //! the same mask in every partition that computes it.
 
 use grinnder_graph::{norm, Csr};
-use grinnder_tensor::{Backend, Mat, Scalar, SparseMatrix};
+use grinnder_tensor::{Backend, Mat, Rows, Scalar, SparseMatrix};
 
 /// A sparse structure and one value set on it.
 pub struct Adjacency<B: Backend> {
@@ -84,9 +84,8 @@ impl<B: Backend> Graph<B> {
         if n == self.rows {
             return None;
         }
-        let idx: Vec<u32> = (0..self.rows as u32).collect();
         let mut out = b.output(self.rows, d);
-        b.gather_rows(x, &idx, &mut out);
+        b.gather_rows(x, Rows::Range(0, self.rows), &mut out, 0);
         Some(out)
     }
 
@@ -95,8 +94,7 @@ impl<B: Backend> Graph<B> {
         if b.dims(dx).0 == self.rows {
             b.binary(grinnder_tensor::Binary::Add, d, dx);
         } else {
-            let idx: Vec<u32> = (0..self.rows as u32).collect();
-            b.scatter_add_rows(d, &idx, dx);
+            b.scatter_add_rows(d, 0, Rows::Range(0, self.rows), dx);
         }
     }
 }

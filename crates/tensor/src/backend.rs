@@ -19,6 +19,47 @@ pub struct MaskKey {
     pub site: u64,
 }
 
+/// A device's memory in use now and at most since the last reset, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub used: u64,
+    pub peak: u64,
+}
+
+/// A list of row numbers: a range, or explicit indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows<'a> {
+    /// `start, start + 1, …, start + len - 1`
+    Range(usize, usize),
+    Index(&'a [u32]),
+}
+
+impl Rows<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Rows::Range(_, n) => *n,
+            Rows::Index(i) => i.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The `i`-th row number.
+    pub fn get(&self, i: usize) -> usize {
+        match self {
+            Rows::Range(s, _) => s + i,
+            Rows::Index(idx) => idx[i] as usize,
+        }
+    }
+    /// One past the largest row number (0 when empty).
+    pub fn end(&self) -> usize {
+        match self {
+            Rows::Range(s, n) => s + n,
+            Rows::Index(idx) => idx.iter().max().map_or(0, |&m| m as usize + 1),
+        }
+    }
+}
+
 /// Element-wise maps applied in place.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Unary {
@@ -75,6 +116,13 @@ pub trait Backend: Send + Sync + 'static {
     fn download_owned(&self, m: Self::Mat) -> Mat<Self::T> {
         self.download(&m)
     }
+    /// Bytes the backend holds in its own memory (a GPU's); `None` where matrices live in host
+    /// memory (counted in the process's resident set).
+    fn device_memory(&self) -> Option<DeviceMemory> {
+        None
+    }
+    /// Starts a new peak for [`Backend::device_memory`].
+    fn reset_memory_peak(&self) {}
     fn zeros(&self, rows: usize, cols: usize) -> Self::Mat;
     /// A matrix whose contents are unspecified, for an output the next operation overwrites in
     /// full (with `beta = 0`): the GPU skips clearing it. The CPU backend fills it with NaN in
@@ -156,10 +204,11 @@ pub trait Backend: Send + Sync + 'static {
     /// `h` keyed by (key, r, c·k + h): the same wherever the entry is computed.
     fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Self::Mat);
 
-    /// `out[i, :] = x[idx[i], :]` (a partition's own and halo rows from a larger matrix).
-    fn gather_rows(&self, x: &Self::Mat, idx: &[u32], out: &mut Self::Mat);
-    /// `out[idx[i], :] += src[i, :]` (halo gradients back to their owners); indices may repeat.
-    fn scatter_add_rows(&self, src: &Self::Mat, idx: &[u32], out: &mut Self::Mat);
+    /// `out[at + i, :] = x[rows[i], :]` (a partition's own and halo rows from larger matrices).
+    fn gather_rows(&self, x: &Self::Mat, rows: Rows<'_>, out: &mut Self::Mat, at: usize);
+    /// `out[rows[i], :] += src[from + i, :]` (halo gradients back to their owners); indexed rows
+    /// may repeat.
+    fn scatter_add_rows(&self, src: &Self::Mat, from: usize, rows: Rows<'_>, out: &mut Self::Mat);
 
     fn unary(&self, op: Unary, x: &mut Self::Mat);
     fn binary(&self, op: Binary, a: &Self::Mat, b: &mut Self::Mat);

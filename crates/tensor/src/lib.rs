@@ -11,7 +11,7 @@ pub mod mat;
 pub mod scalar;
 pub mod sparse;
 
-pub use backend::{Backend, Binary, MaskKey, Side, StepRule, Unary};
+pub use backend::{Backend, Binary, DeviceMemory, MaskKey, Rows, Side, StepRule, Unary};
 pub use cpu::Cpu;
 pub use mat::Mat;
 pub use scalar::Scalar;

@@ -1,6 +1,6 @@
 //! Every fast CPU kernel against a plain reference on random inputs.
 
-use grinnder_tensor::{Backend, Cpu, MaskKey, Mat, SparseMatrix, Unary};
+use grinnder_tensor::{Backend, Cpu, MaskKey, Mat, Rows, SparseMatrix, Unary};
 
 fn rand_mat(rows: usize, cols: usize, seed: u64) -> Mat<f64> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -184,19 +184,42 @@ fn cross_entropy_matches_definition() {
 }
 
 #[test]
+fn row_ranges_land_at_offsets() {
+    let cpu = Cpu::<f64>::new();
+    let x = rand_mat(6, 3, 3);
+    // out rows 0..2 stay, 2..5 = x rows 1..4, 5..7 = x rows 5, 0
+    let mut out = Mat::from_vec(7, 3, vec![-1.0; 21]);
+    cpu.gather_rows(&x, Rows::Range(1, 3), &mut out, 2);
+    cpu.gather_rows(&x, Rows::Index(&[5, 0]), &mut out, 5);
+    assert!(out.data[..6].iter().all(|&v| v == -1.0), "rows before the offset untouched");
+    for (i, r) in [1usize, 2, 3, 5, 0].into_iter().enumerate() {
+        assert_eq!(out.row(2 + i), x.row(r));
+    }
+    // src rows 2..4 added into out rows 3..5, src rows 4..6 into out rows 0, 0
+    let mut acc = Mat::zeros(6, 3);
+    cpu.scatter_add_rows(&x, 2, Rows::Range(3, 2), &mut acc);
+    cpu.scatter_add_rows(&x, 4, Rows::Index(&[0, 0]), &mut acc);
+    assert_eq!(acc.row(3), x.row(2));
+    assert_eq!(acc.row(4), x.row(3));
+    let want: Vec<f64> = (0..3).map(|j| x.row(4)[j] + x.row(5)[j]).collect();
+    assert_eq!(acc.row(0), &want[..]);
+    assert!([1, 2, 5].iter().all(|&r| acc.row(r).iter().all(|&v| v == 0.0)));
+}
+
+#[test]
 fn gather_and_scatter_add_are_adjoint() {
     let cpu = Cpu::<f64>::new();
     let x = rand_mat(6, 3, 1);
     let idx = [4u32, 0, 4, 5, 2];
     let mut g = Mat::zeros(5, 3);
-    cpu.gather_rows(&x, &idx, &mut g);
+    cpu.gather_rows(&x, Rows::Index(&idx), &mut g, 0);
     for (i, &r) in idx.iter().enumerate() {
         assert_eq!(g.row(i), x.row(r as usize));
     }
     // <gather(x), y> = <x, scatter_add(y)>
     let y = rand_mat(5, 3, 2);
     let mut s = Mat::zeros(6, 3);
-    cpu.scatter_add_rows(&y, &idx, &mut s);
+    cpu.scatter_add_rows(&y, 0, Rows::Index(&idx), &mut s);
     let lhs: f64 = g.data.iter().zip(&y.data).map(|(a, b)| a * b).sum();
     let rhs: f64 = x.data.iter().zip(&s.data).map(|(a, b)| a * b).sum();
     assert!((lhs - rhs).abs() < 1e-12);

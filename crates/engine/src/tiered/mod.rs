@@ -18,6 +18,7 @@
 pub mod files;
 pub mod store;
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -25,7 +26,7 @@ use grinnder_graph::{norm, Csr, Dataset};
 use grinnder_nn::graph::Adjacency;
 use grinnder_nn::{Graph, Kind as ModelKind, Model, ModelConfig};
 use grinnder_partition::{partition_cached, Method, PartitionedGraph, Partitioning};
-use grinnder_tensor::{Backend, Mat, Scalar, SparseMatrix};
+use grinnder_tensor::{Backend, Mat, Rows, Scalar, SparseMatrix};
 use serde::Serialize;
 
 pub use store::{BlockId, CacheMode, Kind, Store, StoreConfig, TierDtype, TierStats};
@@ -49,6 +50,12 @@ pub struct TieredConfig {
     pub fail_writes_after: Option<usize>,
     /// The block cache size, overriding what the plan derives from `host_mem`.
     pub cache_bytes: Option<u64>,
+    /// The backend's memory for the whole run (`--gpu-mem`): with it, the plan keeps the blocks
+    /// that fit in the backend's memory (the GPU tier) and the rest in the host store.
+    pub gpu_mem: Option<u64>,
+    /// Bytes of blocks kept in the backend's memory, overriding what the plan derives from
+    /// `gpu_mem` (tests: the CPU backend's "device" is host memory).
+    pub device_cache_bytes: Option<u64>,
 }
 
 impl TieredConfig {
@@ -65,6 +72,8 @@ impl TieredConfig {
             keep_storage: false,
             fail_writes_after: None,
             cache_bytes: None,
+            gpu_mem: None,
+            device_cache_bytes: None,
         }
     }
 }
@@ -75,6 +84,10 @@ pub struct PhaseStats {
     pub gather_s: f64,
     pub compute_s: f64,
     pub write_back_s: f64,
+    /// Bytes of host-tier rows handed to the backend and of results taken back to the host
+    /// tier (on a GPU: the PCIe traffic).
+    pub upload_bytes: u64,
+    pub download_bytes: u64,
     #[serde(flatten)]
     pub tier: TierStats,
 }
@@ -92,6 +105,24 @@ pub struct Plan {
     pub mode: CacheMode,
     /// Whole-run activation and gradient bytes (what the cache would need to hold everything).
     pub block_bytes: u64,
+    /// The GPU tier (with `gpu_mem`): its block budget and what was placed there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DevicePlan>,
+}
+
+/// What the plan keeps in the backend's memory.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DevicePlan {
+    /// Backend bytes in use before blocks (partition graphs, parameters, optimizer state).
+    pub resident_bytes: u64,
+    /// Largest per-partition working set in the backend's memory.
+    pub working_bytes: u64,
+    pub margin_bytes: u64,
+    /// Budget for blocks.
+    pub cache_bytes: u64,
+    /// Blocks placed there, and their bytes; every other block lives in the host store.
+    pub blocks: usize,
+    pub placed_bytes: u64,
 }
 
 /// One partition as the executor sees it.
@@ -111,6 +142,9 @@ pub struct Executor<'a, B: Backend> {
     pub model: Model<B>,
     parts: Vec<Part<B>>,
     store: Store<B::T>,
+    /// The GPU tier: blocks the plan placed in the backend's memory, and those present now.
+    on_dev: HashSet<BlockId>,
+    dev: HashMap<BlockId, B::Mat>,
     n_train: usize,
     /// Layer 0 runs on `Â x` precomputed per partition (GCN, SAGE without input dropout).
     pre: bool,
@@ -229,14 +263,116 @@ impl<'a, B: Backend> Executor<'a, B> {
             model,
             parts,
             store,
+            on_dev: HashSet::new(),
+            dev: HashMap::new(),
             n_train: ds.splits.train.len(),
             pre,
             partitioning,
             plan,
             stats: PhaseStats::default(),
         };
+        if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
+            ex.place_on_device(tc)?;
+        }
         ex.load_features(ds, feature_norm)?;
         Ok(ex)
+    }
+
+    /// Every block an epoch makes, most valuable on the device first: the input features and
+    /// their aggregation (read every epoch, never rewritten), then activations, the split
+    /// layers' narrow rows, and gradients; with each block's bytes at full precision.
+    fn block_list(&self) -> Vec<(BlockId, u64)> {
+        let layers = self.model.layers();
+        let elem = std::mem::size_of::<B::T>() as u64;
+        let mut kinds: Vec<(Kind, usize)> = vec![(Kind::Act, 0)];
+        if self.pre {
+            kinds.push((Kind::Pre, 0));
+        }
+        kinds.extend((1..layers).map(|l| (Kind::Act, l)));
+        kinds.extend((0..layers).filter(|&l| self.split(l)).map(|l| (Kind::Xw, l)));
+        kinds.extend((1..layers).map(|l| (Kind::Grad, l)));
+        kinds.extend((0..layers).filter(|&l| self.split(l)).map(|l| (Kind::GradXw, l)));
+        let mut out = Vec::new();
+        for (kind, layer) in kinds {
+            let d = match kind {
+                Kind::Xw | Kind::GradXw => self.model.dim(layer + 1),
+                _ => self.model.dim(layer),
+            } as u64;
+            for (part, p) in self.parts.iter().enumerate() {
+                out.push((BlockId { kind, layer, part }, p.own as u64 * d * elem));
+            }
+        }
+        out
+    }
+
+    /// The GPU tier's share of the plan: what the backend holds now (graphs, parameters), the
+    /// largest partition's working set and a margin come off `gpu_mem`; blocks are placed in
+    /// [`Executor::block_list`]'s order while they fit.
+    fn place_on_device(&mut self, tc: &TieredConfig) -> Result<(), TrainError> {
+        let resident_bytes = self.b.device_memory().map_or(0, |m| m.used);
+        let working_bytes = self.plan.working_bytes;
+        let (cache_bytes, margin_bytes) = match (tc.device_cache_bytes, tc.gpu_mem) {
+            (Some(c), _) => (c, 0),
+            (None, Some(g)) => {
+                let margin = g / 20;
+                let need = resident_bytes + working_bytes + margin;
+                if need > g {
+                    return Err(TrainError::Memory(format!(
+                        "--gpu-mem {:.2} GiB is too small: the partition graphs and parameters take {:.2} GiB, the largest partition's working set {:.2} GiB and the margin {:.2} GiB; use more --parts or a larger --gpu-mem",
+                        g as f64 / GIB,
+                        resident_bytes as f64 / GIB,
+                        working_bytes as f64 / GIB,
+                        margin as f64 / GIB
+                    )));
+                }
+                (g - need, margin)
+            }
+            (None, None) => return Ok(()),
+        };
+        let mut placed_bytes = 0u64;
+        for (id, bytes) in self.block_list() {
+            if placed_bytes + bytes <= cache_bytes {
+                placed_bytes += bytes;
+                self.on_dev.insert(id);
+            }
+        }
+        let dp = DevicePlan {
+            resident_bytes,
+            working_bytes,
+            margin_bytes,
+            cache_bytes,
+            blocks: self.on_dev.len(),
+            placed_bytes,
+        };
+        tracing::info!(
+            "GPU tier: {} blocks ({:.2} GiB) of {:.2} GiB for blocks, beside {:.2} GiB resident and a {:.2} GiB working set",
+            dp.blocks,
+            placed_bytes as f64 / GIB,
+            cache_bytes as f64 / GIB,
+            resident_bytes as f64 / GIB,
+            working_bytes as f64 / GIB
+        );
+        self.plan.device = Some(dp);
+        Ok(())
+    }
+
+    /// Stores a host block where the plan put it.
+    fn put_host(&mut self, id: BlockId, m: Mat<B::T>) -> Result<(), TrainError> {
+        if self.on_dev.contains(&id) {
+            self.stats.upload_bytes += (m.data.len() * std::mem::size_of::<B::T>()) as u64;
+            self.dev.insert(id, self.b.upload_owned(m));
+            return Ok(());
+        }
+        self.store.put(id, m.rows, m.cols, m.data).map_err(io_err)
+    }
+
+    /// Drops a block from whichever tier holds it.
+    fn remove(&mut self, id: BlockId) -> Result<(), TrainError> {
+        if self.on_dev.contains(&id) {
+            self.dev.remove(&id);
+            return Ok(());
+        }
+        self.store.remove(id).map_err(io_err)
     }
 
     fn load_features(&mut self, ds: &Dataset, norm: FeatureNorm) -> Result<(), TrainError> {
@@ -246,20 +382,18 @@ impl<'a, B: Backend> Executor<'a, B> {
             let first = self.partitioning.ptr[q] as usize;
             let ids = &self.partitioning.inv_perm[first..first + self.parts[q].own];
             let rows = feature_rows::<B::T>(ds, norm, min, ids);
-            self.store.put(act(0, q), ids.len(), d, rows).map_err(io_err)?;
+            self.put_host(act(0, q), Mat::from_vec(ids.len(), d, rows))?;
         }
         if self.pre {
             for q in 0..self.parts.len() {
                 let x = self.gather(0, q, true)?;
                 let agg = self.model.aggregate_input(self.b, &self.parts[q].graph, &x).expect("GCN or SAGE");
                 drop(x);
-                let m = self.b.download_owned(agg);
-                self.store
-                    .put(BlockId { kind: Kind::Pre, layer: 0, part: q }, m.rows, m.cols, m.data)
-                    .map_err(io_err)?;
+                self.put(Kind::Pre, 0, q, agg)?;
             }
         }
         self.store.take_stats();
+        self.stats = PhaseStats::default();
         Ok(())
     }
 
@@ -269,30 +403,58 @@ impl<'a, B: Backend> Executor<'a, B> {
     }
 
     /// Rows of the `kind` blocks of layer `l` for partition `q`: its own rows, then (with
-    /// `halo`) its halo rows from their owners.
+    /// `halo`) its halo rows from their owners. Rows of host blocks are gathered into one host
+    /// matrix and uploaded once; rows of device blocks are gathered on the device.
     fn gather_kind(&mut self, kind: Kind, l: usize, q: usize, halo: bool) -> Result<B::Mat, TrainError> {
         let t = Instant::now();
+        let b = self.b;
         let d = match kind {
             Kind::Xw | Kind::GradXw => self.model.dim(l + 1),
             _ => self.model.dim(l),
         };
         let part = &self.parts[q];
-        let rows = if halo { part.graph.cols } else { part.own };
-        let mut m = Mat::<B::T>::zeros(rows, d);
         let id = |p: usize| BlockId { kind, layer: l, part: p };
-        let sources = part.fetch.iter().filter(|_| halo).map(|(s, _)| id(*s));
-        self.store.pin(std::iter::once(id(q)).chain(sources));
-        self.store.read_rows(id(q), None, &mut m.data[..part.own * d]).map_err(io_err)?;
-        if halo {
-            let mut at = part.own;
-            for (src, idx) in &part.fetch {
-                let out = &mut m.data[at * d..(at + idx.len()) * d];
-                self.store.read_rows(id(*src), Some(idx), out).map_err(io_err)?;
-                at += idx.len();
-            }
+        // (block, its rows) in output order
+        let own = (id(q), Rows::Range(0, part.own));
+        let sources: Vec<(BlockId, Rows<'_>)> = std::iter::once(own)
+            .chain(part.fetch.iter().filter(|_| halo).map(|(s, idx)| (id(*s), Rows::Index(idx))))
+            .collect();
+        let rows: usize = sources.iter().map(|(_, r)| r.len()).sum();
+        let host_rows: usize =
+            sources.iter().filter(|(s, _)| !self.on_dev.contains(s)).map(|(_, r)| r.len()).sum();
+        let mut staged = Mat::<B::T>::zeros(host_rows, d);
+        self.store.pin(sources.iter().map(|(s, _)| *s).filter(|s| !self.on_dev.contains(s)));
+        let mut at = 0;
+        for (src, r) in sources.iter().filter(|(s, _)| !self.on_dev.contains(s)) {
+            let idx = match r {
+                Rows::Index(i) => Some(*i),
+                Rows::Range(..) => None,
+            };
+            let out = &mut staged.data[at * d..(at + r.len()) * d];
+            self.store.read_rows(*src, idx, out).map_err(io_err)?;
+            at += r.len();
         }
         self.store.unpin_all();
-        let m = self.b.upload_owned(m);
+        self.stats.upload_bytes += (staged.data.len() * std::mem::size_of::<B::T>()) as u64;
+        let m = if host_rows == rows {
+            b.upload_owned(staged)
+        } else {
+            let staged = b.upload_owned(staged);
+            let mut m = b.output(rows, d);
+            let (mut at, mut at_host) = (0, 0);
+            for (src, r) in &sources {
+                match self.dev.get(src) {
+                    Some(block) if self.on_dev.contains(src) => b.gather_rows(block, *r, &mut m, at),
+                    _ if self.on_dev.contains(src) => panic!("block {src:?} read before it was written"),
+                    _ => {
+                        b.gather_rows(&staged, Rows::Range(at_host, r.len()), &mut m, at);
+                        at_host += r.len();
+                    }
+                }
+                at += r.len();
+            }
+            m
+        };
         self.stats.gather_s += t.elapsed().as_secs_f64();
         Ok(m)
     }
@@ -328,8 +490,14 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     fn put(&mut self, kind: Kind, l: usize, q: usize, m: B::Mat) -> Result<(), TrainError> {
         let t = Instant::now();
-        let m = self.b.download_owned(m);
-        self.store.put(BlockId { kind, layer: l, part: q }, m.rows, m.cols, m.data).map_err(io_err)?;
+        let id = BlockId { kind, layer: l, part: q };
+        if self.on_dev.contains(&id) {
+            self.dev.insert(id, m);
+        } else {
+            let m = self.b.download_owned(m);
+            self.stats.download_bytes += (m.data.len() * std::mem::size_of::<B::T>()) as u64;
+            self.store.put(id, m.rows, m.cols, m.data).map_err(io_err)?;
+        }
         self.stats.write_back_s += t.elapsed().as_secs_f64();
         Ok(())
     }
@@ -437,9 +605,9 @@ impl<'a, B: Backend> Executor<'a, B> {
                     drop((dy, x));
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     let t = Instant::now();
-                    self.write_back(Kind::GradXw, l, q, b.download_owned(dh))?;
+                    self.write_back(Kind::GradXw, l, q, dh)?;
                     if let Some(d) = dx_root {
-                        self.write_back(Kind::Grad, l, q, b.download_owned(d))?;
+                        self.write_back(Kind::Grad, l, q, d)?;
                     }
                     self.stats.write_back_s += t.elapsed().as_secs_f64();
                 }
@@ -454,13 +622,13 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     if let Some(dx) = dx {
                         let t = Instant::now();
-                        self.write_back(Kind::Grad, l, q, b.download_owned(dx))?;
+                        self.write_back(Kind::Grad, l, q, dx)?;
                         self.stats.write_back_s += t.elapsed().as_secs_f64();
                     }
                 }
                 for q in 0..self.parts.len() {
-                    self.store.remove(BlockId { kind: Kind::Xw, layer: l, part: q }).map_err(io_err)?;
-                    self.store.remove(BlockId { kind: Kind::GradXw, layer: l, part: q }).map_err(io_err)?;
+                    self.remove(BlockId { kind: Kind::Xw, layer: l, part: q })?;
+                    self.remove(BlockId { kind: Kind::GradXw, layer: l, part: q })?;
                 }
             } else {
                 let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
@@ -505,16 +673,16 @@ impl<'a, B: Backend> Executor<'a, B> {
                     drop((x, pre));
                     if let Some(dx) = dx {
                         let t = Instant::now();
-                        self.write_back(Kind::Grad, l, q, b.download_owned(dx))?;
+                        self.write_back(Kind::Grad, l, q, dx)?;
                         self.stats.write_back_s += t.elapsed().as_secs_f64();
                     }
                 }
             }
             // layer l + 1's blocks are spent
             for q in 0..self.parts.len() {
-                self.store.remove(BlockId { kind: Kind::Grad, layer: l + 1, part: q }).map_err(io_err)?;
+                self.remove(BlockId { kind: Kind::Grad, layer: l + 1, part: q })?;
                 if !top {
-                    self.store.remove(act(l + 1, q)).map_err(io_err)?;
+                    self.remove(act(l + 1, q))?;
                 }
             }
         }
@@ -546,22 +714,42 @@ impl<'a, B: Backend> Executor<'a, B> {
             let layer = if k == Kind::GradXw { l } else { l + 1 };
             BlockId { kind: k, layer, part: q }
         }));
+        ids.retain(|i| !self.on_dev.contains(i));
         self.store.prefetch(ids).map_err(io_err)
     }
 
     /// Own rows of `dx` into partition `q`'s `kind` block of layer `l`; rows past the own ones
-    /// (the halo) into their owners' blocks.
-    fn write_back(&mut self, kind: Kind, l: usize, q: usize, dx: Mat<B::T>) -> Result<(), TrainError> {
-        let d = dx.cols;
+    /// (the halo) into their owners' blocks. Device blocks are added to on the device; `dx` is
+    /// downloaded once if any destination is a host block.
+    fn write_back(&mut self, kind: Kind, l: usize, q: usize, dx: B::Mat) -> Result<(), TrainError> {
+        let b = self.b;
+        let (n, d) = b.dims(&dx);
         let part = &self.parts[q];
         let id = |p: usize| BlockId { kind, layer: l, part: p };
-        self.store.add_rows(id(q), part.own, d, None, &dx.data[..part.own * d]).map_err(io_err)?;
-        let mut at = part.own;
-        for (src, idx) in part.fetch.iter().take_while(|_| dx.rows > part.own) {
-            let rows = self.parts[*src].own;
-            let block = &dx.data[at * d..(at + idx.len()) * d];
-            self.store.add_rows(id(*src), rows, d, Some(idx), block).map_err(io_err)?;
-            at += idx.len();
+        let own = (q, Rows::Range(0, part.own));
+        let targets: Vec<(usize, Rows<'_>)> = std::iter::once(own)
+            .chain(part.fetch.iter().take_while(|_| n > part.own).map(|(s, idx)| (*s, Rows::Index(idx))))
+            .collect();
+        let mut host: Option<Mat<B::T>> = None;
+        let mut from = 0;
+        for (p, r) in targets {
+            let rows = self.parts[p].own;
+            if self.on_dev.contains(&id(p)) {
+                let block = self.dev.entry(id(p)).or_insert_with(|| b.zeros(rows, d));
+                b.scatter_add_rows(&dx, from, r, block);
+            } else {
+                let h = host.get_or_insert_with(|| b.download(&dx));
+                let src = &h.data[from * d..(from + r.len()) * d];
+                let idx = match r {
+                    Rows::Index(i) => Some(i),
+                    Rows::Range(..) => None,
+                };
+                self.store.add_rows(id(p), rows, d, idx, src).map_err(io_err)?;
+            }
+            from += r.len();
+        }
+        if let Some(h) = host {
+            self.stats.download_bytes += (h.data.len() * std::mem::size_of::<B::T>()) as u64;
         }
         Ok(())
     }
@@ -599,9 +787,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
         for q in 0..self.parts.len() {
             for layer in 1..self.model.layers() {
-                self.store.remove(act(layer, q)).map_err(io_err)?;
+                self.remove(act(layer, q))?;
             }
-            self.store.remove(BlockId { kind: Kind::Xw, layer: l, part: q }).map_err(io_err)?;
+            self.remove(BlockId { kind: Kind::Xw, layer: l, part: q })?;
         }
         self.store.sync().map_err(io_err)?;
         Ok(correct)
@@ -661,5 +849,7 @@ fn make_plan<B: Backend>(model: &Model<B>, parts: &[Part<B>], tc: &TieredConfig,
         },
         m => m,
     };
-    Plan { resident_bytes, working_bytes, margin_bytes, cache_bytes, mode, block_bytes }
+    Plan { resident_bytes, working_bytes, margin_bytes, cache_bytes, mode, block_bytes, device: None }
 }
+
+const GIB: f64 = (1u64 << 30) as f64;

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use crate::backend::{Binary, MaskKey, StepRule, Unary};
+use crate::backend::{Binary, MaskKey, Rows, StepRule, Unary};
 use crate::dropout::{keep4, threshold};
 use crate::mat::Mat;
 use crate::scalar::Scalar;
@@ -336,23 +336,37 @@ pub fn step<T: Scalar>(rule: StepRule, p: &mut Mat<T>, g: &Mat<T>, s1: &mut Mat<
     }
 }
 
-pub fn gather_rows<T: Scalar>(x: &Mat<T>, idx: &[u32], out: &mut Mat<T>) {
-    assert_eq!((out.rows, out.cols), (idx.len(), x.cols), "gather: output shape");
-    let d = x.cols;
-    out.data
-        .par_chunks_mut(d.max(1))
-        .zip(idx.par_iter())
-        .for_each(|(o, &i)| o.copy_from_slice(x.row(i as usize)));
+pub fn gather_rows<T: Scalar>(x: &Mat<T>, rows: Rows<'_>, out: &mut Mat<T>, at: usize) {
+    let (d, n) = (x.cols, rows.len());
+    assert!(out.cols == d && at + n <= out.rows && rows.end() <= x.rows, "gather: shapes");
+    let dst = &mut out.data[at * d..(at + n) * d];
+    match rows {
+        Rows::Range(s, n) => dst.copy_from_slice(&x.data[s * d..(s + n) * d]),
+        Rows::Index(idx) => dst
+            .par_chunks_mut(d.max(1))
+            .zip(idx.par_iter())
+            .for_each(|(o, &i)| o.copy_from_slice(x.row(i as usize))),
+    }
 }
 
-/// Rows are grouped by destination first (a counting sort of `idx`), so each destination row
-/// is summed by one task, in input order: deterministic and free of atomics.
-pub fn scatter_add_rows<T: Scalar>(src: &Mat<T>, idx: &[u32], out: &mut Mat<T>) {
-    assert_eq!((src.rows, src.cols), (idx.len(), out.cols), "scatter-add: input shape");
-    let d = out.cols;
+/// Indexed rows are grouped by destination first (a counting sort of the indices), so each
+/// destination row is summed by one task, in input order: deterministic and free of atomics.
+pub fn scatter_add_rows<T: Scalar>(src: &Mat<T>, from: usize, rows: Rows<'_>, out: &mut Mat<T>) {
+    let (d, n) = (out.cols, rows.len());
+    assert!(src.cols == d && from + n <= src.rows, "scatter-add: input shape");
+    assert!(rows.end() <= out.rows, "scatter-add: row {} out of range", rows.end() - 1);
+    let src_rows = &src.data[from * d..(from + n) * d];
+    let idx = match rows {
+        Rows::Range(s, n) => {
+            let dst = &mut out.data[s * d..(s + n) * d];
+            dst.par_iter_mut().zip(src_rows.par_iter()).for_each(|(o, &v)| *o += v);
+            return;
+        }
+        Rows::Index(idx) => idx,
+    };
+    let row = |k: usize| &src_rows[k * d..(k + 1) * d];
     let mut ptr = vec![0usize; out.rows + 1];
     for &i in idx {
-        assert!((i as usize) < out.rows, "scatter-add: row {i} out of range");
         ptr[i as usize + 1] += 1;
     }
     for r in 0..out.rows {
@@ -366,7 +380,7 @@ pub fn scatter_add_rows<T: Scalar>(src: &Mat<T>, idx: &[u32], out: &mut Mat<T>) 
     }
     out.data.par_chunks_mut(d.max(1)).enumerate().for_each(|(r, o)| {
         for &k in &order[ptr[r]..ptr[r + 1]] {
-            o.iter_mut().zip(src.row(k as usize)).for_each(|(o, &v)| *o += v);
+            o.iter_mut().zip(row(k as usize)).for_each(|(o, &v)| *o += v);
         }
     });
 }

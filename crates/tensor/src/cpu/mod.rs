@@ -7,7 +7,7 @@ mod sparse;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::backend::{Backend, Binary, MaskKey, StepRule, Unary};
+use crate::backend::{Backend, Binary, MaskKey, Rows, StepRule, Unary};
 use crate::mat::Mat;
 use crate::scalar::Scalar;
 use crate::sparse::SparseMatrix;
@@ -100,11 +100,11 @@ impl<T: Scalar> Backend for Cpu<T> {
     fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Mat<T>) {
         sparse::edge_dropout(s, key, p, vals)
     }
-    fn gather_rows(&self, x: &Mat<T>, idx: &[u32], out: &mut Mat<T>) {
-        dense::gather_rows(x, idx, out)
+    fn gather_rows(&self, x: &Mat<T>, rows: Rows<'_>, out: &mut Mat<T>, at: usize) {
+        dense::gather_rows(x, rows, out, at)
     }
-    fn scatter_add_rows(&self, src: &Mat<T>, idx: &[u32], out: &mut Mat<T>) {
-        dense::scatter_add_rows(src, idx, out)
+    fn scatter_add_rows(&self, src: &Mat<T>, from: usize, rows: Rows<'_>, out: &mut Mat<T>) {
+        dense::scatter_add_rows(src, from, rows, out)
     }
     fn unary(&self, op: Unary, x: &mut Mat<T>) {
         dense::unary(op, x)
