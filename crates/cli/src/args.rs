@@ -34,6 +34,53 @@ pub enum Command {
     Export(ExportArgs),
     /// Generate a synthetic benchmark graph (DESIGN.md §7 presets).
     Generate(GenerateArgs),
+    /// GPU microbenchmarks (gather, transfer, SpMM); each prints one JSON object.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// GPU to measure: cuda or cuda:N.
+    #[arg(long, global = true, default_value = "cuda")]
+    pub device: String,
+    /// Timed repetitions (the median is reported).
+    #[arg(long, global = true, default_value_t = 5)]
+    pub reps: usize,
+    #[command(subcommand)]
+    pub what: BenchWhat,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchWhat {
+    /// Random rows of a table in pinned host memory into the GPU: CPU gather + copy (pinned and
+    /// pageable), zero-copy (GPU threads read the mapped rows), the plain copy of as many
+    /// contiguous bytes, and a gather from GPU memory.
+    Gather {
+        /// Rows gathered.
+        #[arg(long, default_value_t = 500_000)]
+        rows: usize,
+        /// Floats per row.
+        #[arg(long, default_value_t = 256)]
+        width: usize,
+        /// Rows of the host table (default: products-like's node count).
+        #[arg(long, default_value_t = 2_449_029)]
+        table_rows: usize,
+    },
+    /// Host ↔ GPU copy bandwidth from pageable and pinned memory.
+    Transfer {
+        /// Bytes per copy, e.g. 1GiB.
+        #[arg(long, value_parser = parse_bytes, default_value = "1GiB")]
+        bytes: u64,
+    },
+    /// GCN-normalised `Â·X` and `Âᵀ·X` on a graph at several widths: grinnder's kernels
+    /// (shape-chosen and the general one), cuSPARSE, and what the automatic choice picks.
+    Spmm {
+        #[command(flatten)]
+        input: Input,
+        /// Feature widths.
+        #[arg(long, value_delimiter = ',', default_value = "16,47,64,100,128,256")]
+        widths: Vec<usize>,
+    },
 }
 
 /// Where a dataset comes from and how to read it.

@@ -21,6 +21,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Convert(a) => convert(a),
         Command::Export(a) => export(a),
         Command::Generate(a) => generate(a),
+        Command::Bench(a) => crate::bench::run(a),
     }
 }
 

@@ -2,6 +2,7 @@
 //! and nowhere else (Architecture invariant: only cli parses flags).
 
 mod args;
+mod bench;
 mod commands;
 mod plot;
 mod train;

@@ -112,6 +112,21 @@ fn failures_are_clear_and_exit_nonzero() {
     assert!(stderr(&o).contains("unknown preset"), "{}", stderr(&o));
     let o = grinnder(&["info", "--gpu-mem", "lots"]);
     assert!(!o.status.success());
+    // GPU-only settings on the CPU, and a GPU benchmark without a GPU: refused, with the reason
+    for (args, want) in [
+        (&["train", "--gpu-mem", "8GiB"][..], "--gpu-mem needs --device cuda"),
+        (&["train", "--tf32", "true"][..], "--tf32 needs --device cuda"),
+        (&["bench", "--device", "cpu", "transfer"][..], "use --device cuda"),
+    ] {
+        let o = grinnder(args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(want) && !stderr(&o).contains("panicked"), "{args:?}: {}", stderr(&o));
+    }
+    if !grinnder_cuda::driver_present() {
+        let o = grinnder(&["bench", "gather"]);
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains("no CUDA driver") && !stderr(&o).contains("panicked"), "{}", stderr(&o));
+    }
 }
 
 #[test]

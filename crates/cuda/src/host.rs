@@ -63,6 +63,13 @@ impl Cuda {
         self.launch_rows("gather_rows", t.dptr, rows, d, dst, warps(n));
     }
 
+    /// `t = m` over the bus into page-locked memory (waits for the copy).
+    pub fn download_table(&self, m: &DMat, t: &mut HostTable) {
+        assert_eq!((m.rows, m.cols), (t.rows, t.cols), "download: shapes");
+        self.stream.memcpy_dtoh(&m.data, &mut t.buf).expect("CUDA download");
+        self.stream.synchronize().expect("CUDA synchronize");
+    }
+
     /// `out = t` over the bus with one asynchronous copy from page-locked memory.
     pub fn upload_table(&self, t: &HostTable, out: &mut DMat) {
         assert_eq!((out.rows, out.cols), (t.rows, t.cols), "upload: shapes");

@@ -345,6 +345,12 @@ extern "C" __global__ void scatter_add_rows(const float* src, const u32* idx, i6
     else out[o] += src[t];
 }
 
+// out[k] = v[perm[k]]: values into the transposed structure's order
+extern "C" __global__ void permute(const float* v, const u32* perm, i64 n, float* out) {
+    i64 t = global_thread();
+    if (t < n) out[t] = v[perm[t]];
+}
+
 // op 0: relu, 1: scale
 extern "C" __global__ void unary(float* x, i64 n, int op, float s) {
     i64 t = global_thread();

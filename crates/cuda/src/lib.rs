@@ -19,6 +19,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use grinnder_tensor::{Backend, Binary, DeviceMemory, MaskKey, Mat, Rows, SparseMatrix, StepRule, Unary};
 
+mod cusparse;
 mod host;
 
 pub use host::HostTable;
@@ -65,6 +66,8 @@ pub struct DSparse {
     t_perm: CudaSlice<u32>,
     /// node ids of rows and columns for edge-dropout keys
     ids: Option<(CudaSlice<u32>, CudaSlice<u32>)>,
+    /// 32-bit offsets for cuSPARSE (where it is present and the structure is small enough)
+    csr32: Option<cusparse::Csr32>,
 }
 
 struct Kernels {
@@ -100,13 +103,23 @@ impl Drop for Span<'_> {
     }
 }
 
-/// Which SpMM kernel runs: chosen by shape, or the general one everywhere
-/// (`GRINNDER_SPMM=warp`, for comparisons).
+/// Which SpMM runs: the faster of grinnder's kernel for the shape and cuSPARSE, timed on each
+/// shape's first call (`Auto`), or one forced for comparisons (also with
+/// `GRINNDER_SPMM=ours|warp|cusparse`; `Warp`: grinnder's general kernel everywhere). cuSPARSE
+/// serves single-valued structures (not attention heads); the others always run grinnder's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum SpmmKernel {
+pub enum SpmmKernel {
     Auto,
+    Ours,
     Warp,
+    CuSparse,
 }
+
+/// An SpMM shape: rows, columns and entries of the structure, the width, transposed.
+type SpmmShape = (usize, usize, usize, usize, bool);
+
+/// [`SpmmShape`], public.
+pub type SpmmShapeInfo = SpmmShape;
 
 /// Device copies of small host arrays that are passed again and again (labels, split rows):
 /// an array is uploaded once and found again by comparing its contents with a host copy (exact;
@@ -144,6 +157,9 @@ impl<T: cudarc::driver::DeviceRepr + PartialEq + Clone> UploadCache<T> {
 
 /// The CUDA backend on one device.
 pub struct Cuda {
+    sparse_lib: Option<cusparse::CuSparse>,
+    /// Per shape: whether cuSPARSE was the faster SpMM, with both times in ms.
+    spmm_pick: std::sync::Mutex<std::collections::HashMap<SpmmShape, (bool, f64, f64)>>,
     pool: Option<MemPool>,
     /// `--gpu-mem`: the most bytes of device memory the backend may hold.
     budget: Option<u64>,
@@ -159,7 +175,8 @@ pub struct Cuda {
     dummy_u32: CudaSlice<u32>,
 }
 
-const KERNELS: [&str; 24] = [
+const KERNELS: [&str; 25] = [
+    "permute",
     "sum_parts",
     "spmm16",
     "spmm_v4",
@@ -247,9 +264,17 @@ impl Cuda {
         let prof = std::env::var_os("GRINNDER_CUDA_PROFILE").map(|_| Profile::default());
         let spmm_kernel = match std::env::var("GRINNDER_SPMM").as_deref() {
             Ok("warp") => SpmmKernel::Warp,
+            Ok("ours") => SpmmKernel::Ours,
+            Ok("cusparse") => SpmmKernel::CuSparse,
             _ => SpmmKernel::Auto,
         };
+        let sparse_lib = cusparse::CuSparse::new(&stream);
+        if sparse_lib.is_none() {
+            tracing::info!("cuSPARSE not available: SpMM runs grinnder's kernels only");
+        }
         Ok(Cuda {
+            sparse_lib,
+            spmm_pick: Default::default(),
             pool,
             budget: None,
             prof,
@@ -324,6 +349,16 @@ impl Cuda {
         }
     }
 
+    /// Forces an SpMM implementation (see [`SpmmKernel`]).
+    pub fn set_spmm(&mut self, k: SpmmKernel) {
+        self.spmm_kernel = k;
+    }
+
+    /// Whether cuSPARSE was found.
+    pub fn has_cusparse(&self) -> bool {
+        self.sparse_lib.is_some()
+    }
+
     fn upload_slice<T: cudarc::driver::DeviceRepr>(&self, v: &[T]) -> CudaSlice<T> {
         self.charge(std::mem::size_of_val(v));
         if v.is_empty() {
@@ -359,6 +394,111 @@ impl Cuda {
         l.arg(&start).arg(&n).arg(&d).arg(&mut dst);
         // SAFETY: the callers checked every row number against both matrices.
         unsafe { l.launch(cfg) }.expect(name);
+    }
+
+    /// grinnder's SpMM kernels (see `spmm` in kernels.cu).
+    fn spmm_ours(&self, s: &DSparse, vals: &DMat, transpose: bool, x: &DMat, beta: f64, out: &mut DMat) {
+        let rows = if transpose { s.cols } else { s.rows };
+        let (ptr, idx) = if transpose { (&s.t_row_ptr, &s.t_col_idx) } else { (&s.row_ptr, &s.col_idx) };
+        let has_perm = transpose as i32;
+        let perm = if transpose { &s.t_perm } else { &self.dummy_u32 };
+        let (vc, d, r64, beta) = (vals.cols as i32, x.cols as i32, rows as i64, beta as f32);
+        // narrow rows: a half-warp each; rows of whole 16-byte vectors (in one head per vector):
+        // vector loads; otherwise the general kernel
+        let (name, cfg) = match self.spmm_kernel {
+            SpmmKernel::Warp => ("spmm", warps(rows)),
+            _ if x.cols <= 64 => ("spmm16", grid(rows * 16)),
+            _ if x.cols % 4 == 0 && (x.cols / vals.cols) % 4 == 0 => ("spmm_v4", warps(rows)),
+            _ => ("spmm", warps(rows)),
+        };
+        let mut l = self.stream.launch_builder(self.func(name));
+        l.arg(ptr).arg(idx).arg(perm).arg(&has_perm).arg(&vals.data).arg(&vc).arg(&x.data).arg(&d);
+        l.arg(&mut out.data).arg(&r64).arg(&beta);
+        // SAFETY: the structure's indices are below x's rows (checked when it was built).
+        unsafe { l.launch(cfg) }.expect("CUDA spmm");
+    }
+
+    /// cuSPARSE's SpMM; the transpose through the stored transposed structure, its values
+    /// permuted into that order first.
+    #[allow(clippy::too_many_arguments)]
+    fn spmm_lib(
+        &self,
+        lib: &cusparse::CuSparse,
+        c: &cusparse::Csr32,
+        s: &DSparse,
+        vals: &DMat,
+        transpose: bool,
+        x: &DMat,
+        beta: f64,
+        out: &mut DMat,
+    ) -> Result<(), String> {
+        if !transpose {
+            let shape = (s.rows, s.cols, s.nnz);
+            return lib.spmm(&self.stream, shape, &c.ptr, &s.col_idx, &vals.data, x, beta as f32, out);
+        }
+        let mut vt = self.output(s.nnz, 1);
+        let n = s.nnz as i64;
+        let mut l = self.stream.launch_builder(self.func("permute"));
+        l.arg(&vals.data).arg(&s.t_perm).arg(&n).arg(&mut vt.data);
+        // SAFETY: t_perm holds positions below nnz.
+        unsafe { l.launch(grid(s.nnz)) }.expect("CUDA permute");
+        let shape = (s.cols, s.rows, s.nnz);
+        lib.spmm(&self.stream, shape, &c.t_ptr, &s.t_col_idx, &vt.data, x, beta as f32, out)
+    }
+
+    /// Whether cuSPARSE is the faster SpMM for this shape: timed once per shape (two runs of
+    /// each into a scratch output), remembered after.
+    fn pick_spmm(&self, s: &DSparse, vals: &DMat, transpose: bool, x: &DMat) -> bool {
+        let key = (s.rows, s.cols, s.nnz, x.cols, transpose);
+        if let Some(&(lib, ..)) = self.spmm_pick.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return lib;
+        }
+        let (Some(lib), Some(c)) = (&self.sparse_lib, &s.csr32) else { return false };
+        let rows = if transpose { s.cols } else { s.rows };
+        let mut scratch = self.output(rows, x.cols);
+        let time = |f: &mut dyn FnMut(&mut DMat) -> Result<(), String>, out: &mut DMat| {
+            f(out)?;
+            self.stream.synchronize().map_err(|e| format!("{e:?}"))?;
+            let t = std::time::Instant::now();
+            f(out)?;
+            f(out)?;
+            self.stream.synchronize().map_err(|e| format!("{e:?}"))?;
+            Ok::<f64, String>(t.elapsed().as_secs_f64() * 500.0)
+        };
+        let mut run_ours = |o: &mut DMat| {
+            self.spmm_ours(s, vals, transpose, x, 0.0, o);
+            Ok(())
+        };
+        let ours = time(&mut run_ours, &mut scratch).expect("CUDA spmm");
+        let theirs = time(&mut |o| self.spmm_lib(lib, c, s, vals, transpose, x, 0.0, o), &mut scratch);
+        let pick = match theirs {
+            Ok(t) => (t < ours, ours, t),
+            Err(e) => {
+                tracing::warn!("cuSPARSE SpMM failed ({e}); grinnder's kernels only for this shape");
+                (false, ours, f64::NAN)
+            }
+        };
+        tracing::debug!(
+            "spmm {}×{} ({} entries) width {}{}: grinnder {:.3} ms, cuSPARSE {:.3} ms",
+            key.0,
+            key.1,
+            key.2,
+            key.3,
+            if transpose { " transposed" } else { "" },
+            pick.1,
+            pick.2
+        );
+        self.spmm_pick.lock().unwrap_or_else(|e| e.into_inner()).insert(key, pick);
+        pick.0
+    }
+
+    /// Each SpMM shape timed so far: (rows, cols, entries, width, transposed), whether cuSPARSE
+    /// won, and both times in ms.
+    pub fn spmm_choices(&self) -> Vec<(SpmmShapeInfo, bool, f64, f64)> {
+        let m = self.spmm_pick.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<_> = m.iter().map(|(k, &(l, a, b))| (*k, l, a, b)).collect();
+        v.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
+        v
     }
 
     /// Column sums of a term (see `col_partial` in kernels.cu) into `out` (`1 × w`).
@@ -503,6 +643,15 @@ impl Backend for Cuda {
                 (Some(r), Some(c)) => Some((self.upload_slice(r), self.upload_slice(c))),
                 _ => None,
             },
+            csr32: (self.sparse_lib.is_some() && s.nnz().max(s.rows).max(s.cols) < i32::MAX as usize).then(
+                || {
+                    let narrow = |p: &[u64]| p.iter().map(|&o| o as i32).collect::<Vec<i32>>();
+                    cusparse::Csr32 {
+                        ptr: self.upload_slice(&narrow(&s.row_ptr)),
+                        t_ptr: self.upload_slice(&narrow(&s.t_row_ptr)),
+                    }
+                },
+            ),
         }
     }
 
@@ -634,22 +783,22 @@ impl Backend for Cuda {
         if rows == 0 || x.cols == 0 {
             return;
         }
-        let (ptr, idx) = if transpose { (&s.t_row_ptr, &s.t_col_idx) } else { (&s.row_ptr, &s.col_idx) };
-        let has_perm = transpose as i32;
-        let perm = if transpose { &s.t_perm } else { &self.dummy_u32 };
-        let (vc, d, r64, beta) = (vals.cols as i32, x.cols as i32, rows as i64, beta as f32);
-        // narrow rows: a half-warp each; rows of whole 16-byte vectors (in one head per vector):
-        // vector loads; otherwise the general kernel
-        let (name, cfg) = match self.spmm_kernel {
-            SpmmKernel::Auto if x.cols <= 64 => ("spmm16", grid(rows * 16)),
-            SpmmKernel::Auto if x.cols % 4 == 0 && (x.cols / vals.cols) % 4 == 0 => ("spmm_v4", warps(rows)),
-            _ => ("spmm", warps(rows)),
+        let lib = match (&self.sparse_lib, &s.csr32) {
+            (Some(l), Some(c)) if vals.cols == 1 && s.nnz > 0 => Some((l, c)),
+            _ => None,
         };
-        let mut l = self.stream.launch_builder(self.func(name));
-        l.arg(ptr).arg(idx).arg(perm).arg(&has_perm).arg(&vals.data).arg(&vc).arg(&x.data).arg(&d);
-        l.arg(&mut out.data).arg(&r64).arg(&beta);
-        // SAFETY: the structure's indices are below x's rows (checked when it was built).
-        unsafe { l.launch(cfg) }.expect("CUDA spmm");
+        let use_lib = match (lib, self.spmm_kernel) {
+            (None, _) | (_, SpmmKernel::Ours | SpmmKernel::Warp) => false,
+            (Some(_), SpmmKernel::CuSparse) => true,
+            (Some(_), SpmmKernel::Auto) => self.pick_spmm(s, vals, transpose, x),
+        };
+        if let (true, Some((l, c))) = (use_lib, lib) {
+            match self.spmm_lib(l, c, s, vals, transpose, x, beta, out) {
+                Ok(()) => return,
+                Err(e) => tracing::warn!("cuSPARSE SpMM failed ({e}); grinnder's kernel runs instead"),
+            }
+        }
+        self.spmm_ours(s, vals, transpose, x, beta, out);
     }
 
     fn sddmm(&self, s: &DSparse, a: &DMat, b: &DMat, out: &mut DMat) {

@@ -3,7 +3,7 @@
 //! (CI) each prints that it was skipped and passes; they run on the GPU machine (see README,
 //! "GPU tests").
 
-use grinnder_cuda::Cuda;
+use grinnder_cuda::{Cuda, SpmmKernel};
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::rng::Stream;
 use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm};
@@ -81,22 +81,9 @@ fn every_operation_matches_the_cpu() {
         let e = rel(&g.download(&got), &want);
         assert!(e <= 1e-4, "split-K gemm {ta} {tb}: relative error {e:.3e}");
     }
-    // spmm forward and transposed, one and several value columns
+    let g = spmm_matches_the_cpu(g, &c);
     let s = random_sparse(300, 200, 9, 6);
     let (cs, gs) = (c.sparse(&s), g.sparse(&s));
-    // widths that take each kernel: half-warp (≤ 64), 16-byte vectors, general
-    for (k, d) in [(1, 20), (1, 47), (1, 64), (4, 64), (1, 70), (1, 96), (4, 96), (4, 100), (1, 300)] {
-        let vals = random(s.nnz(), k, 7);
-        for transpose in [false, true] {
-            let (rows, inner) = if transpose { (200, 300) } else { (300, 200) };
-            let x = random(inner, d, 8);
-            let o0 = random(rows, d, 9);
-            let (mut want, mut got) = (o0.clone(), g.upload(&o0));
-            c.spmm(&cs, &vals, transpose, &x, 0.5, &mut want);
-            g.spmm(&gs, &g.upload(&vals), transpose, &g.upload(&x), 0.5, &mut got);
-            check(&format!("spmm k={k} d={d} transpose={transpose}"), &g.download(&got), &want);
-        }
-    }
     // attention pieces
     let (k, f) = (4, 16);
     let (za, zb) = (random(300, k * f, 10), random(200, k * f, 11));
@@ -252,6 +239,124 @@ fn every_operation_matches_the_cpu() {
         g.step(rule, &mut pg, &g.upload(&gr), &mut mg, &mut vg);
         check(&format!("{rule:?} parameters"), &g.download(&pg), &pw);
         check(&format!("{rule:?} first moment"), &g.download(&mg), &mw);
+    }
+}
+
+/// SpMM forward and transposed, one and several value columns, with each implementation.
+fn spmm_matches_the_cpu(g: Cuda, c: &Cpu<f32>) -> Cuda {
+    let mut g = g;
+    let s = random_sparse(300, 200, 9, 6);
+    let cs = c.sparse(&s);
+    assert!(g.has_cusparse(), "libcusparse is on the GPU machine: its SpMM must be tested");
+    for kernel in [SpmmKernel::Auto, SpmmKernel::Ours, SpmmKernel::Warp, SpmmKernel::CuSparse] {
+        g.set_spmm(kernel);
+        let gs = g.sparse(&s);
+        // widths that take each kernel: half-warp (≤ 64), 16-byte vectors, general
+        for (k, d) in [(1, 20), (1, 47), (1, 64), (4, 64), (1, 70), (1, 96), (4, 96), (4, 100), (1, 300)] {
+            let vals = random(s.nnz(), k, 7);
+            for transpose in [false, true] {
+                let (rows, inner) = if transpose { (200, 300) } else { (300, 200) };
+                let x = random(inner, d, 8);
+                let o0 = random(rows, d, 9);
+                let (mut want, mut got) = (o0.clone(), g.upload(&o0));
+                c.spmm(&cs, &vals, transpose, &x, 0.5, &mut want);
+                g.spmm(&gs, &g.upload(&vals), transpose, &g.upload(&x), 0.5, &mut got);
+                let e = rel(&g.download(&got), &want);
+                assert!(
+                    e <= TOL,
+                    "spmm {kernel:?} k={k} d={d} transpose={transpose}: relative error {e:.3e}"
+                );
+            }
+        }
+    }
+    g.set_spmm(SpmmKernel::Auto);
+    assert!(!g.spmm_choices().is_empty(), "Auto timed the shapes it met");
+    g
+}
+
+#[test]
+fn zero_copy_gathers_read_host_rows_exactly() {
+    let Some(g) = gpu() else { return };
+    let c = Cpu::<f32>::new();
+    for (rows, d) in [(1000, 256), (777, 37), (64, 100)] {
+        let src = random(rows, d, 50 + d as u64);
+        let mut t = g.host_table(rows, d).unwrap();
+        t.as_mut_slice().copy_from_slice(&src.data);
+        let idx: Vec<u32> = (0..rows as u32 * 2).map(|i| (i * 7919 + 13) % rows as u32).collect();
+        let mut want = random(idx.len() + 5, d, 51);
+        let mut got = g.upload(&want);
+        c.gather_rows(&src, Rows::Index(&idx), &mut want, 3);
+        g.gather_host(&t, Rows::Index(&idx), &mut got, 3);
+        assert_eq!(g.download(&got).data, want.data, "zero-copy gather, width {d}");
+        let mut whole = g.output(rows, d);
+        g.upload_table(&t, &mut whole);
+        assert_eq!(g.download(&whole).data, src.data, "pinned upload, width {d}");
+    }
+}
+
+#[test]
+fn the_memory_budget_is_measured_and_enforced() {
+    let Some(mut g) = gpu() else { return };
+    g.reset_memory_peak();
+    let before = g.device_memory().expect("the CUDA backend reports its memory");
+    let m = g.zeros(1 << 20, 64); // 256 MiB
+    let after = g.device_memory().unwrap();
+    assert!(after.used >= before.used + (256 << 20), "{before:?} → {after:?}");
+    assert!(after.peak >= after.used);
+    drop(m);
+    g.synchronize();
+    g.set_memory_budget(Some(before.used + (64 << 20))).unwrap();
+    let small = g.zeros(1 << 20, 8); // 32 MiB: within the budget
+    drop(small);
+    g.synchronize();
+    let over = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.zeros(1 << 20, 32)));
+    let msg = over.err().and_then(|e| e.downcast::<String>().ok()).expect("128 MiB more must be refused");
+    assert!(msg.contains("GPU memory budget exceeded"), "{msg}");
+}
+
+#[test]
+fn the_tiered_executor_on_the_gpu_gives_the_cpu_gradients() {
+    use grinnder_engine::tiered::{Executor, TieredConfig};
+    use grinnder_engine::FeatureNorm;
+    use grinnder_partition::Method;
+    let Some(g) = gpu() else { return };
+    let c = Cpu::<f32>::new();
+    let ds =
+        generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+        let cfg = ModelConfig {
+            kind,
+            layers: 3,
+            hidden: 32,
+            dropout: 0.3,
+            input_dropout: 0.0,
+            norm: Norm::None,
+            residual: false,
+            heads: 2,
+            attn_dropout: 0.2,
+            seed: 5,
+        };
+        let grads = |p: &mut Vec<&mut grinnder_nn::Param<Cuda>>| -> Vec<Mat<f32>> {
+            p.iter().map(|p| g.download(&p.grad)).collect()
+        };
+        let tc0 = TieredConfig::in_ram(4, Method::Metis { seed: 0 });
+        let mut ex_c = Executor::new(&c, &ds, &cfg, FeatureNorm::Row, &tc0).unwrap();
+        ex_c.model.zero_grad(&c);
+        let (loss_c, _) = ex_c.forward_backward(2).unwrap();
+        let want: Vec<Mat<f32>> = ex_c.model.params_mut().into_iter().map(|p| p.grad.clone()).collect();
+        // everything in host memory, part of the blocks on the GPU, all of them there
+        for device in [Some(0), Some(200_000), Some(u64::MAX)] {
+            let tc = TieredConfig { device_cache_bytes: device, ..tc0.clone() };
+            let mut ex = Executor::new(&g, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
+            ex.model.zero_grad(&g);
+            let (loss, _) = ex.forward_backward(2).unwrap();
+            assert!((loss - loss_c).abs() <= 1e-5 * loss_c, "{kind:?} {device:?}: loss {loss} vs {loss_c}");
+            let got = grads(&mut ex.model.params_mut());
+            for (a, b) in got.iter().zip(&want) {
+                let e = rel(a, b);
+                assert!(e <= 1e-4, "{kind:?} {device:?}: relative error {e:.3e}");
+            }
+        }
     }
 }
 

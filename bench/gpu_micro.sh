@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On the GPU machine (after ../shared/gpu/pack.sh; from the repository root with .gpu carried):
+# the CUDA tests, Cora on the GPU, and the microbenchmarks (`grinnder bench gather | transfer |
+# spmm`, JSON) on a generated preset. Results under $OUT (or /tmp/gpu-out).
+#   bench/gpu_micro.sh [PRESET]
+set -uo pipefail
+preset=${1:-products-like}
+out=${OUT:-/tmp/gpu-out}
+mkdir -p "$out"
+bin=.gpu/bin/grinnder
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+echo "date: $(date -u +%F)   commit: $(cat .gpu/COMMIT 2>/dev/null)"
+for t in .gpu/tests/cuda-*; do echo "== $t"; "$t" --test-threads=1 2>&1 | grep -E "^test |test result|panicked|error" ; done
+echo "== Cora, GCN on the GPU (Kipf & Welling settings)"
+$bin -q train .gpu/shared/datasets/cora --device cuda --seed 0
+$bin bench gather | tee "$out/bench-gather.json"
+$bin bench transfer | tee "$out/bench-transfer.json"
+data=/tmp/gpu-data/$preset
+mkdir -p "$data"
+[ -f "$data/g.grnd" ] || $bin -q generate --preset "$preset" --seed 0 --out "$data/g.grnd"
+$bin bench spmm "$data/g.grnd" | tee "$out/bench-spmm-$preset.json"

@@ -1,0 +1,190 @@
+//! `grinnder bench`: GPU microbenchmarks, one JSON object each on stdout. Every figure is the
+//! median of `--reps` timed runs after one warm-up, bracketed by device synchronisations.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use grinnder_cuda::{Cuda, SpmmKernel};
+use grinnder_graph::rng::Stream;
+use grinnder_graph::{io, norm};
+use grinnder_tensor::{Backend, Mat, Rows, SparseMatrix};
+use rayon::prelude::*;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::args::{BenchArgs, BenchWhat, Device};
+
+/// One timed method: median seconds and the rate of its payload bytes.
+#[derive(Serialize)]
+struct Timing {
+    s: f64,
+    gb_per_s: f64,
+}
+
+fn median_of(reps: usize, bytes: u64, mut f: impl FnMut()) -> Timing {
+    f();
+    let mut t: Vec<f64> = (0..reps.max(1))
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    let s = t[t.len() / 2];
+    Timing { s, gb_per_s: bytes as f64 / s / 1e9 }
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let n = match Device::parse(&a.device)? {
+        Device::Cuda(n) => n,
+        Device::Cpu => anyhow::bail!("grinnder bench measures a GPU: use --device cuda[:N]"),
+    };
+    let mut g = Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
+    let out = match a.what {
+        BenchWhat::Gather { rows, width, table_rows } => gather(&g, a.reps, rows, width, table_rows)?,
+        BenchWhat::Transfer { bytes } => transfer(&g, a.reps, bytes)?,
+        BenchWhat::Spmm { input, widths } => spmm(&mut g, a.reps, &input, &widths)?,
+    };
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+/// Random rows of a pinned host table into GPU memory, four ways (see `BenchWhat::Gather`).
+fn gather(
+    g: &Cuda,
+    reps: usize,
+    rows: usize,
+    width: usize,
+    table_rows: usize,
+) -> anyhow::Result<serde_json::Value> {
+    anyhow::ensure!(rows > 0 && width > 0 && table_rows > 0, "rows, width and table rows must be positive");
+    let mut table = g.host_table(table_rows, width)?;
+    table.as_mut_slice().par_iter_mut().enumerate().for_each(|(i, v)| *v = (i % 1009) as f32 * 0.5);
+    let mut s = Stream::new(&[7, 1]);
+    let idx: Vec<u32> = (0..rows).map(|_| s.below(table_rows as u64) as u32).collect();
+    let bytes = (rows * width * 4) as u64;
+    let mut out = g.output(rows, width);
+    let mut staging = g.host_table(rows, width)?;
+    let cpu_gather = |dst: &mut [f32], src: &[f32]| {
+        dst.par_chunks_mut(width).zip(idx.par_iter()).for_each(|(o, &r)| {
+            o.copy_from_slice(&src[r as usize * width..(r as usize + 1) * width]);
+        });
+    };
+    let pinned = median_of(reps, bytes, || {
+        cpu_gather(staging.as_mut_slice(), table.as_slice());
+        g.upload_table(&staging, &mut out);
+        g.synchronize();
+    });
+    let pageable = median_of(reps, bytes, || {
+        let mut m = Mat::<f32>::zeros(rows, width);
+        cpu_gather(&mut m.data, table.as_slice());
+        out = g.upload_owned(m);
+        g.synchronize();
+    });
+    let copy = median_of(reps, bytes, || {
+        g.upload_table(&staging, &mut out);
+        g.synchronize();
+    });
+    let zero_copy = median_of(reps, bytes, || {
+        g.gather_host(&table, Rows::Index(&idx), &mut out, 0);
+        g.synchronize();
+    });
+    // exactness: the zero-copy rows are the CPU-gathered ones
+    cpu_gather(staging.as_mut_slice(), table.as_slice());
+    anyhow::ensure!(
+        g.download(&out).data == staging.as_slice(),
+        "zero-copy gather differs from the CPU gather"
+    );
+    let on_gpu = {
+        let mut whole = g.output(table_rows, width);
+        g.upload_table(&table, &mut whole);
+        median_of(reps, bytes, || {
+            g.gather_rows(&whole, Rows::Index(&idx), &mut out, 0);
+            g.synchronize();
+        })
+    };
+    Ok(json!({
+        "bench": "gather", "rows": rows, "width": width, "table_rows": table_rows, "bytes": bytes,
+        "cpu_gather_pinned_copy": pinned,
+        "cpu_gather_pageable_copy": pageable,
+        "zero_copy": zero_copy,
+        "pcie_copy_contiguous": copy,
+        "gather_from_gpu_memory": on_gpu,
+        "zero_copy_over_cpu_gather": pinned.s / zero_copy.s,
+        "threads": rayon::current_num_threads(),
+    }))
+}
+
+/// Copies of `bytes` each way, from pageable and from pinned host memory.
+fn transfer(g: &Cuda, reps: usize, bytes: u64) -> anyhow::Result<serde_json::Value> {
+    let n = (bytes / 4).max(1) as usize;
+    let (rows, cols) = (n / 256 + 1, 256);
+    let bytes = (rows * cols * 4) as u64;
+    let mut pinned = g.host_table(rows, cols)?;
+    let mut dev = g.output(rows, cols);
+    let pageable = Mat::<f32>::zeros(rows, cols);
+    let h2d_pinned = median_of(reps, bytes, || {
+        g.upload_table(&pinned, &mut dev);
+        g.synchronize();
+    });
+    let d2h_pinned = median_of(reps, bytes, || g.download_table(&dev, &mut pinned));
+    let h2d_pageable = median_of(reps, bytes, || {
+        dev = g.upload(&pageable);
+        g.synchronize();
+    });
+    let d2h_pageable = median_of(reps, bytes, || drop(g.download(&dev)));
+    Ok(json!({
+        "bench": "transfer", "bytes": bytes,
+        "h2d_pinned": h2d_pinned, "d2h_pinned": d2h_pinned,
+        "h2d_pageable": h2d_pageable, "d2h_pageable": d2h_pageable,
+    }))
+}
+
+/// `Â·X` and `Âᵀ·X` per width and implementation.
+fn spmm(
+    g: &mut Cuda,
+    reps: usize,
+    input: &crate::args::Input,
+    widths: &[usize],
+) -> anyhow::Result<serde_json::Value> {
+    let path = input.path()?;
+    let ds = io::open(&path, input.format(), &input.options()?)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let looped = ds.graph.with_self_loops();
+    let vals = norm::gcn_norm(&looped);
+    let n = looped.num_nodes();
+    let sm = SparseMatrix::new(n, n, looped.row_ptr().to_vec(), looped.col_idx().to_vec());
+    let v = g.upload(&Mat::from_vec(vals.len(), 1, vals.iter().map(|&x| x as f32).collect()));
+    let s = g.sparse(&sm);
+    let mut results = Vec::new();
+    for &d in widths {
+        let x = g.upload(&Mat::from_vec(n, d, (0..n * d).map(|i| (i % 97) as f32 * 0.01).collect()));
+        let mut out = g.output(n, d);
+        for transpose in [false, true] {
+            let mut row = json!({"width": d, "transposed": transpose});
+            for (name, k) in [
+                ("grinnder", SpmmKernel::Ours),
+                ("grinnder_general", SpmmKernel::Warp),
+                ("cusparse", SpmmKernel::CuSparse),
+                ("auto", SpmmKernel::Auto),
+            ] {
+                if k == SpmmKernel::CuSparse && !g.has_cusparse() {
+                    continue;
+                }
+                g.set_spmm(k);
+                let gathered = (sm.nnz() * d * 4) as u64;
+                let t = median_of(reps, gathered, || {
+                    g.spmm(&s, &v, transpose, &x, 0.0, &mut out);
+                    g.synchronize();
+                });
+                row[name] = json!({"ms": t.s * 1e3, "gathered_tb_per_s": t.gb_per_s / 1e3});
+            }
+            results.push(row);
+        }
+    }
+    Ok(json!({
+        "bench": "spmm", "graph": ds.name, "nodes": n, "entries": sm.nnz(), "results": results,
+        "cusparse": g.has_cusparse(),
+    }))
+}
