@@ -10,7 +10,11 @@ mkdir -p "$out"
 bin=.gpu/bin/grinnder
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "date: $(date -u +%F)   commit: $(cat .gpu/COMMIT 2>/dev/null)"
-for t in .gpu/tests/cuda-*; do echo "== $t"; "$t" --test-threads=1 2>&1 | grep -E "^test |test result|panicked|error" ; done
+for t in .gpu/tests/cuda-*; do
+  echo "== $t"
+  "$t" --test-threads=1 > "$out/tests-cuda.txt" 2>&1
+  grep -E "^test |test result|panicked|error" "$out/tests-cuda.txt"
+done
 echo "== Cora, GCN on the GPU (Kipf & Welling settings)"
 $bin -q train .gpu/shared/datasets/cora --device cuda --seed 0
 $bin bench gather | tee "$out/bench-gather.json"

@@ -28,7 +28,8 @@ grinnder() { # model tag [extra flags...]
   local model=$1 tag=$2
   shift 2
   $bin train "$data/g.grnd" --device cuda --model "$model" "${common[@]}" "$@" \
-    --metrics-out "$out/$preset-$tag.jsonl" 2>&1 | grep -v "^\s*$" | tail -1
+    --metrics-out "$out/$preset-$tag.jsonl" > "$out/$preset-$tag.log" 2>&1
+  grep -v "^\s*$" "$out/$preset-$tag.log" | tail -1
   python3 - "$out/$preset-$tag.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -59,5 +60,5 @@ done
 for b in ${BUDGETS:-}; do
   IFS=: read -r model mem parts <<< "$b"
   echo "== $preset $model with --gpu-mem $mem ${parts:+--parts $parts}"
-  grinnder "$model" "$model-$mem" --gpu-mem "$mem" ${parts:+--parts "$parts"} | tail -1
+  grinnder "$model" "$model-$mem${parts:+-p$parts}" --gpu-mem "$mem" ${parts:+--parts "$parts"} | tail -1
 done

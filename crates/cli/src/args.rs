@@ -397,9 +397,9 @@ pub struct TrainSettings {
     /// Keep the block files at the end of the run.
     #[arg(long)]
     pub keep_storage: Option<bool>,
-    /// GPU memory budget of the run with --device cuda, e.g. 8GiB: the tiered executor keeps
-    /// the blocks that fit on the GPU and the rest in host memory (and storage); allocations
-    /// past it stop the run [default: the whole GPU, in-memory training].
+    /// GPU memory budget of the run with --device cuda, e.g. 8GiB: allocations past it stop the
+    /// run; with --parts, the tiered executor keeps the blocks that fit on the GPU and the rest
+    /// in host memory (and storage) [default: the whole GPU].
     #[arg(long)]
     pub gpu_mem: Option<String>,
     /// GEMMs on TF32 tensor cores with --device cuda (faster, 10-bit mantissa products).
@@ -476,6 +476,8 @@ pub struct TrainPlan {
     /// The tiered executor's settings; `None`: the in-memory trainer.
     pub tiered: Option<TieredPlan>,
     pub tf32: bool,
+    /// `--gpu-mem`: the GPU memory budget of either trainer.
+    pub gpu_mem: Option<u64>,
 }
 
 /// Where training computes.
@@ -508,7 +510,6 @@ pub struct TieredPlan {
     pub storage_dir: Option<PathBuf>,
     pub tier_dtype: grinnder_engine::TierDtype,
     pub keep_storage: bool,
-    pub gpu_mem: Option<u64>,
 }
 
 impl TrainArgs {
@@ -601,12 +602,18 @@ impl TrainArgs {
             },
             tiered: self.tiered_plan(&file)?,
             tf32: f.tf32.or(file.tf32).unwrap_or(false),
+            gpu_mem: f
+                .gpu_mem
+                .clone()
+                .or(file.gpu_mem.clone())
+                .map(|t| parse_bytes(&t).map_err(anyhow::Error::msg))
+                .transpose()?,
         })
         .and_then(|p| {
             if p.device == Device::Cpu {
                 anyhow::ensure!(!p.tf32, "--tf32 needs --device cuda");
                 anyhow::ensure!(
-                    p.tiered.as_ref().is_none_or(|t| t.gpu_mem.is_none()),
+                    p.gpu_mem.is_none(),
                     "--gpu-mem needs --device cuda (on the CPU, --host-mem budgets memory)"
                 );
             }
@@ -624,10 +631,7 @@ impl TrainArgs {
         let host_mem =
             get!(host_mem).map(|t: String| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()?;
         let storage_dir = get!(storage_dir);
-        let gpu_mem =
-            get!(gpu_mem).map(|t: String| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()?;
-        let any = gpu_mem.is_some()
-            || get!(parts).is_some()
+        let any = get!(parts).is_some()
             || get!(partitioner).is_some()
             || get!(cache_mode).is_some()
             || host_mem.is_some()
@@ -657,7 +661,6 @@ impl TrainArgs {
                 TierDtypeArg::Bf16 => grinnder_engine::TierDtype::Bf16,
             },
             keep_storage: get!(keep_storage).unwrap_or(false),
-            gpu_mem,
         }))
     }
 }

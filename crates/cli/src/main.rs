@@ -35,11 +35,33 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     }
-    match commands::run(cli.command) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
+    // an allocation past --gpu-mem unwinds out of the trainer (destructors clean up storage
+    // files) and is reported as an error, not as a crash
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if budget_message(info.payload()).is_none() {
+            default_hook(info);
+        }
+    }));
+    let result = std::panic::catch_unwind(|| commands::run(cli.command));
+    match result {
+        Ok(Ok(())) => std::process::ExitCode::SUCCESS,
+        Ok(Err(e)) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+        Err(payload) => match budget_message(payload.as_ref()) {
+            Some(m) => {
+                eprintln!("error: {m}");
+                std::process::ExitCode::FAILURE
+            }
+            None => std::panic::resume_unwind(payload),
+        },
     }
+}
+
+/// The message of a panic raised by the GPU memory budget.
+fn budget_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    let m = payload.downcast_ref::<String>()?;
+    m.starts_with("GPU memory budget exceeded").then(|| m.clone())
 }

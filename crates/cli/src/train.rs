@@ -39,7 +39,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         (Device::Cuda(n), _) => {
             let mut gpu =
                 grinnder_cuda::Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
-            gpu.set_memory_budget(plan.tiered.as_ref().and_then(|t| t.gpu_mem))?;
+            gpu.set_memory_budget(plan.gpu_mem)?;
             gpu.set_tf32(plan.tf32)?;
             run_on(&gpu, &ds, &plan, ckpt.as_ref(), &mut metrics_file, &mut history)?
         }
@@ -127,7 +127,7 @@ fn run_on<B: Backend>(
                 keep_storage: t.keep_storage,
                 fail_writes_after: None,
                 cache_bytes: None,
-                gpu_mem: t.gpu_mem,
+                gpu_mem: plan.gpu_mem,
                 device_cache_bytes: None,
             };
             train_tiered_with(b, ds, &plan.config, &tc, ckpt, &mut on_epoch)?

@@ -3,8 +3,10 @@
 //! start (128-byte aligned requests when a row is a multiple of 32 floats) — no CPU gather and
 //! no staging copy.
 
+use std::sync::{Arc, Mutex};
+
 use cudarc::driver::sys;
-use cudarc::driver::PinnedHostSlice;
+use cudarc::driver::{CudaContext, CudaEvent, DevicePtr, DevicePtrMut, PinnedHostSlice};
 use grinnder_tensor::Rows;
 
 use crate::{err, warps, Cuda, CudaError, DMat};
@@ -74,5 +76,99 @@ impl Cuda {
     pub fn upload_table(&self, t: &HostTable, out: &mut DMat) {
         assert_eq!((out.rows, out.cols), (t.rows, t.cols), "upload: shapes");
         self.stream.memcpy_htod(&t.buf, &mut out.data).expect("CUDA upload");
+    }
+}
+
+/// Page-locked buffers that uploads and downloads pass through (`Backend::upload_with`,
+/// `download_with`): two, used in turn, so the host fills one while the other is copied; each
+/// grows to the largest transfer seen and is kept.
+#[derive(Default)]
+pub(crate) struct Staging {
+    slots: [Mutex<Slot>; 2],
+    next: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Default)]
+struct Slot {
+    buf: Option<PinnedHostSlice<f32>>,
+    /// Recorded after the last copy that read or wrote `buf`.
+    done: Option<CudaEvent>,
+}
+
+impl Slot {
+    /// The buffer, at least `n` long, once its last copy has finished.
+    fn get(&mut self, ctx: &Arc<CudaContext>, n: usize) -> &mut [f32] {
+        if let Some(e) = self.done.take() {
+            e.synchronize().expect("CUDA event");
+        }
+        if self.buf.as_ref().is_none_or(|b| b.len() < n) {
+            let len = n.max(self.buf.as_ref().map_or(0, |b| b.len() * 3 / 2)).max(1 << 16);
+            // SAFETY: the contents are written by the caller before any copy reads them.
+            self.buf = Some(
+                unsafe { ctx.alloc_pinned_with_flags::<f32>(len, sys::CU_MEMHOSTALLOC_PORTABLE) }
+                    .expect("page-locked host memory"),
+            );
+        }
+        &mut self.buf.as_mut().expect("allocated").as_mut_slice().expect("pinned host memory")[..n]
+    }
+}
+
+impl Staging {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2;
+        self.slots[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Cuda {
+    /// See `Backend::upload_with`: `fill` writes into a staging buffer, copied asynchronously.
+    pub(crate) fn staged_upload(&self, rows: usize, cols: usize, fill: &mut dyn FnMut(&mut [f32])) -> DMat {
+        let n = rows * cols;
+        let mut out = grinnder_tensor::Backend::output(self, rows, cols);
+        if n == 0 {
+            fill(&mut []);
+            return out;
+        }
+        let mut slot = self.staging.slot();
+        let host = slot.get(&self.ctx, n);
+        fill(host);
+        let src = host.as_ptr();
+        {
+            let (dst, _sync) = out.data.device_ptr_mut(&self.stream);
+            // SAFETY: `n` floats from a live page-locked buffer into an allocation of `n`;
+            // the buffer is not touched again before the event recorded below completes.
+            let r = unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dst, src as *const std::ffi::c_void, n * 4, self.stream.cu_stream())
+            };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA staged upload");
+        }
+        slot.done = Some(self.stream.record_event(None).expect("CUDA event"));
+        out
+    }
+
+    /// See `Backend::download_with`: `m` is copied into a staging buffer, then `read` sees it.
+    pub(crate) fn staged_download(&self, m: &DMat, read: &mut dyn FnMut(&[f32])) {
+        let n = m.rows * m.cols;
+        if n == 0 {
+            read(&[]);
+            return;
+        }
+        let mut slot = self.staging.slot();
+        let host = slot.get(&self.ctx, n);
+        {
+            let (src, _sync) = m.data.device_ptr(&self.stream);
+            // SAFETY: `n` floats of a live allocation into a page-locked buffer of `n`.
+            let r = unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    host.as_mut_ptr() as *mut std::ffi::c_void,
+                    src,
+                    n * 4,
+                    self.stream.cu_stream(),
+                )
+            };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA staged download");
+        }
+        self.stream.synchronize().expect("CUDA synchronize");
+        read(host);
     }
 }

@@ -157,6 +157,7 @@ impl<T: cudarc::driver::DeviceRepr + PartialEq + Clone> UploadCache<T> {
 
 /// The CUDA backend on one device.
 pub struct Cuda {
+    staging: host::Staging,
     sparse_lib: Option<cusparse::CuSparse>,
     /// Per shape: whether cuSPARSE was the faster SpMM, with both times in ms.
     spmm_pick: std::sync::Mutex<std::collections::HashMap<SpmmShape, (bool, f64, f64)>>,
@@ -273,6 +274,7 @@ impl Cuda {
             tracing::info!("cuSPARSE not available: SpMM runs grinnder's kernels only");
         }
         Ok(Cuda {
+            staging: Default::default(),
             sparse_lib,
             spmm_pick: Default::default(),
             pool,
@@ -658,6 +660,16 @@ impl Backend for Cuda {
     fn upload(&self, m: &Mat<f32>) -> DMat {
         let _p = self.span("upload");
         DMat { rows: m.rows, cols: m.cols, data: self.upload_slice(&m.data) }
+    }
+
+    fn upload_with(&self, rows: usize, cols: usize, fill: &mut dyn FnMut(&mut [f32])) -> DMat {
+        let _p = self.span("upload (staged)");
+        self.staged_upload(rows, cols, fill)
+    }
+
+    fn download_with(&self, m: &DMat, read: &mut dyn FnMut(&[f32])) {
+        let _p = self.span("download (staged)");
+        self.staged_download(m, read)
     }
 
     fn download(&self, m: &DMat) -> Mat<f32> {

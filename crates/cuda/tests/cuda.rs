@@ -341,20 +341,45 @@ fn the_tiered_executor_on_the_gpu_gives_the_cpu_gradients() {
         };
         let tc0 = TieredConfig::in_ram(4, Method::Metis { seed: 0 });
         let mut ex_c = Executor::new(&c, &ds, &cfg, FeatureNorm::Row, &tc0).unwrap();
-        ex_c.model.zero_grad(&c);
-        let (loss_c, _) = ex_c.forward_backward(2).unwrap();
-        let want: Vec<Mat<f32>> = ex_c.model.params_mut().into_iter().map(|p| p.grad.clone()).collect();
-        // everything in host memory, part of the blocks on the GPU, all of them there
-        for device in [Some(0), Some(200_000), Some(u64::MAX)] {
-            let tc = TieredConfig { device_cache_bytes: device, ..tc0.clone() };
+        let mut want = Vec::new();
+        for epoch in [2, 3] {
+            ex_c.model.zero_grad(&c);
+            let (loss, _) = ex_c.forward_backward(epoch).unwrap();
+            want.push((
+                loss,
+                ex_c.model.params_mut().into_iter().map(|p| p.grad.clone()).collect::<Vec<_>>(),
+            ));
+        }
+        // everything in host memory, part of the blocks on the GPU, all of them there, and a
+        // budget whose first epoch moves more blocks over
+        let used = g.device_memory().unwrap().used;
+        let budgets = [
+            (Some(0), None),
+            (Some(200_000), None),
+            (Some(u64::MAX), None),
+            (None, Some(used + (400 << 20))),
+        ];
+        for (device, gpu_mem) in budgets {
+            let tc = TieredConfig { device_cache_bytes: device, gpu_mem, ..tc0.clone() };
             let mut ex = Executor::new(&g, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
-            ex.model.zero_grad(&g);
-            let (loss, _) = ex.forward_backward(2).unwrap();
-            assert!((loss - loss_c).abs() <= 1e-5 * loss_c, "{kind:?} {device:?}: loss {loss} vs {loss_c}");
-            let got = grads(&mut ex.model.params_mut());
-            for (a, b) in got.iter().zip(&want) {
-                let e = rel(a, b);
-                assert!(e <= 1e-4, "{kind:?} {device:?}: relative error {e:.3e}");
+            let placed = ex.plan.device.as_ref().unwrap().blocks;
+            for (epoch, (loss_c, want)) in [2, 3].into_iter().zip(&want) {
+                ex.model.zero_grad(&g);
+                let (loss, _) = ex.forward_backward(epoch).unwrap();
+                let what = format!("{kind:?} {device:?} {gpu_mem:?} epoch {epoch}");
+                assert!((loss - loss_c).abs() <= 1e-5 * loss_c, "{what}: loss {loss} vs {loss_c}");
+                let got = grads(&mut ex.model.params_mut());
+                for (a, b) in got.iter().zip(want) {
+                    let e = rel(a, b);
+                    assert!(e <= 1e-4, "{what}: relative error {e:.3e}");
+                }
+            }
+            if gpu_mem.is_some() {
+                let after = ex.plan.device.as_ref().unwrap().blocks;
+                assert!(
+                    after > placed,
+                    "{kind:?}: the measured first epoch placed no more blocks ({placed})"
+                );
             }
         }
     }

@@ -496,6 +496,13 @@ impl<B: Backend> Model<B> {
         conv && self.dims[l] > self.dims[l + 1] && !first_fixed
     }
 
+    /// Whether layer 0, given its precomputed aggregation, still reads its input rows: SAGE's
+    /// root term, or a residual connection of matching width. When not, callers may pass the
+    /// aggregation in the input's place.
+    pub fn reads_input_beside_pre(&self) -> bool {
+        self.config.kind == Kind::Sage || (self.config.residual && self.dims[0] == self.dims[1])
+    }
+
     /// A split layer's aggregated linear map and SAGE's root map.
     fn split_maps(&self, l: usize) -> (&Linear<B>, Option<&Linear<B>>) {
         match &self.convs[l] {

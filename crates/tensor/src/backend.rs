@@ -112,6 +112,19 @@ pub trait Backend: Send + Sync + 'static {
     /// Waits for all work queued on the backend (a no-op where calls return finished): epoch
     /// timings end here.
     fn synchronize(&self) {}
+    /// A `rows × cols` matrix whose elements `fill` writes on the host (row-major): an upload
+    /// without an intermediate copy where the backend stages uploads in host memory of its own
+    /// (a GPU: page-locked, copied at the bus's full speed).
+    fn upload_with(&self, rows: usize, cols: usize, fill: &mut dyn FnMut(&mut [Self::T])) -> Self::Mat {
+        let mut m = Mat::zeros(rows, cols);
+        fill(&mut m.data);
+        self.upload_owned(m)
+    }
+    /// Hands `m`'s elements (row-major) to `read` on the host: a download into the backend's
+    /// staging memory, or `m` itself where it is host memory.
+    fn download_with(&self, m: &Self::Mat, read: &mut dyn FnMut(&[Self::T])) {
+        read(&self.download(m).data)
+    }
     /// [`Backend::download`] of a matrix the caller gives up.
     fn download_owned(&self, m: Self::Mat) -> Mat<Self::T> {
         self.download(&m)

@@ -125,6 +125,19 @@ pub struct DevicePlan {
     pub placed_bytes: u64,
 }
 
+/// A layer's gathered inputs: its input rows (`None`: the layer reads `pre` instead) and the
+/// precomputed aggregation.
+struct Inputs<B: Backend> {
+    x: Option<B::Mat>,
+    pre: Option<B::Mat>,
+}
+
+impl<B: Backend> Inputs<B> {
+    fn x(&self) -> &B::Mat {
+        self.x.as_ref().or(self.pre.as_ref()).expect("an input")
+    }
+}
+
 /// One partition as the executor sees it.
 struct Part<B: Backend> {
     graph: Graph<B>,
@@ -145,6 +158,9 @@ pub struct Executor<'a, B: Backend> {
     /// The GPU tier: blocks the plan placed in the backend's memory, and those present now.
     on_dev: HashSet<BlockId>,
     dev: HashMap<BlockId, B::Mat>,
+    /// `TieredConfig::gpu_mem`, and whether the first epoch's peak has refined the placement.
+    gpu_mem: Option<u64>,
+    calibrated: bool,
     n_train: usize,
     /// Layer 0 runs on `Â x` precomputed per partition (GCN, SAGE without input dropout).
     pre: bool,
@@ -265,6 +281,8 @@ impl<'a, B: Backend> Executor<'a, B> {
             store,
             on_dev: HashSet::new(),
             dev: HashMap::new(),
+            gpu_mem: tc.gpu_mem.filter(|_| tc.device_cache_bytes.is_none()),
+            calibrated: false,
             n_train: ds.splits.train.len(),
             pre,
             partitioning,
@@ -278,20 +296,25 @@ impl<'a, B: Backend> Executor<'a, B> {
         Ok(ex)
     }
 
-    /// Every block an epoch makes, most valuable on the device first: the input features and
-    /// their aggregation (read every epoch, never rewritten), then activations, the split
-    /// layers' narrow rows, and gradients; with each block's bytes at full precision.
+    /// Every block an epoch makes, in the order of bus transfers saved per byte when kept on
+    /// the device: hidden activations (written once, read up to three times), the split layers'
+    /// narrow rows and their gradients (each read with halo rows), layer 0's aggregation and
+    /// the features (read twice, never rewritten), then gradients (written once, read once);
+    /// with each block's bytes at full precision.
     fn block_list(&self) -> Vec<(BlockId, u64)> {
         let layers = self.model.layers();
         let elem = std::mem::size_of::<B::T>() as u64;
-        let mut kinds: Vec<(Kind, usize)> = vec![(Kind::Act, 0)];
+        let split: Vec<usize> = (0..layers).filter(|&l| self.split(l)).collect();
+        let mut kinds: Vec<(Kind, usize)> = (1..layers).map(|l| (Kind::Act, l)).collect();
+        kinds.extend(split.iter().map(|&l| (Kind::Xw, l)));
+        kinds.extend(split.iter().map(|&l| (Kind::GradXw, l)));
         if self.pre {
             kinds.push((Kind::Pre, 0));
         }
-        kinds.extend((1..layers).map(|l| (Kind::Act, l)));
-        kinds.extend((0..layers).filter(|&l| self.split(l)).map(|l| (Kind::Xw, l)));
+        if self.keeps_features() {
+            kinds.push((Kind::Act, 0));
+        }
         kinds.extend((1..layers).map(|l| (Kind::Grad, l)));
-        kinds.extend((0..layers).filter(|&l| self.split(l)).map(|l| (Kind::GradXw, l)));
         let mut out = Vec::new();
         for (kind, layer) in kinds {
             let d = match kind {
@@ -303,6 +326,12 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
         }
         out
+    }
+
+    /// Whether the input features are read after setup: not where layer 0 reads only its
+    /// precomputed aggregation (their blocks are dropped once it is made).
+    fn keeps_features(&self) -> bool {
+        !self.pre || self.model.reads_input_beside_pre()
     }
 
     /// The GPU tier's share of the plan: what the backend holds now (graphs, parameters), the
@@ -356,6 +385,46 @@ impl<'a, B: Backend> Executor<'a, B> {
         Ok(())
     }
 
+    /// After the first epoch, with its peak device memory measured: blocks that still fit
+    /// under `gpu_mem` (less the margin) join the GPU tier — the plan's working-set estimate
+    /// is an upper bound. Blocks that exist now (features, layer-0 aggregation) move over.
+    fn place_more(&mut self) -> Result<(), TrainError> {
+        let (Some(g), Some(m), Some(dp)) = (self.gpu_mem, self.b.device_memory(), self.plan.device.clone())
+        else {
+            return Ok(());
+        };
+        let mut room = g.saturating_sub(dp.margin_bytes).saturating_sub(m.peak);
+        let mut moved = (0usize, 0u64);
+        for (id, bytes) in self.block_list() {
+            if self.on_dev.contains(&id) || bytes > room {
+                continue;
+            }
+            if self.store.contains(id) {
+                let (rows, cols) = self.store.shape(id).expect("present");
+                let mut data = vec![B::T::of(0.0); rows * cols];
+                self.store.read_rows(id, None, &mut data).map_err(io_err)?;
+                self.store.remove(id).map_err(io_err)?;
+                self.dev.insert(id, self.b.upload_owned(Mat::from_vec(rows, cols, data)));
+            }
+            self.on_dev.insert(id);
+            room -= bytes;
+            moved = (moved.0 + 1, moved.1 + bytes);
+        }
+        if let Some(d) = self.plan.device.as_mut() {
+            d.blocks += moved.0;
+            d.placed_bytes += moved.1;
+        }
+        tracing::info!(
+            "GPU tier after the first epoch (peak {:.2} GiB of {:.2} GiB): {} more blocks ({:.2} GiB), {} in all",
+            m.peak as f64 / GIB,
+            g as f64 / GIB,
+            moved.0,
+            moved.1 as f64 / GIB,
+            self.on_dev.len()
+        );
+        Ok(())
+    }
+
     /// Stores a host block where the plan put it.
     fn put_host(&mut self, id: BlockId, m: Mat<B::T>) -> Result<(), TrainError> {
         if self.on_dev.contains(&id) {
@@ -391,6 +460,11 @@ impl<'a, B: Backend> Executor<'a, B> {
                 drop(x);
                 self.put(Kind::Pre, 0, q, agg)?;
             }
+            if !self.keeps_features() {
+                for q in 0..self.parts.len() {
+                    self.remove(act(0, q))?;
+                }
+            }
         }
         self.store.take_stats();
         self.stats = PhaseStats::default();
@@ -422,24 +496,34 @@ impl<'a, B: Backend> Executor<'a, B> {
         let rows: usize = sources.iter().map(|(_, r)| r.len()).sum();
         let host_rows: usize =
             sources.iter().filter(|(s, _)| !self.on_dev.contains(s)).map(|(_, r)| r.len()).sum();
-        let mut staged = Mat::<B::T>::zeros(host_rows, d);
-        self.store.pin(sources.iter().map(|(s, _)| *s).filter(|s| !self.on_dev.contains(s)));
-        let mut at = 0;
-        for (src, r) in sources.iter().filter(|(s, _)| !self.on_dev.contains(s)) {
-            let idx = match r {
-                Rows::Index(i) => Some(*i),
-                Rows::Range(..) => None,
-            };
-            let out = &mut staged.data[at * d..(at + r.len()) * d];
-            self.store.read_rows(*src, idx, out).map_err(io_err)?;
-            at += r.len();
-        }
+        let host_sources: Vec<(BlockId, Rows<'_>)> =
+            sources.iter().filter(|(s, _)| !self.on_dev.contains(s)).copied().collect();
+        self.store.pin(host_sources.iter().map(|(s, _)| *s));
+        // host rows straight into the backend's staging memory
+        let store = &mut self.store;
+        let mut failed = None;
+        let staged = b.upload_with(host_rows, d, &mut |buf: &mut [B::T]| {
+            let mut at = 0;
+            for (src, r) in &host_sources {
+                let idx = match r {
+                    Rows::Index(i) => Some(*i),
+                    Rows::Range(..) => None,
+                };
+                if let Err(e) = store.read_rows(*src, idx, &mut buf[at * d..(at + r.len()) * d]) {
+                    failed.get_or_insert(e);
+                    return;
+                }
+                at += r.len();
+            }
+        });
         self.store.unpin_all();
-        self.stats.upload_bytes += (staged.data.len() * std::mem::size_of::<B::T>()) as u64;
+        if let Some(e) = failed {
+            return Err(io_err(e));
+        }
+        self.stats.upload_bytes += (host_rows * d * std::mem::size_of::<B::T>()) as u64;
         let m = if host_rows == rows {
-            b.upload_owned(staged)
+            staged
         } else {
-            let staged = b.upload_owned(staged);
             let mut m = b.output(rows, d);
             let (mut at, mut at_host) = (0, 0);
             for (src, r) in &sources {
@@ -464,14 +548,15 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.gather_kind(Kind::Act, l, q, halo)
     }
 
-    /// The inputs of layer `l` on partition `q`: the gathered rows and, at layer 0, `Â x`.
-    fn inputs(&mut self, l: usize, q: usize) -> Result<(B::Mat, Option<B::Mat>), TrainError> {
+    /// The inputs of layer `l` on partition `q`: the gathered rows and, at layer 0, `Â x` (in
+    /// the input's place too where the layer does not read its input beside it).
+    fn inputs(&mut self, l: usize, q: usize) -> Result<Inputs<B>, TrainError> {
         if l == 0 && self.pre {
-            let x = self.gather(0, q, false)?;
-            let p = self.gather_kind(Kind::Pre, 0, q, false)?;
-            return Ok((x, Some(p)));
+            let pre = self.gather_kind(Kind::Pre, 0, q, false)?;
+            let x = if self.model.reads_input_beside_pre() { Some(self.gather(0, q, false)?) } else { None };
+            return Ok(Inputs { x, pre: Some(pre) });
         }
-        Ok((self.gather(l, q, true)?, None))
+        Ok(Inputs { x: Some(self.gather(l, q, true)?), pre: None })
     }
 
     /// Whether layer `l` runs split (transform on own rows, then aggregate the narrower rows).
@@ -494,9 +579,12 @@ impl<'a, B: Backend> Executor<'a, B> {
         if self.on_dev.contains(&id) {
             self.dev.insert(id, m);
         } else {
-            let m = self.b.download_owned(m);
-            self.stats.download_bytes += (m.data.len() * std::mem::size_of::<B::T>()) as u64;
-            self.store.put(id, m.rows, m.cols, m.data).map_err(io_err)?;
+            let (rows, cols) = self.b.dims(&m);
+            let mut data = Vec::new();
+            self.b.download_with(&m, &mut |h| data = par_to_vec(h));
+            drop(m);
+            self.stats.download_bytes += (data.len() * std::mem::size_of::<B::T>()) as u64;
+            self.store.put(id, rows, cols, data).map_err(io_err)?;
         }
         self.stats.write_back_s += t.elapsed().as_secs_f64();
         Ok(())
@@ -539,12 +627,12 @@ impl<'a, B: Backend> Executor<'a, B> {
                 break;
             }
             for q in 0..self.parts.len() {
-                let (x, pre) = self.inputs(l, q)?;
+                let inp = self.inputs(l, q)?;
                 self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
                 let t = Instant::now();
-                let (y, tape) =
-                    self.model.layer_forward(b, &self.parts[q].graph, l, &x, pre.as_ref(), train, epoch);
-                drop((tape, x, pre));
+                let g = &self.parts[q].graph;
+                let (y, tape) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_ref(), train, epoch);
+                drop((tape, inp));
                 self.stats.compute_s += t.elapsed().as_secs_f64();
                 self.put(Kind::Act, l + 1, q, y)?;
             }
@@ -581,6 +669,10 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub fn forward_backward(&mut self, epoch: u64) -> Result<(f64, usize), TrainError> {
         let b = self.b;
         let layers = self.model.layers();
+        let calibrate = self.gpu_mem.is_some() && !self.calibrated;
+        if calibrate {
+            b.reset_memory_peak();
+        }
         self.forward_layers(true, epoch)?;
         let (mut loss, mut correct) = (0.0, 0usize);
         for l in (0..layers).rev() {
@@ -633,7 +725,8 @@ impl<'a, B: Backend> Executor<'a, B> {
             } else {
                 let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
                 for q in 0..self.parts.len() {
-                    let (x, pre) = self.inputs(l, q)?;
+                    let inp = self.inputs(l, q)?;
+                    let (x, pre) = (inp.x(), inp.pre.as_ref());
                     let next: &[Kind] = if from_output { &[Kind::Act, Kind::Grad] } else { next_grad };
                     self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), next)?;
                     let dx = if from_output {
@@ -644,33 +737,23 @@ impl<'a, B: Backend> Executor<'a, B> {
                         let tape =
                             self.model.tape_from_output(l, l == 0 && self.pre, epoch).expect("allowed");
                         let g = &self.parts[q].graph;
-                        let dx = self.model.layer_backward(
-                            b,
-                            g,
-                            l,
-                            &x,
-                            pre.as_ref(),
-                            tape,
-                            &dy,
-                            l > 0,
-                            Some(&out),
-                        );
+                        let dx = self.model.layer_backward(b, g, l, x, pre, tape, &dy, l > 0, Some(&out));
                         self.stats.compute_s += t.elapsed().as_secs_f64();
                         dx
                     } else {
                         let t = Instant::now();
                         let g = &self.parts[q].graph;
-                        let (y, tape) = self.model.layer_forward(b, g, l, &x, pre.as_ref(), true, epoch);
+                        let (y, tape) = self.model.layer_forward(b, g, l, x, pre, true, epoch);
                         self.stats.compute_s += t.elapsed().as_secs_f64();
                         let dy = self.output_grad(l, q, &y, &mut loss, &mut correct)?;
                         drop(y);
                         let t = Instant::now();
                         let g = &self.parts[q].graph;
-                        let dx = self.model.layer_backward(b, g, l, &x, pre.as_ref(), tape, &dy, l > 0, None);
+                        let dx = self.model.layer_backward(b, g, l, x, pre, tape, &dy, l > 0, None);
                         self.stats.compute_s += t.elapsed().as_secs_f64();
                         dx
                     };
-                    drop((x, pre));
+                    drop(inp);
                     if let Some(dx) = dx {
                         let t = Instant::now();
                         self.write_back(Kind::Grad, l, q, dx)?;
@@ -687,6 +770,10 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
         }
         self.store.sync().map_err(io_err)?;
+        if calibrate {
+            self.calibrated = true;
+            self.place_more()?;
+        }
         Ok((loss, correct))
     }
 
@@ -730,7 +817,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let targets: Vec<(usize, Rows<'_>)> = std::iter::once(own)
             .chain(part.fetch.iter().take_while(|_| n > part.own).map(|(s, idx)| (*s, Rows::Index(idx))))
             .collect();
-        let mut host: Option<Mat<B::T>> = None;
+        let mut host_targets = Vec::new();
         let mut from = 0;
         for (p, r) in targets {
             let rows = self.parts[p].own;
@@ -738,20 +825,31 @@ impl<'a, B: Backend> Executor<'a, B> {
                 let block = self.dev.entry(id(p)).or_insert_with(|| b.zeros(rows, d));
                 b.scatter_add_rows(&dx, from, r, block);
             } else {
-                let h = host.get_or_insert_with(|| b.download(&dx));
-                let src = &h.data[from * d..(from + r.len()) * d];
-                let idx = match r {
-                    Rows::Index(i) => Some(i),
-                    Rows::Range(..) => None,
-                };
-                self.store.add_rows(id(p), rows, d, idx, src).map_err(io_err)?;
+                host_targets.push((p, rows, from, r));
             }
             from += r.len();
         }
-        if let Some(h) = host {
-            self.stats.download_bytes += (h.data.len() * std::mem::size_of::<B::T>()) as u64;
+        if host_targets.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        // one download for every host destination
+        let store = &mut self.store;
+        let mut failed = None;
+        b.download_with(&dx, &mut |h: &[B::T]| {
+            for (p, rows, from, r) in &host_targets {
+                let src = &h[from * d..(from + r.len()) * d];
+                let idx = match r {
+                    Rows::Index(i) => Some(*i),
+                    Rows::Range(..) => None,
+                };
+                if let Err(e) = store.add_rows(id(*p), *rows, d, idx, src) {
+                    failed.get_or_insert(e);
+                    return;
+                }
+            }
+        });
+        self.stats.download_bytes += (n * d * std::mem::size_of::<B::T>()) as u64;
+        failed.map_or(Ok(()), |e| Err(io_err(e)))
     }
 
     /// Evaluation pass (no dropout): correct predictions on train, valid and test.
@@ -772,11 +870,11 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.stats.compute_s += t.elapsed().as_secs_f64();
                 y
             } else {
-                let (x, pre) = self.inputs(l, q)?;
+                let inp = self.inputs(l, q)?;
                 self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
                 let t = Instant::now();
-                let (y, _) =
-                    self.model.layer_forward(b, &self.parts[q].graph, l, &x, pre.as_ref(), false, epoch);
+                let g = &self.parts[q].graph;
+                let (y, _) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_ref(), false, epoch);
                 self.stats.compute_s += t.elapsed().as_secs_f64();
                 y
             };
@@ -853,3 +951,9 @@ fn make_plan<B: Backend>(model: &Model<B>, parts: &[Part<B>], tc: &TieredConfig,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// A copy of `h`, in parallel for large slices (blocks of hundreds of MB leave staging memory).
+fn par_to_vec<T: Scalar>(h: &[T]) -> Vec<T> {
+    use rayon::prelude::*;
+    h.par_iter().with_min_len(1 << 16).copied().collect()
+}

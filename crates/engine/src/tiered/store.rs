@@ -22,9 +22,13 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use grinnder_tensor::Scalar;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::files::{encode_header, AlignedBuf, BlockFiles, BlockHeader, Dtype, ALIGN};
+
+/// Bytes each parallel task of a row copy handles.
+const PAR_BYTES: usize = 1 << 20;
 
 /// What a block holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -445,6 +449,11 @@ impl<T: Scalar> Store<T> {
         self.make_room(Some(id))
     }
 
+    /// `(rows, cols)` of block `id`.
+    pub fn shape(&self, id: BlockId) -> Option<(usize, usize)> {
+        self.entries.get(&id).map(|e| (e.rows, e.cols))
+    }
+
     /// Copies rows of block `id` into `out` (`idx` rows in order, or all rows).
     pub fn read_rows(&mut self, id: BlockId, idx: Option<&[u32]>, out: &mut [T]) -> io::Result<()> {
         self.load(id)?;
@@ -453,21 +462,23 @@ impl<T: Scalar> Store<T> {
         let n = idx.map_or(e.rows, |i| i.len());
         assert_eq!(out.len(), n * d, "block {id:?}: output holds the rows read");
         let row = |k: usize| idx.map_or(k, |i| i[k] as usize);
+        // rows in parallel, a few thousand per task
+        let per = (PAR_BYTES / (d * std::mem::size_of::<T>()).max(1)).max(1);
         match e.data.as_ref().expect("loaded") {
-            Data::Full(v) => {
-                for (k, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
-                    let r = row(k);
+            Data::Full(v) => out.par_chunks_mut(d.max(1) * per).enumerate().for_each(|(c, o)| {
+                for (k, o) in o.chunks_exact_mut(d.max(1)).enumerate() {
+                    let r = row(c * per + k);
                     o.copy_from_slice(&v[r * d..(r + 1) * d]);
                 }
-            }
-            Data::Bf16(v) => {
-                for (k, o) in out.chunks_exact_mut(d.max(1)).enumerate() {
-                    let r = row(k);
+            }),
+            Data::Bf16(v) => out.par_chunks_mut(d.max(1) * per).enumerate().for_each(|(c, o)| {
+                for (k, o) in o.chunks_exact_mut(d.max(1)).enumerate() {
+                    let r = row(c * per + k);
                     for (x, &h) in o.iter_mut().zip(&v[r * d..(r + 1) * d]) {
                         *x = T::of(from_bf16(h) as f64);
                     }
                 }
-            }
+            }),
         }
         self.stats.host_read_bytes += (n * d * self.elem_bytes()) as u64;
         Ok(())
@@ -496,25 +507,52 @@ impl<T: Scalar> Store<T> {
         self.load(id)?;
         let e = self.entries.get_mut(&id).expect("loaded");
         assert_eq!((e.rows, e.cols), (rows, cols), "block {id:?}: shape");
-        let d = cols;
-        let row = |k: usize| idx.map_or(k, |i| i[k] as usize);
+        let d = cols.max(1);
+        let k = src.len() / d;
+        // source rows grouped by destination row (a counting sort; repeats add up in order), so
+        // that disjoint destination rows go to parallel tasks
+        let mut ptr = vec![0usize; rows + 1];
+        for i in 0..k {
+            ptr[idx.map_or(i, |x| x[i] as usize) + 1] += 1;
+        }
+        for r in 0..rows {
+            ptr[r + 1] += ptr[r];
+        }
+        let mut order = vec![0u32; k];
+        let mut at = ptr.clone();
+        for i in 0..k {
+            let r = idx.map_or(i, |x| x[i] as usize);
+            order[at[r]] = i as u32;
+            at[r] += 1;
+        }
+        let per = (PAR_BYTES / (d * std::mem::size_of::<T>())).max(1);
+        fn each<E: Send>(
+            v: &mut [E],
+            d: usize,
+            per: usize,
+            groups: (&[usize], &[u32]),
+            f: &(dyn Fn(&mut [E], usize) + Sync),
+        ) {
+            let (ptr, order) = groups;
+            v.par_chunks_mut(d * per).enumerate().for_each(|(c, chunk)| {
+                for (j, row) in chunk.chunks_exact_mut(d).enumerate() {
+                    let r = c * per + j;
+                    for &i in &order[ptr[r]..ptr[r + 1]] {
+                        f(row, i as usize);
+                    }
+                }
+            });
+        }
+        let groups = (&ptr[..], &order[..]);
         match e.data.as_mut().expect("loaded") {
-            Data::Full(v) => {
-                for (k, s) in src.chunks_exact(d.max(1)).enumerate() {
-                    let r = row(k);
-                    for (x, &y) in v[r * d..(r + 1) * d].iter_mut().zip(s) {
-                        *x += y;
-                    }
+            Data::Full(v) => each(v, d, per, groups, &|row: &mut [T], i| {
+                row.iter_mut().zip(&src[i * d..(i + 1) * d]).for_each(|(x, &y)| *x += y);
+            }),
+            Data::Bf16(v) => each(v, d, per, groups, &|row: &mut [u16], i| {
+                for (x, &y) in row.iter_mut().zip(&src[i * d..(i + 1) * d]) {
+                    *x = to_bf16(from_bf16(*x) + y.f64() as f32);
                 }
-            }
-            Data::Bf16(v) => {
-                for (k, s) in src.chunks_exact(d.max(1)).enumerate() {
-                    let r = row(k);
-                    for (x, &y) in v[r * d..(r + 1) * d].iter_mut().zip(s) {
-                        *x = to_bf16(from_bf16(*x) + y.f64() as f32);
-                    }
-                }
-            }
+            }),
         }
         e.dirty = true;
         e.version += 1;

@@ -42,6 +42,9 @@ impl<T: Scalar> Backend for Cpu<T> {
     fn download_owned(&self, m: Mat<T>) -> Mat<T> {
         m
     }
+    fn download_with(&self, m: &Mat<T>, read: &mut dyn FnMut(&[T])) {
+        read(&m.data)
+    }
     fn output(&self, rows: usize, cols: usize) -> Mat<T> {
         if cfg!(debug_assertions) {
             Mat::from_vec(rows, cols, vec![T::nan(); rows * cols])
