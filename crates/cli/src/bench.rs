@@ -42,7 +42,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     };
     let mut g = Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
     let out = match a.what {
-        BenchWhat::Gather { rows, width, table_rows } => gather(&g, a.reps, rows, width, table_rows)?,
+        BenchWhat::Gather { rows, width, table_rows } => gather(&mut g, a.reps, rows, width, table_rows)?,
         BenchWhat::Transfer { bytes } => transfer(&g, a.reps, bytes)?,
         BenchWhat::Spmm { input, widths } => spmm(&mut g, a.reps, &input, &widths)?,
     };
@@ -52,7 +52,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 
 /// Random rows of a pinned host table into GPU memory, four ways (see `BenchWhat::Gather`).
 fn gather(
-    g: &Cuda,
+    g: &mut Cuda,
     reps: usize,
     rows: usize,
     width: usize,
@@ -90,6 +90,17 @@ fn gather(
         g.gather_host(&table, Rows::Index(&idx), &mut out, 0);
         g.synchronize();
     });
+    let dev_idx = g.upload_index(&idx);
+    let resident = |g: &Cuda, out: &mut grinnder_cuda::DMat| {
+        median_of(reps, bytes, || {
+            g.gather_host_indexed(&table, &dev_idx, out, 0);
+            g.synchronize();
+        })
+    };
+    let zero_copy_resident_index = resident(g, &mut out);
+    g.set_gather_rows_per_warp(2);
+    let zero_copy_resident_index_2_rows_per_warp = resident(g, &mut out);
+    g.set_gather_rows_per_warp(1);
     // exactness: the zero-copy rows are the CPU-gathered ones
     cpu_gather(staging.as_mut_slice(), table.as_slice());
     anyhow::ensure!(
@@ -109,6 +120,8 @@ fn gather(
         "cpu_gather_pinned_copy": pinned,
         "cpu_gather_pageable_copy": pageable,
         "zero_copy": zero_copy,
+        "zero_copy_resident_index": zero_copy_resident_index,
+        "zero_copy_resident_index_2_rows_per_warp": zero_copy_resident_index_2_rows_per_warp,
         "pcie_copy_contiguous": copy,
         "gather_from_gpu_memory": on_gpu,
         "zero_copy_over_cpu_gather": pinned.s / zero_copy.s,

@@ -9,7 +9,7 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaEvent, DevicePtr, DevicePtrMut, PinnedHostSlice};
 use grinnder_tensor::Rows;
 
-use crate::{err, warps, Cuda, CudaError, DMat};
+use crate::{err, Cuda, CudaError, DMat};
 
 /// A `rows × cols` row-major `f32` table in page-locked host memory, mapped into the device.
 pub struct HostTable {
@@ -62,7 +62,8 @@ impl Cuda {
             return;
         }
         let dst = out.data.slice_mut(at * d..(at + n) * d);
-        self.launch_rows("gather_rows", t.dptr, rows, d, dst, warps(n));
+        let (name, cfg) = self.gather_kernel(n);
+        self.launch_rows(name, t.dptr, rows, d, dst, cfg);
     }
 
     /// `t = m` over the bus into page-locked memory (waits for the copy).
@@ -72,11 +73,35 @@ impl Cuda {
         self.stream.synchronize().expect("CUDA synchronize");
     }
 
+    /// Row indices in device memory, for gathers that reuse them.
+    pub fn upload_index(&self, idx: &[u32]) -> DeviceIndex {
+        DeviceIndex { idx: self.upload_slice(idx), rows_end: idx.iter().max().map_or(0, |&m| m as usize + 1) }
+    }
+
+    /// [`Cuda::gather_host`] with indices already on the device.
+    pub fn gather_host_indexed(&self, t: &HostTable, idx: &DeviceIndex, out: &mut DMat, at: usize) {
+        let (d, n) = (t.cols, idx.idx.len());
+        assert!(out.cols == d && at + n <= out.rows && idx.rows_end <= t.rows, "gather: shapes");
+        if n == 0 || d == 0 {
+            return;
+        }
+        let dst = out.data.slice_mut(at * d..(at + n) * d);
+        let (name, cfg) = self.gather_kernel(n);
+        self.launch_rows_at(name, t.dptr, Some(&idx.idx), 0, n, d, dst, cfg);
+    }
+
     /// `out = t` over the bus with one asynchronous copy from page-locked memory.
     pub fn upload_table(&self, t: &HostTable, out: &mut DMat) {
         assert_eq!((out.rows, out.cols), (t.rows, t.cols), "upload: shapes");
         self.stream.memcpy_htod(&t.buf, &mut out.data).expect("CUDA upload");
     }
+}
+
+/// Row indices uploaded once (see [`Cuda::gather_host_indexed`]).
+pub struct DeviceIndex {
+    idx: cudarc::driver::CudaSlice<u32>,
+    /// One past the largest index.
+    rows_end: usize,
 }
 
 /// Page-locked buffers that uploads and downloads pass through (`Backend::upload_with`,

@@ -344,6 +344,48 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* i
     }
 }
 
+// gather_rows with two rows per warp: both rows' loads are issued before any store (twice the
+// requests in flight per warp; for reads over the bus).
+extern "C" __global__ void gather_rows2(const float* __restrict__ x, const u32* idx, i64 start, i64 n,
+                                        int d, float* __restrict__ out) {
+    i64 w = global_thread() / 32;
+    int lane = threadIdx.x % 32;
+    i64 r0 = 2 * w;
+    if (r0 >= n) return;
+    bool two = r0 + 1 < n;
+    u64 ra = idx ? (u64)idx[r0] : (u64)(start + r0);
+    u64 rb = two ? (idx ? (u64)idx[r0 + 1] : (u64)(start + r0 + 1)) : ra;
+    float* da = out + (u64)r0 * d;
+    float* db = da + d;
+    if (d % 4 == 0) {
+        const float4* sa = (const float4*)(x + ra * d);
+        const float4* sb = (const float4*)(x + rb * d);
+        float4* da4 = (float4*)da;
+        float4* db4 = (float4*)db;
+        int m = d / 4;
+        for (int j = lane; j < m; j += 64) {
+            bool h = j + 32 < m;
+            float4 a0 = sa[j], b0 = sb[j], a1, b1;
+            if (h) {
+                a1 = sa[j + 32];
+                b1 = sb[j + 32];
+            }
+            da4[j] = a0;
+            if (two) db4[j] = b0;
+            if (h) {
+                da4[j + 32] = a1;
+                if (two) db4[j + 32] = b1;
+            }
+        }
+    } else {
+        for (int j = lane; j < d; j += 32) {
+            float a = x[ra * d + j], b = x[rb * d + j];
+            da[j] = a;
+            if (two) db[j] = b;
+        }
+    }
+}
+
 // out[idx ? idx[i] : start + i] += src[i] for n rows of width d (src already offset); atomics
 // where indices may repeat.
 extern "C" __global__ void scatter_add_rows(const float* src, const u32* idx, i64 start, i64 n,

@@ -22,7 +22,7 @@ use grinnder_tensor::{Backend, Binary, DeviceMemory, MaskKey, Mat, Rows, SparseM
 mod cusparse;
 mod host;
 
-pub use host::HostTable;
+pub use host::{DeviceIndex, HostTable};
 
 const SOURCE: &str = include_str!("kernels.cu");
 
@@ -157,6 +157,7 @@ impl<T: cudarc::driver::DeviceRepr + PartialEq + Clone> UploadCache<T> {
 
 /// The CUDA backend on one device.
 pub struct Cuda {
+    gather_rows_per_warp: usize,
     staging: host::Staging,
     sparse_lib: Option<cusparse::CuSparse>,
     /// Per shape: whether cuSPARSE was the faster SpMM, with both times in ms.
@@ -176,7 +177,8 @@ pub struct Cuda {
     dummy_u32: CudaSlice<u32>,
 }
 
-const KERNELS: [&str; 25] = [
+const KERNELS: [&str; 26] = [
+    "gather_rows2",
     "permute",
     "sum_parts",
     "spmm16",
@@ -274,6 +276,7 @@ impl Cuda {
             tracing::info!("cuSPARSE not available: SpMM runs grinnder's kernels only");
         }
         Ok(Cuda {
+            gather_rows_per_warp: 1,
             staging: Default::default(),
             sparse_lib,
             spmm_pick: Default::default(),
@@ -356,6 +359,21 @@ impl Cuda {
         self.spmm_kernel = k;
     }
 
+    /// Rows each warp of a row gather copies: 1, or 2 (both rows' loads in flight before the
+    /// stores; see `gather_rows2`).
+    pub fn set_gather_rows_per_warp(&mut self, rows: usize) {
+        assert!(rows == 1 || rows == 2, "1 or 2 rows per warp");
+        self.gather_rows_per_warp = rows;
+    }
+
+    /// The gather kernel and its launch for `n` rows.
+    fn gather_kernel(&self, n: usize) -> (&'static str, LaunchConfig) {
+        match self.gather_rows_per_warp {
+            2 => ("gather_rows2", warps(n.div_ceil(2))),
+            _ => ("gather_rows", warps(n)),
+        }
+    }
+
     /// Whether cuSPARSE was found.
     pub fn has_cusparse(&self) -> bool {
         self.sparse_lib.is_some()
@@ -379,17 +397,33 @@ impl Cuda {
         src: u64,
         rows: Rows<'_>,
         d: usize,
-        mut dst: CudaViewMut<'_, f32>,
+        dst: CudaViewMut<'_, f32>,
         cfg: LaunchConfig,
     ) {
         let (idx, start) = match rows {
             Rows::Index(i) => (Some(self.upload_slice(i)), 0i64),
             Rows::Range(s, _) => (None, s as i64),
         };
-        let (n, d, null) = (rows.len() as i64, d as i32, 0u64);
+        self.launch_rows_at(name, src, idx.as_ref(), start, rows.len(), d, dst, cfg);
+    }
+
+    /// [`Cuda::launch_rows`] with the row list given as device indices, or a range from `start`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_rows_at(
+        &self,
+        name: &str,
+        src: u64,
+        idx: Option<&CudaSlice<u32>>,
+        start: i64,
+        n: usize,
+        d: usize,
+        mut dst: CudaViewMut<'_, f32>,
+        cfg: LaunchConfig,
+    ) {
+        let (n, d, null) = (n as i64, d as i32, 0u64);
         let mut l = self.stream.launch_builder(self.func(name));
         l.arg(&src);
-        match &idx {
+        match idx {
             Some(i) => l.arg(i),
             None => l.arg(&null),
         };
@@ -920,7 +954,8 @@ impl Backend for Cuda {
         }
         let dst = out.data.slice_mut(at * d..(at + n) * d);
         let (src, _sync) = x.data.device_ptr(&self.stream);
-        self.launch_rows("gather_rows", src, rows, d, dst, warps(n));
+        let (name, cfg) = self.gather_kernel(n);
+        self.launch_rows(name, src, rows, d, dst, cfg);
     }
 
     fn scatter_add_rows(&self, src: &DMat, from: usize, rows: Rows<'_>, out: &mut DMat) {

@@ -218,6 +218,36 @@ fn blocks_kept_in_the_device_tier_give_the_same_gradients() {
         };
         check(&ds, &cfg, &tc, &format!("{kind:?}, device tier over a spilling host cache"));
     }
+    // a measured peak below the plan's estimate places more blocks (blocks that exist, the
+    // features and layer-0 aggregation, move over); the next pass is exact as well
+    for kind in [Kind::Gcn, Kind::Sage] {
+        let cfg = model(kind, 0.0);
+        let (loss_ref, g_ref) = reference(&ds, &cfg, 3);
+        let b = Cpu::<f32>::new();
+        let probe = TieredConfig { device_cache_bytes: Some(u64::MAX), ..base.clone() };
+        let dp = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &probe).unwrap().plan.device.unwrap();
+        // the CPU backend reports no memory of its own: the budget is the working set, the
+        // margin and room for about a third of the blocks
+        let gpu_mem = ((dp.working_bytes + dp.placed_bytes / 3) as f64 / 0.95) as u64;
+        let tc = TieredConfig { gpu_mem: Some(gpu_mem), ..base.clone() };
+        let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
+        let before = ex.plan.device.clone().unwrap().blocks;
+        assert!(before > 0 && before < dp.blocks, "{kind:?}: {before} of {} placed", dp.blocks);
+        ex.model.zero_grad(&b);
+        ex.forward_backward(3).unwrap();
+        // a peak of the working set alone leaves room for every block
+        let moved = ex.refine_placement(dp.working_bytes / 2).unwrap();
+        assert_eq!(before + moved, dp.blocks, "{kind:?}");
+        ex.model.zero_grad(&b);
+        let (loss, _) = ex.forward_backward(3).unwrap();
+        assert!((loss - loss_ref).abs() <= TOL * loss_ref.abs(), "{kind:?}: loss {loss} vs {loss_ref}");
+        assert_close(
+            &format!("{kind:?} after refining the placement"),
+            &grads(&b, &mut ex.model),
+            &g_ref,
+            TOL,
+        );
+    }
     // training with evaluation: the same figures as in memory
     let cfg = TrainConfig {
         model: model(Kind::Sage, 0.1),

@@ -385,22 +385,28 @@ impl<'a, B: Backend> Executor<'a, B> {
         Ok(())
     }
 
-    /// After the first epoch, with its peak device memory measured: blocks that still fit
-    /// under `gpu_mem` (less the margin) join the GPU tier — the plan's working-set estimate
-    /// is an upper bound. Blocks that exist now (features, layer-0 aggregation) move over.
+    /// After the first epoch, with its peak device memory measured (see
+    /// [`Executor::refine_placement`]).
     fn place_more(&mut self) -> Result<(), TrainError> {
-        let (Some(g), Some(m), Some(dp)) = (self.gpu_mem, self.b.device_memory(), self.plan.device.clone())
-        else {
-            return Ok(());
-        };
-        let mut room = g.saturating_sub(dp.margin_bytes).saturating_sub(m.peak);
+        if let Some(m) = self.b.device_memory() {
+            self.refine_placement(m.peak)?;
+        }
+        Ok(())
+    }
+
+    /// Given the peak backend memory of an epoch, places the blocks that still fit under
+    /// `gpu_mem` (less the margin) in the GPU tier — the plan's working-set estimate is an upper
+    /// bound. Blocks that exist now (features, layer-0 aggregation) move over. Returns how many
+    /// blocks joined.
+    pub fn refine_placement(&mut self, peak: u64) -> Result<usize, TrainError> {
+        let (Some(g), Some(dp)) = (self.gpu_mem, self.plan.device.clone()) else { return Ok(0) };
+        let mut room = g.saturating_sub(dp.margin_bytes).saturating_sub(peak);
         let mut moved = (0usize, 0u64);
         for (id, bytes) in self.block_list() {
             if self.on_dev.contains(&id) || bytes > room {
                 continue;
             }
-            if self.store.contains(id) {
-                let (rows, cols) = self.store.shape(id).expect("present");
+            if let Some((rows, cols)) = self.store.shape(id) {
                 let mut data = vec![B::T::of(0.0); rows * cols];
                 self.store.read_rows(id, None, &mut data).map_err(io_err)?;
                 self.store.remove(id).map_err(io_err)?;
@@ -415,14 +421,14 @@ impl<'a, B: Backend> Executor<'a, B> {
             d.placed_bytes += moved.1;
         }
         tracing::info!(
-            "GPU tier after the first epoch (peak {:.2} GiB of {:.2} GiB): {} more blocks ({:.2} GiB), {} in all",
-            m.peak as f64 / GIB,
+            "GPU tier after an epoch at peak {:.2} GiB of {:.2} GiB: {} more blocks ({:.2} GiB), {} in all",
+            peak as f64 / GIB,
             g as f64 / GIB,
             moved.0,
             moved.1 as f64 / GIB,
             self.on_dev.len()
         );
-        Ok(())
+        Ok(moved.0)
     }
 
     /// Stores a host block where the plan put it.
