@@ -388,6 +388,10 @@ pub struct TrainSettings {
     /// --storage-dir [default: no limit].
     #[arg(long)]
     pub host_mem: Option<String>,
+    /// Size of the host cache for blocks, overriding what the memory plan derives from
+    /// --host-mem, e.g. 2GiB; 0 sends every block through --storage-dir.
+    #[arg(long)]
+    pub block_cache: Option<String>,
     /// Directory for block files of the storage tier (needed when --host-mem is exceeded).
     #[arg(long)]
     pub storage_dir: Option<PathBuf>,
@@ -510,6 +514,7 @@ pub struct TieredPlan {
     pub storage_dir: Option<PathBuf>,
     pub tier_dtype: grinnder_engine::TierDtype,
     pub keep_storage: bool,
+    pub block_cache: Option<u64>,
 }
 
 impl TrainArgs {
@@ -631,7 +636,10 @@ impl TrainArgs {
         let host_mem =
             get!(host_mem).map(|t: String| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()?;
         let storage_dir = get!(storage_dir);
-        let any = get!(parts).is_some()
+        let block_cache =
+            get!(block_cache).map(|t: String| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()?;
+        let any = block_cache.is_some()
+            || get!(parts).is_some()
             || get!(partitioner).is_some()
             || get!(cache_mode).is_some()
             || host_mem.is_some()
@@ -661,6 +669,7 @@ impl TrainArgs {
                 TierDtypeArg::Bf16 => grinnder_engine::TierDtype::Bf16,
             },
             keep_storage: get!(keep_storage).unwrap_or(false),
+            block_cache,
         }))
     }
 }

@@ -125,8 +125,8 @@ fn run_on<B: Backend>(
                 storage_dir: t.storage_dir.clone(),
                 tier_dtype: t.tier_dtype,
                 keep_storage: t.keep_storage,
-                fail_writes_after: None,
-                cache_bytes: None,
+                faults: Default::default(),
+                cache_bytes: t.block_cache,
                 gpu_mem: plan.gpu_mem,
                 device_cache_bytes: None,
             };

@@ -107,7 +107,7 @@ fn tier_blocks_survive_corruption() {
         budget: Some(0),
         mode: CacheMode::PartitionLru,
         dtype: TierDtype::F32,
-        fail_writes_after: None,
+        faults: Default::default(),
     };
     let mut store = Store::<f32>::new(cfg, Some(dir.path()), true).unwrap();
     let id = BlockId { kind: Kind::Act, layer: 1, part: 0 };

@@ -7,7 +7,7 @@
 //! deviation relative to its scale), required ≤ 1e-5; the loss relative ≤ 1e-5.
 
 use grinnder_engine::memory::features;
-use grinnder_engine::tiered::{CacheMode, Executor, TierDtype, TieredConfig};
+use grinnder_engine::tiered::{CacheMode, Executor, Faults, TierDtype, TieredConfig};
 use grinnder_engine::{train, train_tiered, FeatureNorm, TrainConfig};
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::Dataset;
@@ -139,7 +139,7 @@ fn gradients_do_not_depend_on_the_partitioner_or_cache_mode() {
         let dir = tempfile::tempdir().unwrap();
         let tc = TieredConfig {
             cache_mode: mode,
-            host_mem: Some(1),
+            cache_bytes: Some(0),
             storage_dir: Some(dir.path().to_path_buf()),
             ..TieredConfig::in_ram(4, Method::Metis { seed: 0 })
         };
@@ -364,47 +364,79 @@ fn bf16_blocks_train_close_to_f32() {
 }
 
 #[test]
-fn a_full_disk_mid_epoch_stops_with_a_clear_error_and_keeps_the_last_good_state() {
+fn storage_faults_mid_epoch_stop_with_the_file_named_and_keep_the_last_good_state() {
     let ds = dataset();
     let cfg = model(Kind::Sage, 0.0);
     let dir = tempfile::tempdir().unwrap();
     let b = Cpu::<f32>::new();
     let tc = TieredConfig {
-        host_mem: Some(1),
+        host_mem: None,
+        cache_bytes: Some(0),
         storage_dir: Some(dir.path().to_path_buf()),
         ..TieredConfig::in_ram(4, Method::Metis { seed: 0 })
     };
-    // count the block writes of setup and one epoch, then fail in the middle of the next
-    let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
-    let mut opt = grinnder_nn::Optimizer::new(OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 });
-    ex.model.zero_grad(&b);
-    ex.forward_backward(0).unwrap();
-    opt.step(&b, ex.model.params_mut());
-    let writes = ex.take_stats().tier.storage_write_bytes;
-    assert!(writes > 0);
-    drop(ex);
-    let failing = TieredConfig { fail_writes_after: Some(60), ..tc.clone() };
-    let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &failing).unwrap();
-    let mut opt = grinnder_nn::Optimizer::new(OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 });
-    let mut good = None;
-    let mut failed = None;
-    for epoch in 0..20 {
+    // count the block reads and writes of setup and of one epoch (deterministic: every block
+    // leaves RAM at once), then fail in the middle of the second epoch
+    let (setup, one) = {
+        let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
+        let setup = ex.storage_ops();
         ex.model.zero_grad(&b);
-        match ex.forward_backward(epoch) {
-            Ok(_) => {
-                opt.step(&b, ex.model.params_mut());
-                good = Some(values(&b, &mut ex.model));
-            }
-            Err(e) => {
-                failed = Some(e.to_string());
-                break;
+        ex.forward_backward(0).unwrap();
+        let after = ex.storage_ops();
+        (setup, (after.0 - setup.0, after.1 - setup.1))
+    };
+    assert!(one.0 > 4 && one.1 > 4, "the epoch goes through storage: {one:?}");
+    // runs epochs until one fails; returns the error and whether the parameters are those of
+    // the last completed step
+    let run = |tc: &TieredConfig, between: &dyn Fn(u64)| {
+        let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, tc).unwrap();
+        let mut opt = grinnder_nn::Optimizer::new(OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 });
+        let mut good = None;
+        for epoch in 0..3 {
+            between(epoch);
+            ex.model.zero_grad(&b);
+            match ex.forward_backward(epoch) {
+                Ok(_) => {
+                    opt.step(&b, ex.model.params_mut());
+                    good = Some(values(&b, &mut ex.model));
+                }
+                Err(e) => {
+                    let good = good.expect("at least one epoch before the fault");
+                    return (e.to_string(), values(&b, &mut ex.model) == good);
+                }
             }
         }
-    }
-    let msg = failed.expect("the injected fault fires within 20 epochs");
+        panic!("the fault did not fire");
+    };
+    let mid = |setup: usize, per: usize| Some(setup + per + per / 2);
+    // disk full while writing
+    let faults = Faults { writes_after: mid(setup.1, one.1), reads_after: None };
+    let (msg, kept) = run(&TieredConfig { faults, ..tc.clone() }, &|_| {});
     assert!(msg.contains("No space left on device") && msg.contains(".blk"), "{msg}");
-    let good = good.expect("at least one epoch before the fault");
-    assert_eq!(values(&b, &mut ex.model), good, "parameters are those of the last completed step");
+    assert!(kept, "parameters are those of the last completed step");
+    // a read error
+    let faults = Faults { writes_after: None, reads_after: mid(setup.0, one.0) };
+    let (msg, kept) = run(&TieredConfig { faults, ..tc.clone() }, &|_| {});
+    assert!(msg.contains("Input/output error") && msg.contains(".blk"), "{msg}");
+    assert!(kept, "parameters are those of the last completed step");
+    // a bit flipped in a block file between epochs (the features, read again every epoch)
+    let flip = |epoch: u64| {
+        if epoch != 1 {
+            return;
+        }
+        let f = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("act-l0-"))
+            .expect("the features' block files");
+        let mut bytes = std::fs::read(&f).unwrap();
+        let at = 4096 + (bytes.len() - 4096) / 2;
+        bytes[at] ^= 0x10;
+        std::fs::write(&f, bytes).unwrap();
+    };
+    let (msg, kept) = run(&tc, &flip);
+    assert!(msg.contains("checksum") && msg.contains("act-l0-"), "{msg}");
+    assert!(kept, "parameters are those of the last completed step");
     // a directory that does not exist is refused up front
     let missing = TieredConfig { storage_dir: Some(dir.path().join("nope")), ..tc };
     let err = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &missing).err().expect("refused");

@@ -169,9 +169,18 @@ pub struct BlockFiles {
     pub direct: bool,
     /// `None`: io_uring is unavailable, `pread`/`pwrite` are used.
     ring: Option<Mutex<IoUring>>,
-    /// Fault injection (tests): writes after this many fail with ENOSPC.
-    pub fail_writes_after: Option<usize>,
+    /// Fault injection (tests).
+    pub faults: Faults,
     writes: std::sync::atomic::AtomicUsize,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+/// Fault injection for tests: block-file writes after this many fail with ENOSPC, reads after
+/// this many with EIO (counted from the store's start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    pub writes_after: Option<usize>,
+    pub reads_after: Option<usize>,
 }
 
 /// Free bytes for an unprivileged writer in the file system holding `dir`.
@@ -312,8 +321,9 @@ impl BlockFiles {
             dir: dir.to_path_buf(),
             direct,
             ring,
-            fail_writes_after: None,
+            faults: Faults::default(),
             writes: std::sync::atomic::AtomicUsize::new(0),
+            reads: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -343,7 +353,7 @@ impl BlockFiles {
     pub fn write(&self, name: &str, buf: &AlignedBuf, len: usize) -> io::Result<()> {
         let path = self.path(name);
         let k = self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if self.fail_writes_after.is_some_and(|n| k >= n) {
+        if self.faults.writes_after.is_some_and(|n| k >= n) {
             let e = io::Error::from_raw_os_error(libc::ENOSPC);
             return Err(io::Error::new(
                 e.kind(),
@@ -365,6 +375,14 @@ impl BlockFiles {
     /// Reads a whole block file into an aligned buffer and verifies it.
     pub fn read(&self, name: &str, expect: &BlockHeader) -> io::Result<AlignedBuf> {
         let path = self.path(name);
+        let k = self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.faults.reads_after.is_some_and(|n| k >= n) {
+            let e = io::Error::from_raw_os_error(libc::EIO);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("reading {}: {e} (injected fault)", path.display()),
+            ));
+        }
         let f = self.open(&path, false)?;
         let len = expect.file_len();
         let mut buf = AlignedBuf::new(len);
@@ -390,6 +408,12 @@ impl BlockFiles {
         };
         verify(buf.as_slice(), read, expect, &path)?;
         Ok(buf)
+    }
+
+    /// Block-file reads and writes attempted so far.
+    pub fn ops(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.reads.load(Relaxed), self.writes.load(Relaxed))
     }
 
     pub fn remove(&self, name: &str) {

@@ -29,6 +29,7 @@ use grinnder_partition::{partition_cached, Method, PartitionedGraph, Partitionin
 use grinnder_tensor::{Backend, Mat, Rows, Scalar, SparseMatrix};
 use serde::Serialize;
 
+pub use files::Faults;
 pub use store::{BlockId, CacheMode, Kind, Store, StoreConfig, TierDtype, TierStats};
 
 use crate::memory::{feature_shift, normalized, FeatureNorm, TrainError};
@@ -46,8 +47,8 @@ pub struct TieredConfig {
     pub storage_dir: Option<PathBuf>,
     pub tier_dtype: TierDtype,
     pub keep_storage: bool,
-    /// Fault injection for tests: block-file writes after this many fail with ENOSPC.
-    pub fail_writes_after: Option<usize>,
+    /// Fault injection for tests (block-file writes failing with ENOSPC, reads with EIO).
+    pub faults: Faults,
     /// The block cache size, overriding what the plan derives from `host_mem`.
     pub cache_bytes: Option<u64>,
     /// The backend's memory for the whole run (`--gpu-mem`): with it, the plan keeps the blocks
@@ -70,7 +71,7 @@ impl TieredConfig {
             storage_dir: None,
             tier_dtype: TierDtype::F32,
             keep_storage: false,
-            fail_writes_after: None,
+            faults: Faults::default(),
             cache_bytes: None,
             gpu_mem: None,
             device_cache_bytes: None,
@@ -242,10 +243,23 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
         let pre = model_cfg.kind != ModelKind::Gat && model_cfg.input_dropout == 0.0;
         let plan = make_plan(&model, &parts, tc, std::mem::size_of::<B::T>());
+        if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
+            let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
+            if need > h {
+                return Err(TrainError::Memory(format!(
+                    "--host-mem {:.1} MiB is too small: the process already holds {:.1} MiB (dataset, partition graphs, model), the largest partition's working set is {:.1} MiB and the margin {:.1} MiB; needs at least {} MiB (or more --parts, for a smaller working set)",
+                    h as f64 / 1048576.0,
+                    plan.resident_bytes as f64 / 1048576.0,
+                    plan.working_bytes as f64 / 1048576.0,
+                    plan.margin_bytes as f64 / 1048576.0,
+                    (need as f64 / 0.95 / 1048576.0).ceil() as u64
+                )));
+            }
+        }
         if let (Some(cache), None) = (plan.cache_bytes, &tc.storage_dir) {
             if cache < plan.block_bytes {
                 return Err(TrainError::Storage(format!(
-                    "--host-mem leaves {:.1} MiB for blocks after {:.1} MiB resident, {:.1} MiB working set and a {:.1} MiB margin, but the blocks need {:.1} MiB: give a --storage-dir to spill to, or more --host-mem",
+                    "the host cache holds {:.1} MiB of blocks (--host-mem less {:.1} MiB resident, a {:.1} MiB working set and a {:.1} MiB margin, or --block-cache), but the blocks need {:.1} MiB: give a --storage-dir to spill to, or more --host-mem",
                     cache as f64 / 1048576.0,
                     plan.resident_bytes as f64 / 1048576.0,
                     plan.working_bytes as f64 / 1048576.0,
@@ -271,7 +285,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             budget: plan.cache_bytes,
             mode: plan.mode,
             dtype: tc.tier_dtype,
-            fail_writes_after: tc.fail_writes_after,
+            faults: tc.faults,
         };
         let store = Store::new(store_cfg, tc.storage_dir.as_deref(), tc.keep_storage).map_err(io_err)?;
         let mut ex = Executor {
@@ -475,6 +489,11 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.store.take_stats();
         self.stats = PhaseStats::default();
         Ok(())
+    }
+
+    /// Block-file reads and writes attempted since the start (setup included).
+    pub fn storage_ops(&self) -> (usize, usize) {
+        self.store.storage_ops()
     }
 
     /// `(O_DIRECT, io_uring)` of the storage tier, `None` without one.

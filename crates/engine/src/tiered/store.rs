@@ -25,7 +25,7 @@ use grinnder_tensor::Scalar;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::files::{encode_header, AlignedBuf, BlockFiles, BlockHeader, Dtype, ALIGN};
+use super::files::{encode_header, AlignedBuf, BlockFiles, BlockHeader, Dtype, Faults, ALIGN};
 
 /// Bytes each parallel task of a row copy handles.
 const PAR_BYTES: usize = 1 << 20;
@@ -221,8 +221,8 @@ pub struct StoreConfig {
     /// `LruLayer` or `PartitionLru` (`Auto` is resolved by the caller's plan).
     pub mode: CacheMode,
     pub dtype: TierDtype,
-    /// Fault injection for tests: block-file writes after this many fail with ENOSPC.
-    pub fail_writes_after: Option<usize>,
+    /// Fault injection for tests.
+    pub faults: Faults,
 }
 
 pub struct Store<T: Scalar> {
@@ -259,7 +259,7 @@ impl<T: Scalar> Store<T> {
     pub fn new(cfg: StoreConfig, dir: Option<&Path>, keep_files: bool) -> io::Result<Store<T>> {
         let mut files = dir.map(BlockFiles::new).transpose()?;
         if let Some(f) = files.as_mut() {
-            f.fail_writes_after = cfg.fail_writes_after;
+            f.faults = cfg.faults;
         }
         if let Some(f) = &files {
             if !f.direct {
@@ -447,6 +447,11 @@ impl<T: Scalar> Store<T> {
         );
         self.resident += bytes;
         self.make_room(Some(id))
+    }
+
+    /// Block-file reads and writes attempted so far (`(0, 0)` without storage).
+    pub fn storage_ops(&self) -> (usize, usize) {
+        self.files.as_ref().map_or((0, 0), |f| f.ops())
     }
 
     /// `(rows, cols)` of block `id`.
@@ -839,8 +844,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for mode in [CacheMode::LruLayer, CacheMode::PartitionLru] {
             // room for two 100 × 8 f32 blocks
-            let cfg =
-                StoreConfig { budget: Some(2 * 3200), mode, dtype: TierDtype::F32, fail_writes_after: None };
+            let cfg = StoreConfig {
+                budget: Some(2 * 3200),
+                mode,
+                dtype: TierDtype::F32,
+                faults: Faults::default(),
+            };
             let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
             let block = |k: usize| (0..800).map(|i| (i * 7 + k) as f32 * 0.5).collect::<Vec<f32>>();
             for l in 0..3 {
@@ -872,7 +881,7 @@ mod tests {
             budget: Some(3200),
             mode: CacheMode::PartitionLru,
             dtype: TierDtype::F32,
-            fail_writes_after: None,
+            faults: Faults::default(),
         };
         let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
         s.put(id(0, 0), 100, 8, vec![1.0; 800]).unwrap();
@@ -901,7 +910,7 @@ mod tests {
                 budget: Some(0),
                 mode: CacheMode::PartitionLru,
                 dtype: TierDtype::Bf16,
-                fail_writes_after: None,
+                faults: Faults::default(),
             };
             let mut s = Store::<f32>::new(cfg, Some(dir.path()), keep).unwrap();
             s.put(id(1, 0), 10, 4, vec![0.5; 40]).unwrap();
