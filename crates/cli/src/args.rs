@@ -302,6 +302,15 @@ pub enum OptimArg {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
+pub enum ModeArg {
+    /// Every node and edge every epoch (in memory, or partition by partition with --parts).
+    Full,
+    /// Sampled mini-batches (GraphSAGE neighbour sampling), exact full-graph evaluation.
+    Minibatch,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PrecisionArg {
     F32,
     F64,
@@ -368,6 +377,16 @@ pub struct TrainSettings {
     /// Arithmetic precision [default: f32].
     #[arg(long, value_enum)]
     pub precision: Option<PrecisionArg>,
+    /// Full-graph or mini-batch training [default: full].
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeArg>,
+    /// Mini-batch neighbours sampled per hop from the seeds, one per layer, e.g. 15,10,5
+    /// (-1: all) [default: 10 per layer].
+    #[arg(long, allow_hyphen_values = true)]
+    pub fanout: Option<String>,
+    /// Seed nodes per mini-batch [default: 1024].
+    #[arg(long)]
+    pub batch_size: Option<usize>,
     /// Where to compute: cpu, or cuda / cuda:N for GPU N (f32 only) [default: cpu].
     #[arg(long)]
     pub device: Option<String>,
@@ -479,6 +498,8 @@ pub struct TrainPlan {
     pub device: Device,
     /// The tiered executor's settings; `None`: the in-memory trainer.
     pub tiered: Option<TieredPlan>,
+    /// Mini-batch training's settings; `None`: full-graph training.
+    pub minibatch: Option<grinnder_engine::MiniBatchConfig>,
     pub tf32: bool,
     /// `--gpu-mem`: the GPU memory budget of either trainer.
     pub gpu_mem: Option<u64>,
@@ -606,6 +627,37 @@ impl TrainArgs {
                 d
             },
             tiered: self.tiered_plan(&file)?,
+            minibatch: match pick!(mode, ModeArg::Full) {
+                ModeArg::Full => {
+                    anyhow::ensure!(
+                        f.fanout.is_none() && file.fanout.is_none() && f.batch_size.or(file.batch_size).is_none(),
+                        "--fanout and --batch-size are for --mode minibatch"
+                    );
+                    None
+                }
+                ModeArg::Minibatch => {
+                    let fanouts: Vec<i64> = match f.fanout.clone().or(file.fanout.clone()) {
+                        Some(t) => t
+                            .split(',')
+                            .map(|x| x.trim().parse::<i64>())
+                            .collect::<Result<_, _>>()
+                            .map_err(|e| anyhow::anyhow!("--fanout {t:?}: {e}"))?,
+                        None => vec![10; layers],
+                    };
+                    anyhow::ensure!(
+                        fanouts.len() == layers,
+                        "--fanout has {} numbers for {layers} layers: give one per layer",
+                        fanouts.len()
+                    );
+                    anyhow::ensure!(
+                        fanouts.iter().all(|&k| k == -1 || k > 0),
+                        "--fanout numbers are positive, or -1 for every neighbour"
+                    );
+                    let batch_size = pick!(batch_size, 1024);
+                    anyhow::ensure!(batch_size >= 1, "--batch-size must be at least 1");
+                    Some(grinnder_engine::MiniBatchConfig { fanouts, batch_size, eval_parts: 1 })
+                }
+            },
             tf32: f.tf32.or(file.tf32).unwrap_or(false),
             gpu_mem: f
                 .gpu_mem
@@ -614,7 +666,15 @@ impl TrainArgs {
                 .map(|t| parse_bytes(&t).map_err(anyhow::Error::msg))
                 .transpose()?,
         })
-        .and_then(|p| {
+        .and_then(|mut p| {
+            if let (Some(mb), Some(t)) = (p.minibatch.as_mut(), &p.tiered) {
+                anyhow::ensure!(
+                    t.host_mem.is_none() && t.storage_dir.is_none() && t.block_cache.is_none(),
+                    "--host-mem, --storage-dir and --block-cache apply to full-graph training; with --mode minibatch, --parts sets the evaluation's partitions"
+                );
+                mb.eval_parts = t.parts;
+                p.tiered = None;
+            }
             if p.device == Device::Cpu {
                 anyhow::ensure!(!p.tf32, "--tf32 needs --device cuda");
                 anyhow::ensure!(

@@ -4,7 +4,9 @@
 use std::io::Write;
 
 use anyhow::Context;
-use grinnder_engine::{train_tiered_with, train_with, CheckpointConfig, EpochMetrics, Summary, TieredConfig};
+use grinnder_engine::{
+    train_minibatch, train_tiered_with, train_with, CheckpointConfig, EpochMetrics, Summary, TieredConfig,
+};
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
 
@@ -113,9 +115,10 @@ fn run_on<B: Backend>(
         }
         history.push(m.clone());
     };
-    let summary = match &plan.tiered {
-        None => train_with(b, ds, &plan.config, ckpt, &mut on_epoch)?,
-        Some(t) => {
+    let summary = match (&plan.tiered, &plan.minibatch) {
+        (_, Some(mb)) => train_minibatch(b, ds, &plan.config, mb, ckpt, &mut on_epoch)?,
+        (None, None) => train_with(b, ds, &plan.config, ckpt, &mut on_epoch)?,
+        (Some(t), None) => {
             let tc = TieredConfig {
                 parts: t.parts,
                 method: t.partitioner.method(plan.config.model.seed),

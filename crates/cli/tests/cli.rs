@@ -385,3 +385,41 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
     assert!(peak <= budget, "peak RSS {} MiB over the {} MiB budget", peak >> 20, budget >> 20);
     eprintln!("budget {} MiB, peak RSS {} MiB", budget >> 20, peak >> 20);
 }
+
+#[test]
+fn minibatch_training_reports_like_full_graph_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("m.jsonl");
+    let o = grinnder(&[
+        "-q",
+        "train",
+        "--model",
+        "sage",
+        "--mode",
+        "minibatch",
+        "--fanout",
+        "10,-1",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "3",
+        "--parts",
+        "2",
+        "--metrics-out",
+        metrics.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("test accuracy"), "{}", stdout(&o));
+    let lines = std::fs::read_to_string(&metrics).unwrap();
+    assert_eq!(lines.lines().count(), 4, "three epochs and the final line");
+    for (args, want) in [
+        (&["train", "--mode", "minibatch", "--fanout", "5"][..], "1 numbers for 2 layers"),
+        (&["train", "--mode", "minibatch", "--fanout", "5,0"][..], "positive, or -1"),
+        (&["train", "--fanout", "5,5"][..], "for --mode minibatch"),
+        (&["train", "--mode", "minibatch", "--host-mem", "1GiB"][..], "apply to full-graph training"),
+    ] {
+        let o = grinnder(args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+}

@@ -5,9 +5,11 @@
 pub mod checkpoint;
 pub mod memory;
 pub mod metrics;
+pub mod minibatch;
 pub mod tiered;
 
 pub use checkpoint::CheckpointConfig;
 pub use memory::{train, train_tiered, train_tiered_with, train_with, FeatureNorm, TrainConfig, TrainError};
 pub use metrics::{EpochMetrics, Summary};
+pub use minibatch::{train_minibatch, MiniBatchConfig};
 pub use tiered::{CacheMode, Executor, TierDtype, TieredConfig};

@@ -41,6 +41,8 @@ pub enum TrainError {
     Checkpoint(String),
     #[error("memory: {0}")]
     Memory(String),
+    #[error("{0}")]
+    Config(String),
 }
 
 /// The parts of a trainer a checkpoint saves and restores.
@@ -55,10 +57,10 @@ pub trait TrainerState {
 }
 
 /// A model and its optimizer behind `RefCell`s (shared with the epoch closures).
-struct Cells<'a, B: Backend> {
-    b: &'a B,
-    model: &'a std::cell::RefCell<Model<B>>,
-    opt: &'a std::cell::RefCell<Optimizer>,
+pub(crate) struct Cells<'a, B: Backend> {
+    pub b: &'a B,
+    pub model: &'a std::cell::RefCell<Model<B>>,
+    pub opt: &'a std::cell::RefCell<Optimizer>,
 }
 
 impl<B: Backend> TrainerState for Cells<'_, B> {

@@ -19,6 +19,7 @@ pub mod io;
 pub mod norm;
 pub mod progress;
 pub mod rng;
+pub mod sample;
 pub mod sort;
 pub mod stats;
 

@@ -1,0 +1,175 @@
+//! Mini-batch training (GraphSAGE-style neighbour sampling): per batch, the sampled blocks
+//! become bipartite graphs the layers run on (the same `layer_forward`/`layer_backward` the
+//! other executors use), the input rows are gathered from the features, the loss is the mean
+//! over the batch's seeds, and the optimizer steps once per batch. Evaluation is exact:
+//! full-neighbourhood, layer-wise inference through the tiered executor's forward.
+//!
+//! Normalisation on a sampled block: SAGE's mean is over the sampled neighbours; GCN keeps the
+//! whole graph's `D̂^{-1/2}(A + I)D̂^{-1/2}` coefficients and scales a row's neighbour terms by
+//! `degree / sampled` (an unbiased estimate of the full sum); with full neighbourhoods (`-1`)
+//! both are exactly the full graph's, and so are the gradients (tests/minibatch.rs).
+
+use grinnder_graph::rng::hash_key;
+use grinnder_graph::sample::{Block, MiniBatch, NeighborSampler};
+use grinnder_graph::Dataset;
+use grinnder_nn::graph::Adjacency;
+use grinnder_nn::{Graph, Kind, Model, Optimizer};
+use grinnder_tensor::{Backend, Mat, SparseMatrix};
+
+use crate::checkpoint::CheckpointConfig;
+use crate::memory::{check_dataset, feature_shift, run_epochs, Cells, FeatureNorm, TrainConfig, TrainError};
+use crate::metrics::{EpochMetrics, Summary};
+use crate::tiered::{feature_rows, Executor, TieredConfig};
+
+/// Mini-batch settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MiniBatchConfig {
+    /// Per hop from the seeds (PyG's `num_neighbors` order); one per layer; `-1`: all.
+    pub fanouts: Vec<i64>,
+    pub batch_size: usize,
+    /// Partitions of the full-neighbourhood evaluation (1: the whole graph at once).
+    pub eval_parts: usize,
+}
+
+/// A block as a graph on the backend, with the normalisation of the model's aggregation.
+pub fn block_graph<B: Backend>(b: &B, ds: &Dataset, kind: Kind, blk: &Block) -> Graph<B> {
+    let g = &ds.graph;
+    let deg = |v: u32| (g.row_ptr()[v as usize + 1] - g.row_ptr()[v as usize]) as f64;
+    let sampled = |r: usize| (blk.row_ptr[r + 1] - blk.row_ptr[r]) as f64;
+    let row_ids = blk.row_ids().to_vec();
+    let (looped, plain) = match kind {
+        Kind::Sage => {
+            let vals: Vec<f64> = (0..blk.rows)
+                .flat_map(|r| std::iter::repeat_n(1.0 / sampled(r), sampled(r) as usize))
+                .collect();
+            let s = SparseMatrix::new(blk.rows, blk.cols, blk.row_ptr.clone(), blk.col_idx.clone())
+                .with_ids(row_ids, blk.col_ids.clone());
+            (None, Some(Adjacency::new(b, &s, &vals)))
+        }
+        Kind::Gcn | Kind::Gat => {
+            // each row gets its self loop (column r is row r's own node), then its neighbours
+            let mut ptr = vec![0u64];
+            let (mut idx, mut vals) = (Vec::new(), Vec::new());
+            for r in 0..blk.rows {
+                let v = blk.col_ids[r];
+                let dv = deg(v) + 1.0;
+                let scale = if sampled(r) > 0.0 { deg(v) / sampled(r) } else { 0.0 };
+                idx.push(r as u32);
+                vals.push(1.0 / dv);
+                for &c in &blk.col_idx[blk.row_ptr[r] as usize..blk.row_ptr[r + 1] as usize] {
+                    let du = deg(blk.col_ids[c as usize]) + 1.0;
+                    idx.push(c);
+                    vals.push(scale / (dv * du).sqrt());
+                }
+                ptr.push(idx.len() as u64);
+            }
+            let s = SparseMatrix::new(blk.rows, blk.cols, ptr, idx).with_ids(row_ids, blk.col_ids.clone());
+            (Some(Adjacency::new(b, &s, &vals)), None)
+        }
+    };
+    Graph { rows: blk.rows, cols: blk.cols, looped, plain, ids: Some(blk.col_ids.clone()) }
+}
+
+/// One batch's forward and backward: accumulates every parameter's gradient of the mean loss
+/// over the seeds (the caller zeroes them); returns the summed loss and the correct count.
+pub fn batch_forward_backward<B: Backend>(
+    b: &B,
+    model: &mut Model<B>,
+    ds: &Dataset,
+    batch: &MiniBatch,
+    x: B::Mat,
+    epoch: u64,
+) -> (f64, usize) {
+    let graphs: Vec<Graph<B>> =
+        batch.blocks.iter().map(|blk| block_graph(b, ds, model.config.kind, blk)).collect();
+    let layers = model.layers();
+    assert_eq!(graphs.len(), layers, "one block per layer");
+    let mut inputs = vec![x];
+    let mut tapes = Vec::with_capacity(layers);
+    for (l, g) in graphs.iter().enumerate() {
+        let (y, tape) = model.layer_forward(b, g, l, &inputs[l], None, true, epoch);
+        tapes.push(tape);
+        inputs.push(y);
+    }
+    let logits = inputs.pop().expect("the output layer's");
+    let labels: Vec<i32> = batch.seeds.iter().map(|&v| ds.labels[v as usize]).collect();
+    let rows: Vec<u32> = (0..batch.seeds.len() as u32).collect();
+    let (n, c) = b.dims(&logits);
+    let mut dy = b.zeros(n, c);
+    let (loss, correct) = b.cross_entropy(&logits, &labels, &rows, 1.0 / rows.len().max(1) as f64, &mut dy);
+    drop(logits);
+    for l in (0..layers).rev() {
+        let tape = tapes.pop().expect("one per layer");
+        let x = inputs.pop().expect("one per layer");
+        let dx = model.layer_backward(b, &graphs[l], l, &x, None, tape, &dy, l > 0, None);
+        if let Some(dx) = dx {
+            dy = dx;
+        }
+    }
+    (loss, correct)
+}
+
+/// The training nodes of epoch `epoch` in batches: a seeded shuffle (the same on any machine).
+pub fn batches(train: &[u32], batch_size: usize, seed: u64, epoch: u64) -> Vec<Vec<u32>> {
+    let mut order: Vec<u32> = train.to_vec();
+    order.sort_by_key(|&v| hash_key(&[seed, epoch, 0xBA7C, v as u64]));
+    order.chunks(batch_size.max(1)).map(<[u32]>::to_vec).collect()
+}
+
+/// Trains `cfg` on `ds` by mini-batches; evaluation is exact full-graph inference.
+pub fn train_minibatch<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    mb: &MiniBatchConfig,
+    ckpt: Option<&CheckpointConfig>,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<Summary, TrainError> {
+    check_dataset(ds)?;
+    if mb.fanouts.len() != cfg.model.layers {
+        return Err(TrainError::Config(format!(
+            "{} fanouts for {} layers: give one per layer (-1: all neighbours)",
+            mb.fanouts.len(),
+            cfg.model.layers
+        )));
+    }
+    let model =
+        std::cell::RefCell::new(Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize));
+    let opt = std::cell::RefCell::new(Optimizer::new(cfg.optim));
+    let sampler = NeighborSampler::new(mb.fanouts.clone(), cfg.model.seed);
+    let shift = feature_shift(ds, cfg.feature_norm);
+    let norm: FeatureNorm = cfg.feature_norm;
+    let mut step = |epoch: u64| {
+        let mut model = model.borrow_mut();
+        let mut loss = 0.0;
+        for (k, seeds) in batches(&ds.splits.train, mb.batch_size, cfg.model.seed, epoch).iter().enumerate() {
+            let batch = sampler.sample(&ds.graph, seeds, hash_key(&[epoch, k as u64]));
+            let input = batch.input_nodes();
+            let x = b.upload_owned(Mat::from_vec(
+                input.len(),
+                ds.features.dim,
+                feature_rows(ds, norm, shift, input),
+            ));
+            model.zero_grad(b);
+            let (l, _) = batch_forward_backward(b, &mut model, ds, &batch, x, epoch);
+            opt.borrow_mut().step(b, model.params_mut());
+            loss += l;
+        }
+        b.synchronize();
+        Ok((loss, None))
+    };
+    // exact evaluation: the tiered executor's full-neighbourhood forward on the current weights
+    let eval_tc = TieredConfig::in_ram(mb.eval_parts.max(1), grinnder_partition::Method::Contiguous);
+    let no_dropout = grinnder_nn::ModelConfig { input_dropout: 0.0, ..cfg.model.clone() };
+    let evaluator = std::cell::RefCell::new(Executor::new(b, ds, &no_dropout, cfg.feature_norm, &eval_tc)?);
+    let mut eval = |epoch: u64| {
+        let mut ex = evaluator.borrow_mut();
+        let mut m = model.borrow_mut();
+        for (dst, src) in ex.model.params_mut().into_iter().zip(m.params_mut()) {
+            b.copy(&src.value, &mut dst.value);
+        }
+        ex.evaluate(epoch)
+    };
+    let mut state = Cells { b, model: &model, opt: &opt };
+    run_epochs(ds, cfg, ckpt, &mut state, on_epoch, &mut step, &mut eval)
+}

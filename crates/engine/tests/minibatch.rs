@@ -1,0 +1,135 @@
+//! Mini-batch training: with full neighbourhoods (fanout -1) a batch's loss and every
+//! parameter gradient equal the full-graph ones of the loss restricted to the batch's seeds
+//! (normalisations from the whole graph, dropout masks keyed by node id); sampled batches
+//! train; evaluation is the exact full-graph forward.
+//!
+//! Tolerance: f32 reassociation, `max |a − b| / max |b|` ≤ 1e-5 per tensor.
+
+use grinnder_engine::memory::features;
+use grinnder_engine::minibatch::{batch_forward_backward, batches, train_minibatch, MiniBatchConfig};
+use grinnder_engine::tiered::feature_rows;
+use grinnder_engine::{train, FeatureNorm, TrainConfig};
+use grinnder_graph::generate::{generate, preset, GenConfig};
+use grinnder_graph::sample::NeighborSampler;
+use grinnder_graph::Dataset;
+use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm, OptimConfig};
+use grinnder_tensor::{Backend, Cpu, Mat};
+
+fn dataset() -> Dataset {
+    generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.002, 5)).unwrap().into_dataset().unwrap()
+}
+
+fn model(kind: Kind, layers: usize) -> ModelConfig {
+    ModelConfig {
+        kind,
+        layers,
+        hidden: 16,
+        dropout: 0.3,
+        input_dropout: 0.2,
+        norm: Norm::Layer,
+        residual: true,
+        heads: 2,
+        attn_dropout: 0.2,
+        seed: 11,
+    }
+}
+
+fn grads(b: &Cpu<f32>, m: &mut Model<Cpu<f32>>) -> Vec<(String, Mat<f32>)> {
+    m.params_mut().into_iter().map(|p| (p.name.clone(), b.download(&p.grad))).collect()
+}
+
+#[test]
+fn full_neighbourhood_batches_give_the_full_graph_gradients_of_their_seeds() {
+    let ds = dataset();
+    let b = Cpu::<f32>::new();
+    let seeds: Vec<u32> = ds.splits.train.iter().copied().step_by(3).take(40).collect();
+    let rows: Vec<u32> = seeds.clone();
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+        for layers in [2, 3] {
+            let cfg = model(kind, layers);
+            // the full graph, the loss on the seeds only
+            let g = Graph::new(&b, &ds.graph);
+            let x = features(&b, &ds, FeatureNorm::Row);
+            let mut m = Model::init(&b, cfg.clone(), ds.features.dim, ds.num_classes as usize);
+            m.prepare(&b, &g, &x);
+            m.zero_grad(&b);
+            let (logits, tape) = m.forward(&b, &g, &x, true, 4);
+            let mut dl = b.zeros(logits.rows, logits.cols);
+            let (loss_ref, _) = b.cross_entropy(&logits, &ds.labels, &rows, 1.0 / rows.len() as f64, &mut dl);
+            m.backward(&b, &g, &x, tape, dl);
+            let want = grads(&b, &mut m);
+            // one batch of the same seeds, every neighbour
+            let batch = NeighborSampler::new(vec![-1; layers], 1).sample(&ds.graph, &seeds, 0);
+            let input = batch.input_nodes();
+            let shift = grinnder_engine::memory::feature_shift(&ds, FeatureNorm::Row);
+            let xb = Mat::from_vec(
+                input.len(),
+                ds.features.dim,
+                feature_rows(&ds, FeatureNorm::Row, shift, input),
+            );
+            let mut mb = Model::init(&b, cfg.clone(), ds.features.dim, ds.num_classes as usize);
+            mb.zero_grad(&b);
+            let (loss, _) = batch_forward_backward(&b, &mut mb, &ds, &batch, xb, 4);
+            let what = format!("{kind:?} {layers} layers");
+            assert!((loss - loss_ref).abs() <= 1e-5 * loss_ref, "{what}: loss {loss} vs {loss_ref}");
+            for ((name, a), (_, r)) in grads(&b, &mut mb).iter().zip(&want) {
+                // relative to the tensor's scale
+                let scale = r.data.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+                let e = a.max_rel_err(r, scale);
+                assert!(e <= 1e-5, "{what}: {name} off by {e:.3e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn batches_cover_the_training_nodes_once_per_epoch() {
+    let train: Vec<u32> = (0..1000).map(|i| i * 3).collect();
+    let a = batches(&train, 64, 5, 0);
+    assert_eq!(a.len(), 16);
+    assert!(a[..15].iter().all(|b| b.len() == 64) && a[15].len() == 1000 - 15 * 64);
+    let mut all: Vec<u32> = a.concat();
+    all.sort_unstable();
+    assert_eq!(all, train, "every training node once");
+    assert_eq!(a, batches(&train, 64, 5, 0), "reproducible");
+    assert_ne!(a, batches(&train, 64, 5, 1), "reshuffled every epoch");
+}
+
+#[test]
+fn sampled_batches_train_and_evaluate_exactly() {
+    let cora = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/cora");
+    let ds = grinnder_graph::io::open(&cora, grinnder_graph::io::Format::Auto, &Default::default()).unwrap();
+    let cfg = TrainConfig {
+        model: ModelConfig {
+            norm: Norm::None,
+            residual: false,
+            dropout: 0.0,
+            input_dropout: 0.0,
+            ..model(Kind::Sage, 2)
+        },
+        optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
+        epochs: 8,
+        eval_every: 4,
+        feature_norm: FeatureNorm::Row,
+    };
+    let mb = MiniBatchConfig { fanouts: vec![5, 5], batch_size: 32, eval_parts: 1 };
+    let mut seen = Vec::new();
+    let s = train_minibatch(&Cpu::<f32>::new(), &ds, &cfg, &mb, None, &mut |m| seen.push(m.clone())).unwrap();
+    assert_eq!(seen.len(), 8);
+    assert!(seen[7].loss < 0.8 * seen[0].loss, "the loss falls: {} → {}", seen[0].loss, seen[7].loss);
+    assert!(seen[3].valid_acc.is_some() && seen[2].valid_acc.is_none());
+    // the reported accuracy is the full graph's: with one epoch of whole-training-set batches
+    // and every neighbour, mini-batch training is full-graph training with one step per epoch
+    let full_cfg = TrainConfig { epochs: 1, eval_every: 1, ..cfg.clone() };
+    let whole = MiniBatchConfig { fanouts: vec![-1, -1], batch_size: ds.splits.train.len(), eval_parts: 3 };
+    let a = train_minibatch(&Cpu::<f32>::new(), &ds, &full_cfg, &whole, None, &mut |_| {}).unwrap();
+    let f = train(&Cpu::<f32>::new(), &ds, &full_cfg, &mut |_| {}).unwrap();
+    assert!(
+        (a.final_loss - f.final_loss).abs() <= 1e-5 * f.final_loss,
+        "{} vs {}",
+        a.final_loss,
+        f.final_loss
+    );
+    assert_eq!((a.best_valid_acc, a.test_acc), (f.best_valid_acc, f.test_acc));
+    assert!(s.best_valid_acc > 0.0);
+}

@@ -1,0 +1,211 @@
+//! Mini-batch samplers (GraphSAGE neighbour sampling, ShaDow k-hop subgraphs), parallel and
+//! deterministic: every random choice is a function of (seed, batch key, layer, node), so a batch
+//! is the same on any thread count.
+//!
+//! A neighbour-sampled batch is a stack of bipartite blocks, input layer first. Block `l` has
+//! `rows` output nodes (the nodes layer `l` computes) and `cols` input nodes whose first `rows`
+//! are the output nodes themselves, in the same order, followed by the newly reached neighbours
+//! — the layout of a partition's graph in the tiered executor (own rows, then halo). Entries are
+//! sampled in-neighbours (the graph is symmetric); self loops are not added here.
+
+use rayon::prelude::*;
+
+use crate::csr::Csr;
+use crate::rng::Stream;
+
+/// One layer's bipartite graph of a mini-batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub rows: usize,
+    pub cols: usize,
+    /// CSR over the rows, local column ids.
+    pub row_ptr: Vec<u64>,
+    pub col_idx: Vec<u32>,
+    /// Global node ids of the columns (the first `rows` are the rows' nodes).
+    pub col_ids: Vec<u32>,
+    /// Each row's degree in the full graph (for estimators that rescale sampled sums).
+    pub full_degree: Vec<u32>,
+}
+
+impl Block {
+    /// Global ids of the rows.
+    pub fn row_ids(&self) -> &[u32] {
+        &self.col_ids[..self.rows]
+    }
+
+    pub fn nnz(&self) -> usize {
+        self.col_idx.len()
+    }
+}
+
+/// A mini-batch: the seed nodes and the blocks computing them, input layer first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MiniBatch {
+    pub seeds: Vec<u32>,
+    pub blocks: Vec<Block>,
+}
+
+impl MiniBatch {
+    /// Global ids of the rows the first layer reads (its input features).
+    pub fn input_nodes(&self) -> &[u32] {
+        &self.blocks[0].col_ids
+    }
+}
+
+/// GraphSAGE's uniform neighbour sampler: per layer, up to `fanout` distinct neighbours of each
+/// node, without replacement (`-1`: all of them).
+#[derive(Clone, Debug)]
+pub struct NeighborSampler {
+    /// Per hop from the seeds: `fanouts[0]` for the seeds' neighbours (the output layer),
+    /// `fanouts[1]` for theirs, … (PyG's `num_neighbors` order).
+    pub fanouts: Vec<i64>,
+    pub seed: u64,
+}
+
+impl NeighborSampler {
+    pub fn new(fanouts: Vec<i64>, seed: u64) -> NeighborSampler {
+        assert!(!fanouts.is_empty(), "at least one layer");
+        assert!(fanouts.iter().all(|&f| f == -1 || f > 0), "fanouts are positive or -1 (all)");
+        NeighborSampler { fanouts, seed }
+    }
+
+    /// The batch computing `seeds` (distinct nodes); `key` tells batches apart (e.g. epoch and
+    /// batch number).
+    pub fn sample(&self, g: &Csr, seeds: &[u32], key: u64) -> MiniBatch {
+        let mut frontier: Vec<u32> = seeds.to_vec();
+        let mut blocks = Vec::with_capacity(self.fanouts.len());
+        for (hop, &fanout) in self.fanouts.iter().enumerate() {
+            let block = self.sample_block(g, &frontier, fanout, [key, hop as u64]);
+            frontier = block.col_ids.clone();
+            blocks.push(block);
+        }
+        blocks.reverse();
+        MiniBatch { seeds: seeds.to_vec(), blocks }
+    }
+
+    /// One block: the rows are `dst`; each samples its neighbours in parallel, then the new
+    /// columns get local ids in order of first appearance (sequential, so deterministic).
+    fn sample_block(&self, g: &Csr, dst: &[u32], fanout: i64, key: [u64; 2]) -> Block {
+        let (ptr, idx) = (g.row_ptr(), g.col_idx());
+        let picked: Vec<Vec<u32>> = dst
+            .par_iter()
+            .map(|&v| {
+                let nbrs = &idx[ptr[v as usize] as usize..ptr[v as usize + 1] as usize];
+                if fanout < 0 || nbrs.len() <= fanout as usize {
+                    return nbrs.to_vec();
+                }
+                let mut s = Stream::new(&[self.seed, key[0], key[1], v as u64]);
+                choose(nbrs.len(), fanout as usize, &mut s).into_iter().map(|i| nbrs[i]).collect()
+            })
+            .collect();
+        let mut local: std::collections::HashMap<u32, u32> =
+            dst.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
+        assert_eq!(local.len(), dst.len(), "seeds are distinct");
+        let mut col_ids = dst.to_vec();
+        let mut row_ptr = Vec::with_capacity(dst.len() + 1);
+        row_ptr.push(0u64);
+        let mut col_idx = Vec::with_capacity(picked.iter().map(Vec::len).sum());
+        for nbrs in &picked {
+            for &u in nbrs {
+                let id = *local.entry(u).or_insert_with(|| {
+                    col_ids.push(u);
+                    col_ids.len() as u32 - 1
+                });
+                col_idx.push(id);
+            }
+            row_ptr.push(col_idx.len() as u64);
+        }
+        let full_degree = dst.iter().map(|&v| (ptr[v as usize + 1] - ptr[v as usize]) as u32).collect();
+        Block { rows: dst.len(), cols: col_ids.len(), row_ptr, col_idx, col_ids, full_degree }
+    }
+}
+
+/// `k` distinct positions of `0..n` (k < n) in increasing order: Floyd's algorithm.
+fn choose(n: usize, k: usize, s: &mut Stream) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::with_capacity(k);
+    for j in n - k..n {
+        let t = s.below(j as u64 + 1) as usize;
+        if out.contains(&t) {
+            out.push(j);
+        } else {
+            out.push(t);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// A ShaDow-GNN subgraph: the nodes within `hops` of the seeds (up to `fanout` neighbours per
+/// node and hop, `-1`: all), with every edge of the full graph among them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subgraph {
+    /// Global ids, the seeds first.
+    pub nodes: Vec<u32>,
+    /// Distance from the nearest seed (0 for seeds), per node.
+    pub hop: Vec<u8>,
+    /// CSR over `nodes` with local ids: the node-induced subgraph.
+    pub row_ptr: Vec<u64>,
+    pub col_idx: Vec<u32>,
+    pub seeds: usize,
+}
+
+impl Subgraph {
+    /// Whether node `i` is within `h` hops of a seed (the per-hop masks).
+    pub fn within(&self, i: usize, h: u8) -> bool {
+        self.hop[i] <= h
+    }
+}
+
+/// ShaDow's k-hop sampler.
+#[derive(Clone, Debug)]
+pub struct KHopSampler {
+    pub hops: usize,
+    pub fanout: i64,
+    pub seed: u64,
+}
+
+impl KHopSampler {
+    /// The subgraph around `seeds` (distinct nodes).
+    pub fn sample(&self, g: &Csr, seeds: &[u32], key: u64) -> Subgraph {
+        let ns = NeighborSampler::new(vec![self.fanout; self.hops.max(1)], self.seed);
+        let mut nodes: Vec<u32> = seeds.to_vec();
+        let mut hop = vec![0u8; seeds.len()];
+        let mut seen: std::collections::HashMap<u32, u32> =
+            seeds.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
+        assert_eq!(seen.len(), seeds.len(), "seeds are distinct");
+        let mut frontier = seeds.to_vec();
+        for h in 0..self.hops {
+            let b = ns.sample_block(g, &frontier, self.fanout, [key, h as u64]);
+            let mut next = Vec::new();
+            for &u in &b.col_ids[b.rows..] {
+                if let std::collections::hash_map::Entry::Vacant(e) = seen.entry(u) {
+                    e.insert(nodes.len() as u32);
+                    nodes.push(u);
+                    hop.push(h as u8 + 1);
+                    next.push(u);
+                }
+            }
+            frontier = next;
+        }
+        // the node-induced subgraph: every full-graph edge between kept nodes
+        let (ptr, idx) = (g.row_ptr(), g.col_idx());
+        let rows: Vec<Vec<u32>> = nodes
+            .par_iter()
+            .map(|&v| {
+                let mut r: Vec<u32> = idx[ptr[v as usize] as usize..ptr[v as usize + 1] as usize]
+                    .iter()
+                    .filter_map(|u| seen.get(u).copied())
+                    .collect();
+                r.sort_unstable();
+                r
+            })
+            .collect();
+        let mut row_ptr = vec![0u64];
+        let mut col_idx = Vec::new();
+        for r in rows {
+            col_idx.extend(r);
+            row_ptr.push(col_idx.len() as u64);
+        }
+        Subgraph { nodes, hop, row_ptr, col_idx, seeds: seeds.len() }
+    }
+}
