@@ -301,6 +301,13 @@ pub enum OptimArg {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FeatureAccessArg {
+    Copy,
+    ZeroCopy,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModeArg {
     /// Every node and edge every epoch (in memory, or partition by partition with --parts).
@@ -387,6 +394,11 @@ pub struct TrainSettings {
     /// Seed nodes per mini-batch [default: 1024].
     #[arg(long)]
     pub batch_size: Option<usize>,
+    /// How mini-batch input rows reach the GPU: copy (CPU gather into page-locked staging,
+    /// then one transfer) or zero-copy (features in mapped page-locked host memory, gathered
+    /// by GPU threads) [default: copy].
+    #[arg(long, value_enum)]
+    pub feature_access: Option<FeatureAccessArg>,
     /// Where to compute: cpu, or cuda / cuda:N for GPU N (f32 only) [default: cpu].
     #[arg(long)]
     pub device: Option<String>,
@@ -500,6 +512,7 @@ pub struct TrainPlan {
     pub tiered: Option<TieredPlan>,
     /// Mini-batch training's settings; `None`: full-graph training.
     pub minibatch: Option<grinnder_engine::MiniBatchConfig>,
+    pub feature_access: FeatureAccessArg,
     pub tf32: bool,
     /// `--gpu-mem`: the GPU memory budget of either trainer.
     pub gpu_mem: Option<u64>,
@@ -659,6 +672,7 @@ impl TrainArgs {
                 }
             },
             tf32: f.tf32.or(file.tf32).unwrap_or(false),
+            feature_access: pick!(feature_access, FeatureAccessArg::Copy),
             gpu_mem: f
                 .gpu_mem
                 .clone()
@@ -674,6 +688,12 @@ impl TrainArgs {
                 );
                 mb.eval_parts = t.parts;
                 p.tiered = None;
+            }
+            if p.feature_access == FeatureAccessArg::ZeroCopy {
+                anyhow::ensure!(
+                    p.device != Device::Cpu && p.minibatch.is_some(),
+                    "--feature-access zero-copy needs --device cuda and --mode minibatch"
+                );
             }
             if p.device == Device::Cpu {
                 anyhow::ensure!(!p.tf32, "--tf32 needs --device cuda");

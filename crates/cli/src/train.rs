@@ -5,12 +5,45 @@ use std::io::Write;
 
 use anyhow::Context;
 use grinnder_engine::{
-    train_minibatch, train_tiered_with, train_with, CheckpointConfig, EpochMetrics, Summary, TieredConfig,
+    train_minibatch, train_minibatch_from, train_tiered_with, train_with, CheckpointConfig, EpochMetrics,
+    FeatureSource, HostFeatures, Summary, TieredConfig,
 };
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
 
-use crate::args::{Device, PrecisionArg, TrainArgs, TrainPlan};
+use crate::args::{Device, FeatureAccessArg, PrecisionArg, TrainArgs, TrainPlan};
+
+/// Mini-batch input rows read by GPU threads from mapped page-locked host memory
+/// (`--feature-access zero-copy`).
+struct ZeroCopyFeatures {
+    table: grinnder_cuda::HostTable,
+}
+
+impl ZeroCopyFeatures {
+    fn new(
+        g: &grinnder_cuda::Cuda,
+        ds: &Dataset,
+        norm: grinnder_engine::FeatureNorm,
+    ) -> anyhow::Result<Self> {
+        let host = HostFeatures::new(ds, norm);
+        let mut table =
+            g.host_table(ds.num_nodes(), host.dim()).context("cannot map the features for zero-copy")?;
+        table.as_mut_slice().copy_from_slice(host.rows());
+        Ok(ZeroCopyFeatures { table })
+    }
+}
+
+impl FeatureSource<grinnder_cuda::Cuda> for ZeroCopyFeatures {
+    fn gather(&self, g: &grinnder_cuda::Cuda, ids: &[u32]) -> grinnder_cuda::DMat {
+        let mut out = g.output(ids.len(), self.table.cols);
+        g.gather_host(&self.table, grinnder_tensor::Rows::Index(ids), &mut out, 0);
+        out
+    }
+
+    fn describe(&self) -> String {
+        "zero-copy (GPU threads read the mapped page-locked feature rows)".into()
+    }
+}
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let plan = a.plan()?;
@@ -43,13 +76,20 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
                 grinnder_cuda::Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
             gpu.set_memory_budget(plan.gpu_mem)?;
             gpu.set_tf32(plan.tf32)?;
-            run_on(&gpu, &ds, &plan, ckpt.as_ref(), &mut metrics_file, &mut history)?
+            let zero_copy = match plan.feature_access {
+                FeatureAccessArg::ZeroCopy => {
+                    Some(ZeroCopyFeatures::new(&gpu, &ds, plan.config.feature_norm)?)
+                }
+                FeatureAccessArg::Copy => None,
+            };
+            let source = zero_copy.as_ref().map(|z| z as &dyn FeatureSource<grinnder_cuda::Cuda>);
+            run_on(&gpu, &ds, &plan, source, ckpt.as_ref(), &mut metrics_file, &mut history)?
         }
         (Device::Cpu, PrecisionArg::F32) => {
-            run_on(&Cpu::<f32>::new(), &ds, &plan, ckpt.as_ref(), &mut metrics_file, &mut history)?
+            run_on(&Cpu::<f32>::new(), &ds, &plan, None, ckpt.as_ref(), &mut metrics_file, &mut history)?
         }
         (Device::Cpu, PrecisionArg::F64) => {
-            run_on(&Cpu::<f64>::new(), &ds, &plan, ckpt.as_ref(), &mut metrics_file, &mut history)?
+            run_on(&Cpu::<f64>::new(), &ds, &plan, None, ckpt.as_ref(), &mut metrics_file, &mut history)?
         }
     };
     if let Some(f) = metrics_file.as_mut() {
@@ -78,6 +118,7 @@ fn run_on<B: Backend>(
     b: &B,
     ds: &Dataset,
     plan: &TrainPlan,
+    features: Option<&dyn FeatureSource<B>>,
     ckpt: Option<&CheckpointConfig>,
     file: &mut Option<std::fs::File>,
     history: &mut Vec<EpochMetrics>,
@@ -96,7 +137,17 @@ fn run_on<B: Backend>(
                 write_err.get_or_insert(e);
             }
         }
-        if let Some(t) = &m.tier {
+        if let (Some(t), Some(sample_s)) = (&m.tier, m.tier.as_ref().and_then(|t| t.sample_s)) {
+            tracing::info!(
+                "epoch {}: {} batches, sampling {:.3} s, input rows {:.3} s ({:.1} MiB), compute {:.3} s",
+                m.epoch,
+                t.batches.unwrap_or(0),
+                sample_s,
+                t.gather_s,
+                t.upload_bytes as f64 / 1048576.0,
+                t.compute_s
+            );
+        } else if let Some(t) = &m.tier {
             tracing::info!(
                 "epoch {}: gather {:.3} s, compute {:.3} s, write-back {:.3} s (to the backend {:.1} MiB, back {:.1} MiB), storage read {:.3} s write {:.3} s; cache hits {} misses {}, storage read {:.1} MiB written {:.1} MiB",
                 m.epoch,
@@ -116,7 +167,10 @@ fn run_on<B: Backend>(
         history.push(m.clone());
     };
     let summary = match (&plan.tiered, &plan.minibatch) {
-        (_, Some(mb)) => train_minibatch(b, ds, &plan.config, mb, ckpt, &mut on_epoch)?,
+        (_, Some(mb)) => match features {
+            Some(f) => train_minibatch_from(b, ds, &plan.config, mb, f, ckpt, &mut on_epoch)?,
+            None => train_minibatch(b, ds, &plan.config, mb, ckpt, &mut on_epoch)?,
+        },
         (None, None) => train_with(b, ds, &plan.config, ckpt, &mut on_epoch)?,
         (Some(t), None) => {
             let tc = TieredConfig {

@@ -417,6 +417,7 @@ fn minibatch_training_reports_like_full_graph_training() {
         (&["train", "--mode", "minibatch", "--fanout", "5,0"][..], "positive, or -1"),
         (&["train", "--fanout", "5,5"][..], "for --mode minibatch"),
         (&["train", "--mode", "minibatch", "--host-mem", "1GiB"][..], "apply to full-graph training"),
+        (&["train", "--mode", "minibatch", "--feature-access", "zero-copy"][..], "needs --device cuda"),
     ] {
         let o = grinnder(args);
         assert!(!o.status.success(), "{args:?}");

@@ -50,6 +50,22 @@ fn rel(a: &Mat<f32>, b: &Mat<f32>) -> f64 {
 
 const TOL: f64 = 1e-5;
 
+/// The models the gradient tests run: 3 layers, hidden 32, every optional piece on.
+fn model_cfg(kind: Kind) -> ModelConfig {
+    ModelConfig {
+        kind,
+        layers: 3,
+        hidden: 32,
+        dropout: 0.3,
+        input_dropout: 0.1,
+        norm: Norm::Layer,
+        residual: true,
+        heads: 2,
+        attn_dropout: 0.2,
+        seed: 5,
+    }
+}
+
 #[test]
 fn every_operation_matches_the_cpu() {
     let Some(g) = gpu() else { return };
@@ -333,18 +349,7 @@ fn the_tiered_executor_on_the_gpu_gives_the_cpu_gradients() {
     let ds =
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
     for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
-        let cfg = ModelConfig {
-            kind,
-            layers: 3,
-            hidden: 32,
-            dropout: 0.3,
-            input_dropout: 0.0,
-            norm: Norm::None,
-            residual: false,
-            heads: 2,
-            attn_dropout: 0.2,
-            seed: 5,
-        };
+        let cfg = ModelConfig { input_dropout: 0.0, norm: Norm::None, residual: false, ..model_cfg(kind) };
         let grads = |p: &mut Vec<&mut grinnder_nn::Param<Cuda>>| -> Vec<Mat<f32>> {
             p.iter().map(|p| g.download(&p.grad)).collect()
         };
@@ -393,6 +398,40 @@ fn the_tiered_executor_on_the_gpu_gives_the_cpu_gradients() {
 }
 
 #[test]
+fn minibatches_give_the_cpu_gradients() {
+    use grinnder_engine::minibatch::{batch_forward_backward, FeatureSource, HostFeatures};
+    use grinnder_engine::FeatureNorm;
+    use grinnder_graph::sample::NeighborSampler;
+    let Some(g) = gpu() else { return };
+    let c = Cpu::<f32>::new();
+    let ds =
+        generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
+    let host = HostFeatures::new(&ds, FeatureNorm::Row);
+    let seeds: Vec<u32> = ds.splits.train.iter().copied().take(64).collect();
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+        let cfg = ModelConfig { layers: 2, residual: false, ..model_cfg(kind) };
+        let batch = NeighborSampler::new(vec![5, 3], 2).sample(&ds.graph, &seeds, 1);
+        let run = |b: &dyn Fn() -> (f64, Vec<Mat<f32>>)| b();
+        let want = run(&|| {
+            let mut m = Model::init(&c, cfg.clone(), ds.features.dim, ds.num_classes as usize);
+            m.zero_grad(&c);
+            let x = host.gather(&c, batch.input_nodes());
+            let (loss, _) = batch_forward_backward(&c, &mut m, &ds, &batch, x, 3);
+            (loss, m.params_mut().into_iter().map(|p| p.grad.clone()).collect())
+        });
+        let mut m = Model::init(&g, cfg.clone(), ds.features.dim, ds.num_classes as usize);
+        m.zero_grad(&g);
+        let x = host.gather(&g, batch.input_nodes());
+        let (loss, _) = batch_forward_backward(&g, &mut m, &ds, &batch, x, 3);
+        assert!((loss - want.0).abs() <= 1e-5 * want.0, "{kind:?}: loss {loss} vs {}", want.0);
+        for (p, w) in m.params_mut().into_iter().zip(&want.1) {
+            let e = rel(&g.download(&p.grad), w);
+            assert!(e <= 1e-4, "{kind:?} {}: relative error {e:.3e}", p.name);
+        }
+    }
+}
+
+#[test]
 fn models_give_the_cpu_gradients() {
     let Some(g) = gpu() else { return };
     let c = Cpu::<f32>::new();
@@ -401,18 +440,7 @@ fn models_give_the_cpu_gradients() {
     let x = Mat::from_vec(ds.num_nodes(), ds.features.dim, ds.features.data.to_vec());
     let n = ds.splits.train.len() as f64;
     for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
-        let cfg = ModelConfig {
-            kind,
-            layers: 3,
-            hidden: 32,
-            dropout: 0.3,
-            input_dropout: 0.1,
-            norm: Norm::Layer,
-            residual: true,
-            heads: 2,
-            attn_dropout: 0.2,
-            seed: 5,
-        };
+        let cfg = model_cfg(kind);
         let run = |b: &dyn Fn() -> (f64, Vec<(String, Mat<f32>)>)| b();
         let cpu = run(&|| {
             let gr = Graph::new(&c, &ds.graph);

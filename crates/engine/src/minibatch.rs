@@ -14,12 +14,14 @@ use grinnder_graph::sample::{Block, MiniBatch, NeighborSampler};
 use grinnder_graph::Dataset;
 use grinnder_nn::graph::Adjacency;
 use grinnder_nn::{Graph, Kind, Model, Optimizer};
-use grinnder_tensor::{Backend, Mat, SparseMatrix};
+use grinnder_tensor::{Backend, Scalar, SparseMatrix};
 
 use crate::checkpoint::CheckpointConfig;
 use crate::memory::{check_dataset, feature_shift, run_epochs, Cells, FeatureNorm, TrainConfig, TrainError};
 use crate::metrics::{EpochMetrics, Summary};
-use crate::tiered::{feature_rows, Executor, TieredConfig};
+use crate::tiered::{feature_rows, Executor, PhaseStats, TieredConfig};
+
+use std::time::Instant;
 
 /// Mini-batch settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +31,56 @@ pub struct MiniBatchConfig {
     pub batch_size: usize,
     /// Partitions of the full-neighbourhood evaluation (1: the whole graph at once).
     pub eval_parts: usize,
+}
+
+/// Where a batch's input rows come from.
+pub trait FeatureSource<B: Backend> {
+    /// The preprocessed feature rows of `ids`, in order, on the backend.
+    fn gather(&self, b: &B, ids: &[u32]) -> B::Mat;
+    /// How the rows travel (reported once).
+    fn describe(&self) -> String;
+}
+
+/// The conventional path: the CPU gathers rows into the backend's staging memory (page-locked
+/// on a GPU), then one copy.
+pub struct HostFeatures {
+    rows: Vec<f32>,
+    dim: usize,
+}
+
+impl HostFeatures {
+    /// Every node's preprocessed features, kept in host memory.
+    pub fn new(ds: &Dataset, norm: FeatureNorm) -> HostFeatures {
+        let shift = feature_shift(ds, norm);
+        let all: Vec<u32> = (0..ds.num_nodes() as u32).collect();
+        HostFeatures { rows: feature_rows(ds, norm, shift, &all), dim: ds.features.dim }
+    }
+
+    /// Row-major features, `dim` wide.
+    pub fn rows(&self) -> &[f32] {
+        &self.rows
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+}
+
+impl<B: Backend> FeatureSource<B> for HostFeatures {
+    fn gather(&self, b: &B, ids: &[u32]) -> B::Mat {
+        use rayon::prelude::*;
+        let d = self.dim;
+        b.upload_with(ids.len(), d, &mut |buf: &mut [B::T]| {
+            buf.par_chunks_mut(d.max(1)).zip(ids.par_iter()).for_each(|(o, &v)| {
+                let src = &self.rows[v as usize * d..(v as usize + 1) * d];
+                o.iter_mut().zip(src).for_each(|(o, &x)| *o = B::T::of(x as f64));
+            });
+        })
+    }
+
+    fn describe(&self) -> String {
+        "copy (CPU gather into staging memory, then one transfer)".into()
+    }
 }
 
 /// A block as a graph on the backend, with the normalisation of the model's aggregation.
@@ -125,6 +177,21 @@ pub fn train_minibatch<B: Backend>(
     ckpt: Option<&CheckpointConfig>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
+    let features = HostFeatures::new(ds, cfg.feature_norm);
+    train_minibatch_from(b, ds, cfg, mb, &features, ckpt, on_epoch)
+}
+
+/// [`train_minibatch`] reading input rows from `features`.
+#[allow(clippy::too_many_arguments)]
+pub fn train_minibatch_from<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    mb: &MiniBatchConfig,
+    features: &dyn FeatureSource<B>,
+    ckpt: Option<&CheckpointConfig>,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<Summary, TrainError> {
     check_dataset(ds)?;
     if mb.fanouts.len() != cfg.model.layers {
         return Err(TrainError::Config(format!(
@@ -137,26 +204,33 @@ pub fn train_minibatch<B: Backend>(
         std::cell::RefCell::new(Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize));
     let opt = std::cell::RefCell::new(Optimizer::new(cfg.optim));
     let sampler = NeighborSampler::new(mb.fanouts.clone(), cfg.model.seed);
-    let shift = feature_shift(ds, cfg.feature_norm);
-    let norm: FeatureNorm = cfg.feature_norm;
+    tracing::info!("mini-batch input rows: {}", features.describe());
+    let elem = std::mem::size_of::<B::T>() as u64;
     let mut step = |epoch: u64| {
         let mut model = model.borrow_mut();
         let mut loss = 0.0;
-        for (k, seeds) in batches(&ds.splits.train, mb.batch_size, cfg.model.seed, epoch).iter().enumerate() {
+        let mut st = PhaseStats { sample_s: Some(0.0), ..Default::default() };
+        let all = batches(&ds.splits.train, mb.batch_size, cfg.model.seed, epoch);
+        st.batches = Some(all.len());
+        for (k, seeds) in all.iter().enumerate() {
+            let t = Instant::now();
             let batch = sampler.sample(&ds.graph, seeds, hash_key(&[epoch, k as u64]));
-            let input = batch.input_nodes();
-            let x = b.upload_owned(Mat::from_vec(
-                input.len(),
-                ds.features.dim,
-                feature_rows(ds, norm, shift, input),
-            ));
+            *st.sample_s.as_mut().expect("set") += t.elapsed().as_secs_f64();
+            // each phase ends when the backend has finished it, so the times are its own
+            let t = Instant::now();
+            let x = features.gather(b, batch.input_nodes());
+            b.synchronize();
+            st.gather_s += t.elapsed().as_secs_f64();
+            st.upload_bytes += (batch.input_nodes().len() * ds.features.dim) as u64 * elem;
+            let t = Instant::now();
             model.zero_grad(b);
             let (l, _) = batch_forward_backward(b, &mut model, ds, &batch, x, epoch);
             opt.borrow_mut().step(b, model.params_mut());
+            b.synchronize();
+            st.compute_s += t.elapsed().as_secs_f64();
             loss += l;
         }
-        b.synchronize();
-        Ok((loss, None))
+        Ok((loss, Some(st)))
     };
     // exact evaluation: the tiered executor's full-neighbourhood forward on the current weights
     let eval_tc = TieredConfig::in_ram(mb.eval_parts.max(1), grinnder_partition::Method::Contiguous);

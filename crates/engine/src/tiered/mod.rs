@@ -82,6 +82,11 @@ impl TieredConfig {
 /// Seconds per phase of one epoch, with the store's counters.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct PhaseStats {
+    /// Mini-batch training: sampling time and the number of batches (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batches: Option<usize>,
     pub gather_s: f64,
     pub compute_s: f64,
     pub write_back_s: f64,
