@@ -10,7 +10,7 @@
 //! both are exactly the full graph's, and so are the gradients (tests/minibatch.rs).
 
 use grinnder_graph::rng::hash_key;
-use grinnder_graph::sample::{Block, MiniBatch, NeighborSampler};
+use grinnder_graph::sample::{Block, MiniBatch, NeighborSampler, Scratch};
 use grinnder_graph::Dataset;
 use grinnder_nn::graph::Adjacency;
 use grinnder_nn::{Graph, Kind, Model, Optimizer};
@@ -83,20 +83,21 @@ impl<B: Backend> FeatureSource<B> for HostFeatures {
     }
 }
 
-/// A block as a graph on the backend, with the normalisation of the model's aggregation.
-pub fn block_graph<B: Backend>(b: &B, ds: &Dataset, kind: Kind, blk: &Block) -> Graph<B> {
+/// A block's sparse structure with the normalisation of the model's aggregation (host side:
+/// the sampling thread builds it).
+pub fn block_matrix(ds: &Dataset, kind: Kind, blk: &Block) -> (SparseMatrix, Vec<f64>) {
     let g = &ds.graph;
     let deg = |v: u32| (g.row_ptr()[v as usize + 1] - g.row_ptr()[v as usize]) as f64;
     let sampled = |r: usize| (blk.row_ptr[r + 1] - blk.row_ptr[r]) as f64;
     let row_ids = blk.row_ids().to_vec();
-    let (looped, plain) = match kind {
+    match kind {
         Kind::Sage => {
             let vals: Vec<f64> = (0..blk.rows)
                 .flat_map(|r| std::iter::repeat_n(1.0 / sampled(r), sampled(r) as usize))
                 .collect();
             let s = SparseMatrix::new(blk.rows, blk.cols, blk.row_ptr.clone(), blk.col_idx.clone())
                 .with_ids(row_ids, blk.col_ids.clone());
-            (None, Some(Adjacency::new(b, &s, &vals)))
+            (s, vals)
         }
         Kind::Gcn | Kind::Gat => {
             // each row gets its self loop (column r is row r's own node), then its neighbours
@@ -115,10 +116,15 @@ pub fn block_graph<B: Backend>(b: &B, ds: &Dataset, kind: Kind, blk: &Block) -> 
                 }
                 ptr.push(idx.len() as u64);
             }
-            let s = SparseMatrix::new(blk.rows, blk.cols, ptr, idx).with_ids(row_ids, blk.col_ids.clone());
-            (Some(Adjacency::new(b, &s, &vals)), None)
+            (SparseMatrix::new(blk.rows, blk.cols, ptr, idx).with_ids(row_ids, blk.col_ids.clone()), vals)
         }
-    };
+    }
+}
+
+/// A block as a graph on the backend (see [`block_matrix`]).
+pub fn block_graph<B: Backend>(b: &B, kind: Kind, blk: &Block, m: &(SparseMatrix, Vec<f64>)) -> Graph<B> {
+    let adj = Adjacency::new(b, &m.0, &m.1);
+    let (looped, plain) = if kind == Kind::Sage { (None, Some(adj)) } else { (Some(adj), None) };
     Graph { rows: blk.rows, cols: blk.cols, looped, plain, ids: Some(blk.col_ids.clone()) }
 }
 
@@ -132,8 +138,24 @@ pub fn batch_forward_backward<B: Backend>(
     x: B::Mat,
     epoch: u64,
 ) -> (f64, usize) {
+    let kind = model.config.kind;
+    let mats: Vec<_> = batch.blocks.iter().map(|blk| block_matrix(ds, kind, blk)).collect();
+    batch_step(b, model, ds, batch, &mats, x, epoch)
+}
+
+/// [`batch_forward_backward`] with the blocks' matrices already built.
+pub fn batch_step<B: Backend>(
+    b: &B,
+    model: &mut Model<B>,
+    ds: &Dataset,
+    batch: &MiniBatch,
+    mats: &[(SparseMatrix, Vec<f64>)],
+    x: B::Mat,
+    epoch: u64,
+) -> (f64, usize) {
+    let kind = model.config.kind;
     let graphs: Vec<Graph<B>> =
-        batch.blocks.iter().map(|blk| block_graph(b, ds, model.config.kind, blk)).collect();
+        batch.blocks.iter().zip(mats).map(|(blk, m)| block_graph(b, kind, blk, m)).collect();
     let layers = model.layers();
     assert_eq!(graphs.len(), layers, "one block per layer");
     let mut inputs = vec![x];
@@ -206,30 +228,48 @@ pub fn train_minibatch_from<B: Backend>(
     let sampler = NeighborSampler::new(mb.fanouts.clone(), cfg.model.seed);
     tracing::info!("mini-batch input rows: {}", features.describe());
     let elem = std::mem::size_of::<B::T>() as u64;
+    let kind = cfg.model.kind;
     let mut step = |epoch: u64| {
         let mut model = model.borrow_mut();
         let mut loss = 0.0;
         let mut st = PhaseStats { sample_s: Some(0.0), ..Default::default() };
         let all = batches(&ds.splits.train, mb.batch_size, cfg.model.seed, epoch);
         st.batches = Some(all.len());
-        for (k, seeds) in all.iter().enumerate() {
-            let t = Instant::now();
-            let batch = sampler.sample(&ds.graph, seeds, hash_key(&[epoch, k as u64]));
-            *st.sample_s.as_mut().expect("set") += t.elapsed().as_secs_f64();
-            // each phase ends when the backend has finished it, so the times are its own
-            let t = Instant::now();
-            let x = features.gather(b, batch.input_nodes());
-            b.synchronize();
-            st.gather_s += t.elapsed().as_secs_f64();
-            st.upload_bytes += (batch.input_nodes().len() * ds.features.dim) as u64 * elem;
-            let t = Instant::now();
-            model.zero_grad(b);
-            let (l, _) = batch_forward_backward(b, &mut model, ds, &batch, x, epoch);
-            opt.borrow_mut().step(b, model.params_mut());
-            b.synchronize();
-            st.compute_s += t.elapsed().as_secs_f64();
-            loss += l;
-        }
+        // a sampling thread runs ahead of the backend by up to two batches (sampling and the
+        // blocks' host-side matrices); gathers and compute stay on this thread
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(2);
+            let all = &all;
+            let sampler = &sampler;
+            s.spawn(move || {
+                let mut scratch = Scratch::default();
+                for (k, seeds) in all.iter().enumerate() {
+                    let t = Instant::now();
+                    let batch =
+                        sampler.sample_with(&ds.graph, seeds, hash_key(&[epoch, k as u64]), &mut scratch);
+                    let mats: Vec<_> = batch.blocks.iter().map(|blk| block_matrix(ds, kind, blk)).collect();
+                    if tx.send((batch, mats, t.elapsed().as_secs_f64())).is_err() {
+                        break;
+                    }
+                }
+            });
+            for (batch, mats, secs) in rx {
+                *st.sample_s.as_mut().expect("set") += secs;
+                // each phase ends when the backend has finished it, so the times are its own
+                let t = Instant::now();
+                let x = features.gather(b, batch.input_nodes());
+                b.synchronize();
+                st.gather_s += t.elapsed().as_secs_f64();
+                st.upload_bytes += (batch.input_nodes().len() * ds.features.dim) as u64 * elem;
+                let t = Instant::now();
+                model.zero_grad(b);
+                let (l, _) = batch_step(b, &mut model, ds, &batch, &mats, x, epoch);
+                opt.borrow_mut().step(b, model.params_mut());
+                b.synchronize();
+                st.compute_s += t.elapsed().as_secs_f64();
+                loss += l;
+            }
+        });
         Ok((loss, Some(st)))
     };
     // exact evaluation: the tiered executor's full-neighbourhood forward on the current weights

@@ -72,10 +72,16 @@ impl NeighborSampler {
     /// The batch computing `seeds` (distinct nodes); `key` tells batches apart (e.g. epoch and
     /// batch number).
     pub fn sample(&self, g: &Csr, seeds: &[u32], key: u64) -> MiniBatch {
+        self.sample_with(g, seeds, key, &mut Scratch::default())
+    }
+
+    /// [`NeighborSampler::sample`] reusing `scratch` between batches (no per-batch allocation
+    /// of a node-sized map).
+    pub fn sample_with(&self, g: &Csr, seeds: &[u32], key: u64, scratch: &mut Scratch) -> MiniBatch {
         let mut frontier: Vec<u32> = seeds.to_vec();
         let mut blocks = Vec::with_capacity(self.fanouts.len());
         for (hop, &fanout) in self.fanouts.iter().enumerate() {
-            let block = self.sample_block(g, &frontier, fanout, [key, hop as u64]);
+            let block = self.sample_block(g, &frontier, fanout, [key, hop as u64], scratch);
             frontier = block.col_ids.clone();
             blocks.push(block);
         }
@@ -85,7 +91,7 @@ impl NeighborSampler {
 
     /// One block: the rows are `dst`; each samples its neighbours in parallel, then the new
     /// columns get local ids in order of first appearance (sequential, so deterministic).
-    fn sample_block(&self, g: &Csr, dst: &[u32], fanout: i64, key: [u64; 2]) -> Block {
+    fn sample_block(&self, g: &Csr, dst: &[u32], fanout: i64, key: [u64; 2], scratch: &mut Scratch) -> Block {
         let (ptr, idx) = (g.row_ptr(), g.col_idx());
         let picked: Vec<Vec<u32>> = dst
             .par_iter()
@@ -98,25 +104,47 @@ impl NeighborSampler {
                 choose(nbrs.len(), fanout as usize, &mut s).into_iter().map(|i| nbrs[i]).collect()
             })
             .collect();
-        let mut local: std::collections::HashMap<u32, u32> =
-            dst.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
-        assert_eq!(local.len(), dst.len(), "seeds are distinct");
+        let local = scratch.map(g.num_nodes());
         let mut col_ids = dst.to_vec();
+        for (i, &v) in dst.iter().enumerate() {
+            assert_eq!(local[v as usize], u32::MAX, "seeds are distinct");
+            local[v as usize] = i as u32;
+        }
         let mut row_ptr = Vec::with_capacity(dst.len() + 1);
         row_ptr.push(0u64);
         let mut col_idx = Vec::with_capacity(picked.iter().map(Vec::len).sum());
         for nbrs in &picked {
             for &u in nbrs {
-                let id = *local.entry(u).or_insert_with(|| {
+                let slot = &mut local[u as usize];
+                if *slot == u32::MAX {
+                    *slot = col_ids.len() as u32;
                     col_ids.push(u);
-                    col_ids.len() as u32 - 1
-                });
-                col_idx.push(id);
+                }
+                col_idx.push(*slot);
             }
             row_ptr.push(col_idx.len() as u64);
         }
+        // leave the map empty for the next block
+        for &u in &col_ids {
+            local[u as usize] = u32::MAX;
+        }
         let full_degree = dst.iter().map(|&v| (ptr[v as usize + 1] - ptr[v as usize]) as u32).collect();
         Block { rows: dst.len(), cols: col_ids.len(), row_ptr, col_idx, col_ids, full_degree }
+    }
+}
+
+/// A node-indexed map reused across blocks and batches (local ids; `u32::MAX`: absent).
+#[derive(Default)]
+pub struct Scratch {
+    local: Vec<u32>,
+}
+
+impl Scratch {
+    fn map(&mut self, n: usize) -> &mut [u32] {
+        if self.local.len() != n {
+            self.local = vec![u32::MAX; n];
+        }
+        &mut self.local
     }
 }
 
@@ -174,8 +202,9 @@ impl KHopSampler {
             seeds.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
         assert_eq!(seen.len(), seeds.len(), "seeds are distinct");
         let mut frontier = seeds.to_vec();
+        let mut scratch = Scratch::default();
         for h in 0..self.hops {
-            let b = ns.sample_block(g, &frontier, self.fanout, [key, h as u64]);
+            let b = ns.sample_block(g, &frontier, self.fanout, [key, h as u64], &mut scratch);
             let mut next = Vec::new();
             for &u in &b.col_ids[b.rows..] {
                 if let std::collections::hash_map::Entry::Vacant(e) = seen.entry(u) {
