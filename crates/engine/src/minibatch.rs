@@ -235,24 +235,31 @@ pub fn train_minibatch_from<B: Backend>(
         let mut st = PhaseStats { sample_s: Some(0.0), ..Default::default() };
         let all = batches(&ds.splits.train, mb.batch_size, cfg.model.seed, epoch);
         st.batches = Some(all.len());
-        // a sampling thread runs ahead of the backend by up to two batches (sampling and the
-        // blocks' host-side matrices); gathers and compute stay on this thread
+        // sampling threads run ahead of the backend by up to two batches each (sampling and the
+        // blocks' host-side matrices); batch k comes from thread k mod n, taken in order, so the
+        // batches and their order do not depend on n; gathers and compute stay on this thread
+        let workers = (rayon::current_num_threads() / 4).clamp(1, 4);
         std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::sync_channel(2);
-            let all = &all;
-            let sampler = &sampler;
-            s.spawn(move || {
-                let mut scratch = Scratch::default();
-                for (k, seeds) in all.iter().enumerate() {
-                    let t = Instant::now();
-                    let batch =
-                        sampler.sample_with(&ds.graph, seeds, hash_key(&[epoch, k as u64]), &mut scratch);
-                    let mats: Vec<_> = batch.blocks.iter().map(|blk| block_matrix(ds, kind, blk)).collect();
-                    if tx.send((batch, mats, t.elapsed().as_secs_f64())).is_err() {
-                        break;
+            let mut rxs = Vec::with_capacity(workers);
+            for w in 0..workers {
+                let (tx, rx) = std::sync::mpsc::sync_channel(2);
+                rxs.push(rx);
+                let (all, sampler) = (&all, &sampler);
+                s.spawn(move || {
+                    let mut scratch = Scratch::default();
+                    for (k, seeds) in all.iter().enumerate().skip(w).step_by(workers) {
+                        let t = Instant::now();
+                        let key = hash_key(&[epoch, k as u64]);
+                        let batch = sampler.sample_with(&ds.graph, seeds, key, &mut scratch);
+                        let mats: Vec<_> =
+                            batch.blocks.iter().map(|blk| block_matrix(ds, kind, blk)).collect();
+                        if tx.send((batch, mats, t.elapsed().as_secs_f64())).is_err() {
+                            break;
+                        }
                     }
-                }
-            });
+                });
+            }
+            let rx = (0..all.len()).map_while(|k| rxs[k % workers].recv().ok());
             for (batch, mats, secs) in rx {
                 *st.sample_s.as_mut().expect("set") += secs;
                 // each phase ends when the backend has finished it, so the times are its own
