@@ -345,7 +345,7 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
             "--partitioner",
             "lpa",
             "--hidden",
-            "128",
+            "256",
             "--epochs",
             "2",
             "--host-mem",
@@ -367,10 +367,10 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
         .and_then(|t| t.split(" MiB").next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no minimum in {err}"));
-    // the minimum plus less than the blocks need (about 42 MB here): the run spills, and stays
-    // within the budget. The minimum moves by a few MiB between identical runs (what the
-    // process holds after partitioning depends on thread timing), hence 24 MiB over it.
-    let budget = (min + 24) << 20;
+    // the minimum plus less than the blocks need (about 75 MB here): the run spills, and stays
+    // within the budget. The minimum moves by up to about 25 MiB between identical runs (what
+    // the process holds after partitioning depends on thread timing), hence 48 MiB over it.
+    let budget = (min + 48) << 20;
     let o = train(&format!("{budget}B"), "m.jsonl");
     assert!(o.status.success(), "{}", stderr(&o));
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(p("m.jsonl"))
@@ -379,7 +379,14 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let epochs = &lines[..lines.len() - 1];
-    assert!(epochs.iter().all(|m| m["storage_write_bytes"].as_u64().unwrap() > 0), "it spilled: {epochs:?}");
+    // blocks go through storage every epoch (written, or read back: what was spilled in the
+    // first epoch may stay on disk), so the budget bound
+    let io = |m: &serde_json::Value, k: &str| m[k].as_u64().unwrap();
+    assert!(io(&epochs[0], "storage_write_bytes") > 0, "it spilled: {epochs:?}");
+    assert!(
+        epochs.iter().all(|m| io(m, "storage_write_bytes") + io(m, "storage_read_bytes") > 0),
+        "storage every epoch: {epochs:?}"
+    );
     let peak = lines.last().unwrap()["peak_host_bytes"].as_u64().unwrap();
     assert!(peak > 0, "peak RSS is measured");
     assert!(peak <= budget, "peak RSS {} MiB over the {} MiB budget", peak >> 20, budget >> 20);
