@@ -168,7 +168,8 @@ pub struct Executor<'a, B: Backend> {
     gpu_mem: Option<u64>,
     calibrated: bool,
     n_train: usize,
-    /// Layer 0 runs on `Â x` precomputed per partition (GCN, SAGE without input dropout).
+    /// Layer 0 runs on `Â x` precomputed per partition (GCN, SAGE without input dropout, input
+    /// no wider than layer 0's output).
     pre: bool,
     pub partitioning: Partitioning,
     pub plan: Plan,
@@ -246,7 +247,12 @@ impl<'a, B: Backend> Executor<'a, B> {
             let graph = Graph { rows: g.own, cols, looped, plain, ids: Some(col_ids) };
             parts.push(Part { graph, own: g.own, fetch: g.fetch, labels, split_rows });
         }
-        let pre = model_cfg.kind != ModelKind::Gat && model_cfg.input_dropout == 0.0;
+        // the fixed input's aggregation is kept where it is no wider than layer 0's output
+        // (aggregating the narrower side); wider inputs run layer 0 split (transform own rows,
+        // aggregate the narrow result), which also spares blocks as large as the features
+        let pre = model_cfg.kind != ModelKind::Gat
+            && model_cfg.input_dropout == 0.0
+            && model.dim(0) <= model.dim(1);
         let plan = make_plan(&model, &parts, tc, std::mem::size_of::<B::T>());
         if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
             let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;

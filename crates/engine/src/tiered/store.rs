@@ -367,6 +367,11 @@ impl<T: Scalar> Store<T> {
             // when done, so a prefetch may have to wait for a later call)
             self.evict_down_to(budget - bytes, None)?;
             self.poll(false)?;
+            // an evicted block's write buffer (header page, aligned payload) can outweigh its
+            // RAM copy: never leave the budget exceeded by queued writes
+            while self.held() > budget && !self.writing.is_empty() {
+                self.poll(true)?;
+            }
             if self.held() + bytes > budget {
                 break;
             }
