@@ -673,12 +673,7 @@ impl TrainArgs {
             },
             tf32: f.tf32.or(file.tf32).unwrap_or(false),
             feature_access: pick!(feature_access, FeatureAccessArg::Copy),
-            gpu_mem: f
-                .gpu_mem
-                .clone()
-                .or(file.gpu_mem.clone())
-                .map(|t| parse_bytes(&t).map_err(anyhow::Error::msg))
-                .transpose()?,
+            gpu_mem: byte_size(f.gpu_mem.clone().or(file.gpu_mem.clone()))?,
         })
         .and_then(|mut p| {
             if let (Some(mb), Some(t)) = (p.minibatch.as_mut(), &p.tiered) {
@@ -713,11 +708,9 @@ impl TrainArgs {
                 f.$field.clone().or(file.$field.clone())
             };
         }
-        let host_mem =
-            get!(host_mem).map(|t: String| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()?;
+        let host_mem = byte_size(get!(host_mem))?;
         let storage_dir = get!(storage_dir);
-        let block_cache =
-            get!(block_cache).map(|t: String| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()?;
+        let block_cache = byte_size(get!(block_cache))?;
         let any = block_cache.is_some()
             || get!(parts).is_some()
             || get!(partitioner).is_some()
@@ -800,6 +793,11 @@ impl Input {
 }
 
 /// Parses a byte size: `1024`, `512MiB`, `8GiB`, `1.5GB`, `2T`.
+/// An optional byte-size setting (see [`parse_bytes`]).
+fn byte_size(text: Option<String>) -> anyhow::Result<Option<u64>> {
+    text.map(|t| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()
+}
+
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());

@@ -28,7 +28,7 @@ impl ZeroCopyFeatures {
         let host = HostFeatures::new(ds, norm);
         let mut table =
             g.host_table(ds.num_nodes(), host.dim()).context("cannot map the features for zero-copy")?;
-        table.as_mut_slice().copy_from_slice(host.rows());
+        host.write_rows(None, table.as_mut_slice());
         Ok(ZeroCopyFeatures { table })
     }
 }

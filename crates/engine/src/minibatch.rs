@@ -17,9 +17,11 @@ use grinnder_nn::{Graph, Kind, Model, Optimizer};
 use grinnder_tensor::{Backend, Scalar, SparseMatrix};
 
 use crate::checkpoint::CheckpointConfig;
-use crate::memory::{check_dataset, feature_shift, run_epochs, Cells, FeatureNorm, TrainConfig, TrainError};
+use crate::memory::{
+    check_dataset, feature_shift, normalized, run_epochs, Cells, FeatureNorm, TrainConfig, TrainError,
+};
 use crate::metrics::{EpochMetrics, Summary};
-use crate::tiered::{feature_rows, Executor, PhaseStats, TieredConfig};
+use crate::tiered::{Executor, PhaseStats, TieredConfig};
 
 use std::time::Instant;
 
@@ -41,41 +43,40 @@ pub trait FeatureSource<B: Backend> {
     fn describe(&self) -> String;
 }
 
-/// The conventional path: the CPU gathers rows into the backend's staging memory (page-locked
-/// on a GPU), then one copy.
-pub struct HostFeatures {
-    rows: Vec<f32>,
-    dim: usize,
+/// The conventional path: the CPU gathers the rows, preprocessed, into the backend's staging
+/// memory (page-locked on a GPU), then one copy. Rows are read from the dataset as needed.
+pub struct HostFeatures<'a> {
+    ds: &'a Dataset,
+    norm: FeatureNorm,
+    shift: f64,
 }
 
-impl HostFeatures {
-    /// Every node's preprocessed features, kept in host memory.
-    pub fn new(ds: &Dataset, norm: FeatureNorm) -> HostFeatures {
-        let shift = feature_shift(ds, norm);
-        let all: Vec<u32> = (0..ds.num_nodes() as u32).collect();
-        HostFeatures { rows: feature_rows(ds, norm, shift, &all), dim: ds.features.dim }
-    }
-
-    /// Row-major features, `dim` wide.
-    pub fn rows(&self) -> &[f32] {
-        &self.rows
+impl<'a> HostFeatures<'a> {
+    pub fn new(ds: &'a Dataset, norm: FeatureNorm) -> HostFeatures<'a> {
+        HostFeatures { ds, norm, shift: feature_shift(ds, norm) }
     }
 
     pub fn dim(&self) -> usize {
-        self.dim
+        self.ds.features.dim
+    }
+
+    /// The preprocessed rows of `ids` (every node in order when `None`) into `out`, in parallel.
+    pub fn write_rows<T: Scalar>(&self, ids: Option<&[u32]>, out: &mut [T]) {
+        use rayon::prelude::*;
+        let d = self.dim();
+        let src: &[f32] = &self.ds.features.data;
+        out.par_chunks_mut(d.max(1)).enumerate().for_each(|(i, o)| {
+            let v = ids.map_or(i, |ids| ids[i] as usize);
+            o.iter_mut()
+                .zip(normalized::<T>(&src[v * d..(v + 1) * d], self.norm, self.shift))
+                .for_each(|(o, x)| *o = x);
+        });
     }
 }
 
-impl<B: Backend> FeatureSource<B> for HostFeatures {
+impl<B: Backend> FeatureSource<B> for HostFeatures<'_> {
     fn gather(&self, b: &B, ids: &[u32]) -> B::Mat {
-        use rayon::prelude::*;
-        let d = self.dim;
-        b.upload_with(ids.len(), d, &mut |buf: &mut [B::T]| {
-            buf.par_chunks_mut(d.max(1)).zip(ids.par_iter()).for_each(|(o, &v)| {
-                let src = &self.rows[v as usize * d..(v as usize + 1) * d];
-                o.iter_mut().zip(src).for_each(|(o, &x)| *o = B::T::of(x as f64));
-            });
-        })
+        b.upload_with(ids.len(), self.dim(), &mut |buf: &mut [B::T]| self.write_rows(Some(ids), buf))
     }
 
     fn describe(&self) -> String {

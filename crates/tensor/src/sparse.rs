@@ -82,3 +82,24 @@ impl SparseMatrix {
         self.row_ptr[r] as usize..self.row_ptr[r + 1] as usize
     }
 }
+
+/// Positions of `idx` grouped by value (a counting sort, stable): the `k` with `idx[k] == r`
+/// are `order[ptr[r]..ptr[r + 1]]`, in increasing order. Scatter-adds use it so that each
+/// destination row is summed by one task, in input order (deterministic, no atomics).
+pub fn group_by_row(idx: &[u32], rows: usize) -> (Vec<usize>, Vec<u32>) {
+    let mut ptr = vec![0usize; rows + 1];
+    for &i in idx {
+        assert!((i as usize) < rows, "row {i} out of range");
+        ptr[i as usize + 1] += 1;
+    }
+    for r in 0..rows {
+        ptr[r + 1] += ptr[r];
+    }
+    let mut order = vec![0u32; idx.len()];
+    let mut cursor = ptr.clone();
+    for (k, &i) in idx.iter().enumerate() {
+        order[cursor[i as usize]] = k as u32;
+        cursor[i as usize] += 1;
+    }
+    (ptr, order)
+}

@@ -259,11 +259,11 @@ impl<'a, B: Backend> Executor<'a, B> {
             if need > h {
                 return Err(TrainError::Memory(format!(
                     "--host-mem {:.1} MiB is too small: the process already holds {:.1} MiB (dataset, partition graphs, model), the largest partition's working set is {:.1} MiB and the margin {:.1} MiB; needs at least {} MiB (or more --parts, for a smaller working set)",
-                    h as f64 / 1048576.0,
-                    plan.resident_bytes as f64 / 1048576.0,
-                    plan.working_bytes as f64 / 1048576.0,
-                    plan.margin_bytes as f64 / 1048576.0,
-                    (need as f64 / 0.95 / 1048576.0).ceil() as u64
+                    mib(h),
+                    mib(plan.resident_bytes),
+                    mib(plan.working_bytes),
+                    mib(plan.margin_bytes),
+                    (mib(need) / 0.95).ceil() as u64
                 )));
             }
         }
@@ -271,11 +271,11 @@ impl<'a, B: Backend> Executor<'a, B> {
             if cache < plan.block_bytes {
                 return Err(TrainError::Storage(format!(
                     "the host cache holds {:.1} MiB of blocks (--host-mem less {:.1} MiB resident, a {:.1} MiB working set and a {:.1} MiB margin, or --block-cache), but the blocks need {:.1} MiB: give a --storage-dir to spill to, or more --host-mem",
-                    cache as f64 / 1048576.0,
-                    plan.resident_bytes as f64 / 1048576.0,
-                    plan.working_bytes as f64 / 1048576.0,
-                    plan.margin_bytes as f64 / 1048576.0,
-                    plan.block_bytes as f64 / 1048576.0
+                    mib(cache),
+                    mib(plan.resident_bytes),
+                    mib(plan.working_bytes),
+                    mib(plan.margin_bytes),
+                    mib(plan.block_bytes)
                 )));
             }
         }
@@ -287,8 +287,8 @@ impl<'a, B: Backend> Executor<'a, B> {
                 return Err(TrainError::Storage(format!(
                     "storage directory {} has {:.1} MiB free, but up to {:.1} MiB of blocks may spill there",
                     dir.display(),
-                    free as f64 / 1048576.0,
-                    spill as f64 / 1048576.0
+                    mib(free),
+                    mib(spill)
                 )));
             }
         }
@@ -383,21 +383,9 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
             (None, None) => return Ok(()),
         };
-        let mut placed_bytes = 0u64;
-        for (id, bytes) in self.block_list() {
-            if placed_bytes + bytes <= cache_bytes {
-                placed_bytes += bytes;
-                self.on_dev.insert(id);
-            }
-        }
-        let dp = DevicePlan {
-            resident_bytes,
-            working_bytes,
-            margin_bytes,
-            cache_bytes,
-            blocks: self.on_dev.len(),
-            placed_bytes,
-        };
+        let (blocks, placed_bytes) = self.place_while_fits(cache_bytes)?;
+        let dp =
+            DevicePlan { resident_bytes, working_bytes, margin_bytes, cache_bytes, blocks, placed_bytes };
         tracing::info!(
             "GPU tier: {} blocks ({:.2} GiB) of {:.2} GiB for blocks, beside {:.2} GiB resident and a {:.2} GiB working set",
             dp.blocks,
@@ -424,23 +412,9 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// bound. Blocks that exist now (features, layer-0 aggregation) move over. Returns how many
     /// blocks joined.
     pub fn refine_placement(&mut self, peak: u64) -> Result<usize, TrainError> {
-        let (Some(g), Some(dp)) = (self.gpu_mem, self.plan.device.clone()) else { return Ok(0) };
-        let mut room = g.saturating_sub(dp.margin_bytes).saturating_sub(peak);
-        let mut moved = (0usize, 0u64);
-        for (id, bytes) in self.block_list() {
-            if self.on_dev.contains(&id) || bytes > room {
-                continue;
-            }
-            if let Some((rows, cols)) = self.store.shape(id) {
-                let mut data = vec![B::T::of(0.0); rows * cols];
-                self.store.read_rows(id, None, &mut data).map_err(io_err)?;
-                self.store.remove(id).map_err(io_err)?;
-                self.dev.insert(id, self.b.upload_owned(Mat::from_vec(rows, cols, data)));
-            }
-            self.on_dev.insert(id);
-            room -= bytes;
-            moved = (moved.0 + 1, moved.1 + bytes);
-        }
+        let margin = self.plan.device.as_ref().map(|d| d.margin_bytes);
+        let (Some(g), Some(margin)) = (self.gpu_mem, margin) else { return Ok(0) };
+        let moved = self.place_while_fits(g.saturating_sub(margin).saturating_sub(peak))?;
         if let Some(d) = self.plan.device.as_mut() {
             d.blocks += moved.0;
             d.placed_bytes += moved.1;
@@ -454,6 +428,28 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.on_dev.len()
         );
         Ok(moved.0)
+    }
+
+    /// Places the blocks not yet in the GPU tier, in [`Executor::block_list`]'s order, while
+    /// `room` bytes last; blocks that exist in the host store move over. Returns the count and
+    /// bytes placed.
+    fn place_while_fits(&mut self, mut room: u64) -> Result<(usize, u64), TrainError> {
+        let mut placed = (0usize, 0u64);
+        for (id, bytes) in self.block_list() {
+            if self.on_dev.contains(&id) || bytes > room {
+                continue;
+            }
+            if let Some((rows, cols)) = self.store.shape(id) {
+                let mut data = vec![B::T::of(0.0); rows * cols];
+                self.store.read_rows(id, None, &mut data).map_err(io_err)?;
+                self.store.remove(id).map_err(io_err)?;
+                self.dev.insert(id, self.b.upload_owned(Mat::from_vec(rows, cols, data)));
+            }
+            self.on_dev.insert(id);
+            room -= bytes;
+            placed = (placed.0 + 1, placed.1 + bytes);
+        }
+        Ok(placed)
     }
 
     /// Stores a host block where the plan put it.
@@ -530,50 +526,58 @@ impl<'a, B: Backend> Executor<'a, B> {
             .chain(part.fetch.iter().filter(|_| halo).map(|(s, idx)| (id(*s), Rows::Index(idx))))
             .collect();
         let rows: usize = sources.iter().map(|(_, r)| r.len()).sum();
-        let host_rows: usize =
-            sources.iter().filter(|(s, _)| !self.on_dev.contains(s)).map(|(_, r)| r.len()).sum();
         let host_sources: Vec<(BlockId, Rows<'_>)> =
             sources.iter().filter(|(s, _)| !self.on_dev.contains(s)).copied().collect();
-        self.store.pin(host_sources.iter().map(|(s, _)| *s));
+        let host_rows: usize = host_sources.iter().map(|(_, r)| r.len()).sum();
         // host rows straight into the backend's staging memory
-        let store = &mut self.store;
-        let mut failed = None;
-        let staged = b.upload_with(host_rows, d, &mut |buf: &mut [B::T]| {
-            let mut at = 0;
-            for (src, r) in &host_sources {
-                let idx = match r {
-                    Rows::Index(i) => Some(*i),
-                    Rows::Range(..) => None,
-                };
-                if let Err(e) = store.read_rows(*src, idx, &mut buf[at * d..(at + r.len()) * d]) {
-                    failed.get_or_insert(e);
-                    return;
-                }
-                at += r.len();
-            }
-        });
-        self.store.unpin_all();
-        if let Some(e) = failed {
-            return Err(io_err(e));
-        }
-        self.stats.upload_bytes += (host_rows * d * std::mem::size_of::<B::T>()) as u64;
-        let m = if host_rows == rows {
-            staged
+        let staged = if host_sources.is_empty() {
+            None
         } else {
-            let mut m = b.output(rows, d);
-            let (mut at, mut at_host) = (0, 0);
-            for (src, r) in &sources {
-                match self.dev.get(src) {
-                    Some(block) if self.on_dev.contains(src) => b.gather_rows(block, *r, &mut m, at),
-                    _ if self.on_dev.contains(src) => panic!("block {src:?} read before it was written"),
-                    _ => {
-                        b.gather_rows(&staged, Rows::Range(at_host, r.len()), &mut m, at);
+            self.store.pin(host_sources.iter().map(|(s, _)| *s));
+            let store = &mut self.store;
+            let mut failed = None;
+            let staged = b.upload_with(host_rows, d, &mut |buf: &mut [B::T]| {
+                let mut at = 0;
+                for (src, r) in &host_sources {
+                    let idx = match r {
+                        Rows::Index(i) => Some(*i),
+                        Rows::Range(..) => None,
+                    };
+                    if let Err(e) = store.read_rows(*src, idx, &mut buf[at * d..(at + r.len()) * d]) {
+                        failed.get_or_insert(e);
+                        return;
+                    }
+                    at += r.len();
+                }
+            });
+            self.store.unpin_all();
+            if let Some(e) = failed {
+                return Err(io_err(e));
+            }
+            self.stats.upload_bytes += (host_rows * d * std::mem::size_of::<B::T>()) as u64;
+            Some(staged)
+        };
+        let m = match staged {
+            Some(staged) if host_rows == rows => staged,
+            staged => {
+                let mut m = b.output(rows, d);
+                let (mut at, mut at_host) = (0, 0);
+                for (src, r) in &sources {
+                    if self.on_dev.contains(src) {
+                        let block = self
+                            .dev
+                            .get(src)
+                            .unwrap_or_else(|| panic!("block {src:?} read before it was written"));
+                        b.gather_rows(block, *r, &mut m, at);
+                    } else {
+                        let staged = staged.as_ref().expect("host rows were staged");
+                        b.gather_rows(staged, Rows::Range(at_host, r.len()), &mut m, at);
                         at_host += r.len();
                     }
+                    at += r.len();
                 }
-                at += r.len();
+                m
             }
-            m
         };
         self.stats.gather_s += t.elapsed().as_secs_f64();
         Ok(m)
@@ -987,6 +991,11 @@ fn make_plan<B: Backend>(model: &Model<B>, parts: &[Part<B>], tc: &TieredConfig,
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// Bytes in MiB, for messages.
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
+}
 
 /// A copy of `h`, in parallel for large slices (blocks of hundreds of MB leave staging memory).
 fn par_to_vec<T: Scalar>(h: &[T]) -> Vec<T> {

@@ -519,22 +519,17 @@ impl<T: Scalar> Store<T> {
         assert_eq!((e.rows, e.cols), (rows, cols), "block {id:?}: shape");
         let d = cols.max(1);
         let k = src.len() / d;
-        // source rows grouped by destination row (a counting sort; repeats add up in order), so
-        // that disjoint destination rows go to parallel tasks
-        let mut ptr = vec![0usize; rows + 1];
-        for i in 0..k {
-            ptr[idx.map_or(i, |x| x[i] as usize) + 1] += 1;
-        }
-        for r in 0..rows {
-            ptr[r + 1] += ptr[r];
-        }
-        let mut order = vec![0u32; k];
-        let mut at = ptr.clone();
-        for i in 0..k {
-            let r = idx.map_or(i, |x| x[i] as usize);
-            order[at[r]] = i as u32;
-            at[r] += 1;
-        }
+        // source rows grouped by destination row (repeats add up in order), so that disjoint
+        // destination rows go to parallel tasks
+        let identity: Vec<u32>;
+        let idx = match idx {
+            Some(i) => i,
+            None => {
+                identity = (0..k as u32).collect();
+                &identity
+            }
+        };
+        let (ptr, order) = grinnder_tensor::sparse::group_by_row(idx, rows);
         let per = (PAR_BYTES / (d * std::mem::size_of::<T>())).max(1);
         fn each<E: Send>(
             v: &mut [E],

@@ -365,19 +365,7 @@ pub fn scatter_add_rows<T: Scalar>(src: &Mat<T>, from: usize, rows: Rows<'_>, ou
         Rows::Index(idx) => idx,
     };
     let row = |k: usize| &src_rows[k * d..(k + 1) * d];
-    let mut ptr = vec![0usize; out.rows + 1];
-    for &i in idx {
-        ptr[i as usize + 1] += 1;
-    }
-    for r in 0..out.rows {
-        ptr[r + 1] += ptr[r];
-    }
-    let mut order = vec![0u32; idx.len()];
-    let mut cursor = ptr.clone();
-    for (k, &i) in idx.iter().enumerate() {
-        order[cursor[i as usize]] = k as u32;
-        cursor[i as usize] += 1;
-    }
+    let (ptr, order) = crate::sparse::group_by_row(idx, out.rows);
     out.data.par_chunks_mut(d.max(1)).enumerate().for_each(|(r, o)| {
         for &k in &order[ptr[r]..ptr[r + 1]] {
             o.iter_mut().zip(row(k as usize)).for_each(|(o, &v)| *o += v);
