@@ -312,8 +312,18 @@ pub enum FeatureAccessArg {
 pub enum ModeArg {
     /// Every node and edge every epoch (in memory, or partition by partition with --parts).
     Full,
-    /// Sampled mini-batches (GraphSAGE neighbour sampling), exact full-graph evaluation.
+    /// Sampled mini-batches (see --sampler), exact full-graph evaluation.
     Minibatch,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SamplerArg {
+    /// GraphSAGE: per-layer neighbour sampling, --fanout one number per layer.
+    Neighbor,
+    /// ShaDow: the node-induced subgraph within as many hops of the seeds as --fanout has
+    /// numbers; every layer runs on all of it, the loss on the seeds.
+    Khop,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -387,10 +397,13 @@ pub struct TrainSettings {
     /// Full-graph or mini-batch training [default: full].
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
-    /// Mini-batch neighbours sampled per hop from the seeds, one per layer, e.g. 15,10,5
-    /// (-1: all) [default: 10 per layer].
+    /// Mini-batch neighbours sampled per hop from the seeds, e.g. 15,10,5 (-1: all); one per
+    /// layer with --sampler neighbor, one per hop with khop [default: 10 per layer].
     #[arg(long, allow_hyphen_values = true)]
     pub fanout: Option<String>,
+    /// How mini-batches are sampled [default: neighbor].
+    #[arg(long, value_enum)]
+    pub sampler: Option<SamplerArg>,
     /// Seed nodes per mini-batch [default: 1024].
     #[arg(long)]
     pub batch_size: Option<usize>,
@@ -437,6 +450,10 @@ pub struct TrainSettings {
     /// in host memory (and storage) [default: the whole GPU].
     #[arg(long)]
     pub gpu_mem: Option<String>,
+    /// Under mpirun: consecutive ranks that share a server (the intra-server links; emulates
+    /// servers on one machine) [default: the ranks MPI finds on each machine].
+    #[arg(long)]
+    pub ranks_per_server: Option<usize>,
     /// GEMMs on TF32 tensor cores with --device cuda (faster, 10-bit mantissa products).
     #[arg(long)]
     pub tf32: Option<bool>,
@@ -516,6 +533,8 @@ pub struct TrainPlan {
     pub tf32: bool,
     /// `--gpu-mem`: the GPU memory budget of either trainer.
     pub gpu_mem: Option<u64>,
+    /// `--ranks-per-server` (partition-parallel runs under mpirun).
+    pub ranks_per_server: Option<usize>,
 }
 
 /// Where training computes.
@@ -549,6 +568,22 @@ pub struct TieredPlan {
     pub tier_dtype: grinnder_engine::TierDtype,
     pub keep_storage: bool,
     pub block_cache: Option<u64>,
+}
+
+impl TieredPlan {
+    /// The executor's defaults over `parts` partitions (every block in RAM).
+    pub fn with_parts(parts: usize) -> TieredPlan {
+        TieredPlan {
+            parts,
+            partitioner: PartitionerArg::Metis,
+            cache_mode: grinnder_engine::CacheMode::Auto,
+            host_mem: None,
+            storage_dir: None,
+            tier_dtype: grinnder_engine::TierDtype::F32,
+            keep_storage: false,
+            block_cache: None,
+        }
+    }
 }
 
 impl TrainArgs {
@@ -643,8 +678,11 @@ impl TrainArgs {
             minibatch: match pick!(mode, ModeArg::Full) {
                 ModeArg::Full => {
                     anyhow::ensure!(
-                        f.fanout.is_none() && file.fanout.is_none() && f.batch_size.or(file.batch_size).is_none(),
-                        "--fanout and --batch-size are for --mode minibatch"
+                        f.fanout.is_none()
+                            && file.fanout.is_none()
+                            && f.batch_size.or(file.batch_size).is_none()
+                            && f.sampler.or(file.sampler).is_none(),
+                        "--fanout, --batch-size and --sampler are for --mode minibatch"
                     );
                     None
                 }
@@ -657,8 +695,9 @@ impl TrainArgs {
                             .map_err(|e| anyhow::anyhow!("--fanout {t:?}: {e}"))?,
                         None => vec![10; layers],
                     };
+                    let sampler = pick!(sampler, SamplerArg::Neighbor);
                     anyhow::ensure!(
-                        fanouts.len() == layers,
+                        fanouts.len() == layers || sampler == SamplerArg::Khop,
                         "--fanout has {} numbers for {layers} layers: give one per layer",
                         fanouts.len()
                     );
@@ -668,12 +707,20 @@ impl TrainArgs {
                     );
                     let batch_size = pick!(batch_size, 1024);
                     anyhow::ensure!(batch_size >= 1, "--batch-size must be at least 1");
-                    Some(grinnder_engine::MiniBatchConfig { fanouts, batch_size, eval_parts: 1 })
+                    let sampler = match sampler {
+                        SamplerArg::Neighbor => grinnder_engine::Sampler::Neighbor,
+                        SamplerArg::Khop => grinnder_engine::Sampler::KHop,
+                    };
+                    Some(grinnder_engine::MiniBatchConfig { fanouts, sampler, batch_size, eval_parts: 1 })
                 }
             },
             tf32: f.tf32.or(file.tf32).unwrap_or(false),
             feature_access: pick!(feature_access, FeatureAccessArg::Copy),
             gpu_mem: byte_size(f.gpu_mem.clone().or(file.gpu_mem.clone()))?,
+            ranks_per_server: match f.ranks_per_server.or(file.ranks_per_server) {
+                Some(0) => anyhow::bail!("--ranks-per-server must be at least 1"),
+                r => r,
+            },
         })
         .and_then(|mut p| {
             if let (Some(mb), Some(t)) = (p.minibatch.as_mut(), &p.tiered) {

@@ -4,9 +4,10 @@
 use std::io::Write;
 
 use anyhow::Context;
+use grinnder_dist::Comm;
 use grinnder_engine::{
-    train_minibatch, train_minibatch_from, train_tiered_with, train_with, CheckpointConfig, EpochMetrics,
-    FeatureSource, HostFeatures, Summary, TieredConfig,
+    train_minibatch, train_minibatch_from, train_tiered_dist, train_with, CheckpointConfig, DistConfig,
+    EpochMetrics, FeatureSource, HostFeatures, Summary, TieredConfig,
 };
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
@@ -17,6 +18,8 @@ use crate::args::{Device, FeatureAccessArg, PrecisionArg, TrainArgs, TrainPlan};
 /// (`--feature-access zero-copy`).
 struct ZeroCopyFeatures {
     table: grinnder_cuda::HostTable,
+    /// Rows gathering on the second stream: (their ids, the matrix being filled).
+    next: std::cell::RefCell<Option<(Vec<u32>, grinnder_cuda::DMat)>>,
 }
 
 impl ZeroCopyFeatures {
@@ -29,15 +32,20 @@ impl ZeroCopyFeatures {
         let mut table =
             g.host_table(ds.num_nodes(), host.dim()).context("cannot map the features for zero-copy")?;
         host.write_rows(None, table.as_mut_slice());
-        Ok(ZeroCopyFeatures { table })
+        Ok(ZeroCopyFeatures { table, next: Default::default() })
     }
 }
 
 impl FeatureSource<grinnder_cuda::Cuda> for ZeroCopyFeatures {
     fn gather(&self, g: &grinnder_cuda::Cuda, ids: &[u32]) -> grinnder_cuda::DMat {
-        let mut out = g.output(ids.len(), self.table.cols);
-        g.gather_host(&self.table, grinnder_tensor::Rows::Index(ids), &mut out, 0);
-        out
+        match self.next.borrow_mut().take() {
+            Some((want, m)) if want == ids => m,
+            _ => g.gather_host_async(&self.table, ids),
+        }
+    }
+
+    fn prefetch(&self, g: &grinnder_cuda::Cuda, ids: &[u32]) {
+        *self.next.borrow_mut() = Some((ids.to_vec(), g.gather_host_async(&self.table, ids)));
     }
 
     fn describe(&self) -> String {
@@ -45,9 +53,75 @@ impl FeatureSource<grinnder_cuda::Cuda> for ZeroCopyFeatures {
     }
 }
 
+/// This process's place in a partition-parallel run started by `mpirun`.
+struct Launch {
+    comm: Box<dyn Comm>,
+    ranks_per_server: usize,
+    /// This rank's index among the ranks of its machine (which GPU it uses).
+    local_rank: usize,
+    /// MPI stays initialised while this lives (declared last: dropped after `comm`).
+    #[cfg(feature = "mpi")]
+    _mpi: grinnder_dist::mpi::Mpi,
+}
+
+/// Joins the MPI job this process was started in, if any (more than one rank).
+fn launch(plan: &TrainPlan) -> anyhow::Result<Option<Launch>> {
+    let Some(ranks) = grinnder_dist::launched_ranks().filter(|&n| n > 1) else { return Ok(None) };
+    #[cfg(feature = "mpi")]
+    {
+        let _ = ranks;
+        let mpi = grinnder_dist::mpi::Mpi::init().context("MPI did not initialise")?;
+        let world = mpi.world();
+        let (local_rank, local_size) = world.local();
+        let ranks_per_server = plan.ranks_per_server.unwrap_or(local_size);
+        Ok(Some(Launch { comm: Box::new(world), ranks_per_server, local_rank, _mpi: mpi }))
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = plan;
+        anyhow::bail!(
+            "started as one of {ranks} MPI ranks, but this grinnder was built without MPI: build it with `cargo build --release --features mpi` (needs Open MPI: libopenmpi-dev)"
+        )
+    }
+}
+
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
-    let plan = a.plan()?;
+    let mut plan = a.plan()?;
     let ckpt = a.checkpoint()?;
+    let launch = launch(&plan)?;
+    if let Some(l) = &launch {
+        anyhow::ensure!(
+            plan.minibatch.is_none(),
+            "--mode minibatch does not run partition-parallel yet: start it without mpirun"
+        );
+        let ranks = l.comm.size();
+        // one partition per rank unless --parts says more
+        let t = plan.tiered.get_or_insert_with(|| crate::args::TieredPlan::with_parts(ranks));
+        anyhow::ensure!(
+            t.parts >= ranks,
+            "--parts {} is fewer than the {ranks} ranks: every rank computes at least one partition",
+            t.parts
+        );
+        if let Device::Cuda(n) = plan.device {
+            // ranks of a machine take its GPUs in turn (several share one where there are fewer)
+            plan.device = Device::Cuda((n + l.local_rank) % grinnder_cuda::device_count().max(1));
+        }
+        if l.comm.rank() > 0 {
+            // rank 0 reports; the others train quietly
+            progress::set_quiet(true);
+        }
+        tracing::info!(
+            "rank {} of {} ({}; {} per server), partitions {}",
+            l.comm.rank(),
+            ranks,
+            l.comm.describe(),
+            l.ranks_per_server,
+            t.parts
+        );
+    }
+    let lead = launch.as_ref().is_none_or(|l| l.comm.rank() == 0);
+    let dist =
+        launch.as_ref().map(|l| DistConfig { comm: l.comm.as_ref(), ranks_per_server: l.ranks_per_server });
     let path = a.input.path()?;
     let ds = io::open(&path, a.input.format(), &a.input.options()?)
         .with_context(|| format!("cannot load {}", path.display()))?;
@@ -65,11 +139,16 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         plan.config.epochs,
         rayon::current_num_threads()
     );
-    let mut metrics_file = match &a.metrics_out {
+    let mut metrics_file = match a.metrics_out.as_ref().filter(|_| lead) {
         Some(p) => Some(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
         None => None,
     };
     let mut history = Vec::new();
+    macro_rules! run_on {
+        ($backend:expr, $features:expr) => {
+            run_on($backend, &ds, &plan, $features, dist, ckpt.as_ref(), &mut metrics_file, &mut history)?
+        };
+    }
     let summary = match (plan.device, plan.precision) {
         (Device::Cuda(n), _) => {
             let mut gpu =
@@ -83,19 +162,18 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
                 FeatureAccessArg::Copy => None,
             };
             let source = zero_copy.as_ref().map(|z| z as &dyn FeatureSource<grinnder_cuda::Cuda>);
-            run_on(&gpu, &ds, &plan, source, ckpt.as_ref(), &mut metrics_file, &mut history)?
+            run_on!(&gpu, source)
         }
-        (Device::Cpu, PrecisionArg::F32) => {
-            run_on(&Cpu::<f32>::new(), &ds, &plan, None, ckpt.as_ref(), &mut metrics_file, &mut history)?
-        }
-        (Device::Cpu, PrecisionArg::F64) => {
-            run_on(&Cpu::<f64>::new(), &ds, &plan, None, ckpt.as_ref(), &mut metrics_file, &mut history)?
-        }
+        (Device::Cpu, PrecisionArg::F32) => run_on!(&Cpu::<f32>::new(), None),
+        (Device::Cpu, PrecisionArg::F64) => run_on!(&Cpu::<f64>::new(), None),
     };
     if let Some(f) = metrics_file.as_mut() {
         let mut v = serde_json::to_value(&summary)?;
         v["final"] = true.into();
         writeln!(f, "{v}")?;
+    }
+    if !lead {
+        return Ok(());
     }
     if let Some(p) = &a.plot {
         crate::plot::curves(p, &ds.name, &history).with_context(|| format!("cannot draw {}", p.display()))?;
@@ -114,11 +192,13 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_on<B: Backend>(
     b: &B,
     ds: &Dataset,
     plan: &TrainPlan,
     features: Option<&dyn FeatureSource<B>>,
+    dist: Option<DistConfig<'_>>,
     ckpt: Option<&CheckpointConfig>,
     file: &mut Option<std::fs::File>,
     history: &mut Vec<EpochMetrics>,
@@ -164,6 +244,20 @@ fn run_on<B: Backend>(
                 t.tier.storage_write_bytes as f64 / 1048576.0
             );
         }
+        if let Some(c) = m.tier.as_ref().and_then(|t| t.comm.as_ref()) {
+            let mb = |b: u64| b as f64 / 1048576.0;
+            tracing::info!(
+                "epoch {}: exchanged (all ranks) halo rows {:.1} MiB within servers, {:.1} MiB between; halo gradients {:.1} / {:.1} MiB; reductions {:.1} / {:.1} MiB; {:.3} s exchanging",
+                m.epoch,
+                mb(c.halo_intra_bytes),
+                mb(c.halo_inter_bytes),
+                mb(c.grad_intra_bytes),
+                mb(c.grad_inter_bytes),
+                mb(c.reduce_intra_bytes),
+                mb(c.reduce_inter_bytes),
+                c.comm_s
+            );
+        }
         history.push(m.clone());
     };
     let summary = match (&plan.tiered, &plan.minibatch) {
@@ -187,7 +281,7 @@ fn run_on<B: Backend>(
                 gpu_mem: plan.gpu_mem,
                 device_cache_bytes: None,
             };
-            train_tiered_with(b, ds, &plan.config, &tc, ckpt, &mut on_epoch)?
+            train_tiered_dist(b, ds, &plan.config, &tc, dist, ckpt, &mut on_epoch)?
         }
     };
     pb.finish_and_clear();

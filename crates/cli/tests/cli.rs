@@ -419,7 +419,25 @@ fn minibatch_training_reports_like_full_graph_training() {
     assert!(stdout(&o).contains("test accuracy"), "{}", stdout(&o));
     let lines = std::fs::read_to_string(&metrics).unwrap();
     assert_eq!(lines.lines().count(), 4, "three epochs and the final line");
+    // ShaDow k-hop subgraphs: any number of hops
+    let o = grinnder(&[
+        "-q",
+        "train",
+        "--mode",
+        "minibatch",
+        "--sampler",
+        "khop",
+        "--fanout",
+        "5",
+        "--batch-size",
+        "64",
+        "--epochs",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("test accuracy"), "{}", stdout(&o));
     for (args, want) in [
+        (&["train", "--sampler", "khop"][..], "for --mode minibatch"),
         (&["train", "--mode", "minibatch", "--fanout", "5"][..], "1 numbers for 2 layers"),
         (&["train", "--mode", "minibatch", "--fanout", "5,0"][..], "positive, or -1"),
         (&["train", "--fanout", "5,5"][..], "for --mode minibatch"),

@@ -87,7 +87,28 @@ impl Cuda {
         }
         let dst = out.data.slice_mut(at * d..(at + n) * d);
         let (name, cfg) = self.gather_kernel(n);
-        self.launch_rows_at(name, t.dptr, Some(&idx.idx), 0, n, d, dst, cfg);
+        self.launch_rows_at(&self.stream, name, t.dptr, Some(&idx.idx), 0, n, d, dst, cfg);
+    }
+
+    /// `t[ids]` gathered by GPU threads on a second stream, so that the gather overlaps the
+    /// work queued on the main stream (a mini-batch's input rows while the previous batch
+    /// computes). The first use of the result on the main stream waits for the gather.
+    pub fn gather_host_async(&self, t: &HostTable, ids: &[u32]) -> DMat {
+        let (d, n) = (t.cols, ids.len());
+        assert!(ids.iter().all(|&i| (i as usize) < t.rows), "gather: row out of range");
+        let side = self.side.get_or_init(|| self.ctx.new_stream().expect("a second CUDA stream"));
+        self.charge((n * d + n) * 4);
+        let idx = side.clone_htod(ids).expect("CUDA upload");
+        // SAFETY: every element is written by the gather below before any use.
+        let mut data = unsafe { side.alloc::<f32>((n * d).max(1)) }.expect("CUDA alloc");
+        if n > 0 && d > 0 {
+            // a few thousand warps keep enough reads in flight to fill the bus (one row each
+            // at a time) and leave most of the device to the main stream's kernels
+            let cfg = crate::warps(n.min(ASYNC_GATHER_WARPS));
+            let dst = data.slice_mut(0..n * d);
+            self.launch_rows_at(side, "gather_rows", t.dptr, Some(&idx), 0, n, d, dst, cfg);
+        }
+        DMat { rows: n, cols: d, data }
     }
 
     /// `out = t` over the bus with one asynchronous copy from page-locked memory.
@@ -96,6 +117,10 @@ impl Cuda {
         self.stream.memcpy_htod(&t.buf, &mut out.data).expect("CUDA upload");
     }
 }
+
+/// Warps of a gather on the second stream: 2,048 rows in flight (≈ 0.8 MB of 100-float rows,
+/// beyond the bus's bandwidth-latency product), 256 blocks of 8 warps.
+const ASYNC_GATHER_WARPS: usize = 2048;
 
 /// Row indices uploaded once (see [`Cuda::gather_host_indexed`]).
 pub struct DeviceIndex {

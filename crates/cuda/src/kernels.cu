@@ -318,29 +318,32 @@ extern "C" __global__ void head_dots_dz(const float* att, const float* ds, i64 n
 // memory).
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* idx, i64 start, i64 n,
                                        int d, float* __restrict__ out) {
-    i64 w = global_thread() / 32;
     int lane = threadIdx.x % 32;
-    if (w >= n) return;
-    u64 r = idx ? (u64)idx[w] : (u64)(start + w);
-    const float* src = x + r * d;
-    float* dst = out + (u64)w * d;
-    if (d % 4 == 0) {
-        // up to four 16-byte loads in flight per lane before any store (bus latency hiding)
-        const float4* s4 = (const float4*)src;
-        float4* d4 = (float4*)dst;
-        int m = d / 4;
-        for (int j = lane; j < m; j += 128) {
-            float4 a = s4[j], b, c, e;
-            if (j + 32 < m) b = s4[j + 32];
-            if (j + 64 < m) c = s4[j + 64];
-            if (j + 96 < m) e = s4[j + 96];
-            d4[j] = a;
-            if (j + 32 < m) d4[j + 32] = b;
-            if (j + 64 < m) d4[j + 64] = c;
-            if (j + 96 < m) d4[j + 96] = e;
+    // a warp per row; a grid smaller than n warps strides (a gather that leaves most of the
+    // device to kernels of another stream)
+    i64 warps = (i64)gridDim.x * blockDim.x / 32;
+    for (i64 w = global_thread() / 32; w < n; w += warps) {
+        u64 r = idx ? (u64)idx[w] : (u64)(start + w);
+        const float* src = x + r * d;
+        float* dst = out + (u64)w * d;
+        if (d % 4 == 0) {
+            // up to four 16-byte loads in flight per lane before any store (bus latency hiding)
+            const float4* s4 = (const float4*)src;
+            float4* d4 = (float4*)dst;
+            int m = d / 4;
+            for (int j = lane; j < m; j += 128) {
+                float4 a = s4[j], b, c, e;
+                if (j + 32 < m) b = s4[j + 32];
+                if (j + 64 < m) c = s4[j + 64];
+                if (j + 96 < m) e = s4[j + 96];
+                d4[j] = a;
+                if (j + 32 < m) d4[j + 32] = b;
+                if (j + 64 < m) d4[j + 64] = c;
+                if (j + 96 < m) d4[j + 96] = e;
+            }
+        } else {
+            for (int j = lane; j < d; j += 32) dst[j] = src[j];
         }
-    } else {
-        for (int j = lane; j < d; j += 32) dst[j] = src[j];
     }
 }
 

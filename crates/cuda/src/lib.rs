@@ -46,6 +46,14 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// How many GPUs the driver sees (0 without a driver).
+pub fn device_count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+}
+
 /// A matrix in device memory.
 pub struct DMat {
     pub rows: usize,
@@ -171,6 +179,9 @@ pub struct Cuda {
     spmm_kernel: SpmmKernel,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// A second stream for work that overlaps the main one (`gather_host_async`), made on
+    /// first use; cudarc's per-allocation events order every use across the two.
+    side: std::sync::OnceLock<Arc<CudaStream>>,
     blas: CudaBlas,
     k: Kernels,
     /// placeholders for absent optional pointer arguments
@@ -222,7 +233,7 @@ fn grid(threads: usize) -> LaunchConfig {
 }
 
 /// One warp per row.
-fn warps(rows: usize) -> LaunchConfig {
+pub(crate) fn warps(rows: usize) -> LaunchConfig {
     grid(rows * 32)
 }
 
@@ -291,6 +302,7 @@ impl Cuda {
             blas,
             k: Kernels { _module: module, f },
             dummy_u32,
+            side: std::sync::OnceLock::new(),
         })
     }
 
@@ -404,13 +416,14 @@ impl Cuda {
             Rows::Index(i) => (Some(self.upload_slice(i)), 0i64),
             Rows::Range(s, _) => (None, s as i64),
         };
-        self.launch_rows_at(name, src, idx.as_ref(), start, rows.len(), d, dst, cfg);
+        self.launch_rows_at(&self.stream, name, src, idx.as_ref(), start, rows.len(), d, dst, cfg);
     }
 
     /// [`Cuda::launch_rows`] with the row list given as device indices, or a range from `start`.
     #[allow(clippy::too_many_arguments)]
     fn launch_rows_at(
         &self,
+        stream: &Arc<CudaStream>,
         name: &str,
         src: u64,
         idx: Option<&CudaSlice<u32>>,
@@ -421,7 +434,7 @@ impl Cuda {
         cfg: LaunchConfig,
     ) {
         let (n, d, null) = (n as i64, d as i32, 0u64);
-        let mut l = self.stream.launch_builder(self.func(name));
+        let mut l = stream.launch_builder(self.func(name));
         l.arg(&src);
         match idx {
             Some(i) => l.arg(i),

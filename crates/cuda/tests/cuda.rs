@@ -312,6 +312,20 @@ fn zero_copy_gathers_read_host_rows_exactly() {
             assert_eq!(g.download(&got_ix).data, want.data, "zero-copy gather, device indices, {what}");
             g.gather_rows(&g.upload(&src), Rows::Index(&idx), &mut got_dev, 3);
             assert_eq!(g.download(&got_dev).data, want.data, "device gather, {what}");
+            // on the second stream (a grid smaller than the rows: they stride), then read by
+            // a kernel on the main one at once
+            let idx: Vec<u32> = idx.iter().cycle().take(idx.len() * 2 + 1).copied().collect();
+            let side = g.gather_host_async(&t, &idx);
+            let mut got_side = g.upload(&random(idx.len() + 5, d, 52));
+            g.gather_rows(&side, Rows::Range(0, idx.len()), &mut got_side, 3);
+            drop(side);
+            let mut want = random(idx.len() + 5, d, 52);
+            c.gather_rows(&src, Rows::Index(&idx), &mut want, 3);
+            assert_eq!(
+                g.download(&got_side).data,
+                want.data,
+                "zero-copy gather on the second stream, {what}"
+            );
             let mut whole = g.output(rows, d);
             g.upload_table(&t, &mut whole);
             assert_eq!(g.download(&whole).data, src.data, "pinned upload, {what}");

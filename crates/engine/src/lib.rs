@@ -9,7 +9,12 @@ pub mod minibatch;
 pub mod tiered;
 
 pub use checkpoint::CheckpointConfig;
-pub use memory::{train, train_tiered, train_tiered_with, train_with, FeatureNorm, TrainConfig, TrainError};
+pub use memory::{
+    train, train_tiered, train_tiered_dist, train_tiered_with, train_with, FeatureNorm, TrainConfig,
+    TrainError,
+};
 pub use metrics::{EpochMetrics, Summary};
-pub use minibatch::{train_minibatch, train_minibatch_from, FeatureSource, HostFeatures, MiniBatchConfig};
-pub use tiered::{CacheMode, Executor, TierDtype, TieredConfig};
+pub use minibatch::{
+    train_minibatch, train_minibatch_from, FeatureSource, HostFeatures, MiniBatchConfig, Sampler,
+};
+pub use tiered::{CacheMode, CommStats, DistConfig, Executor, TierDtype, TieredConfig};

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, CheckpointConfig, ParamState};
 use crate::metrics::{peak_rss_bytes, EpochMetrics, Summary};
-use crate::tiered::{Executor, PhaseStats, TieredConfig};
+use crate::tiered::{DistConfig, Executor, PhaseStats, TieredConfig};
 
 /// Everything the trainer needs, validated by the caller (the CLI).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -312,7 +312,29 @@ pub fn train_tiered_with<B: Backend>(
     ckpt: Option<&CheckpointConfig>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
-    let ex = std::cell::RefCell::new(Executor::new(b, ds, &cfg.model, cfg.feature_norm, tc)?);
+    train_tiered_dist(b, ds, cfg, tc, None, ckpt, on_epoch)
+}
+
+/// [`train_tiered_with`] as one rank of a partition-parallel run (`dist`): each rank computes
+/// its share of the partitions, halo rows and gradients cross ranks, parameter gradients, the
+/// loss and the accuracy counts are summed over the ranks — every rank sees the figures of
+/// the whole graph, the same as one process.
+#[allow(clippy::too_many_arguments)]
+pub fn train_tiered_dist<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    tc: &TieredConfig,
+    dist: Option<DistConfig<'_>>,
+    ckpt: Option<&CheckpointConfig>,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<Summary, TrainError> {
+    if dist.is_some_and(|d| d.comm.size() > 1) && ckpt.is_some() {
+        return Err(TrainError::Config(
+            "checkpoints of partition-parallel runs are not supported yet: drop --checkpoint-dir".into(),
+        ));
+    }
+    let ex = std::cell::RefCell::new(Executor::new_dist(b, ds, &cfg.model, cfg.feature_norm, tc, dist)?);
     {
         let e = ex.borrow();
         tracing::info!(
@@ -337,11 +359,20 @@ pub fn train_tiered_with<B: Backend>(
         let mut e = ex.borrow_mut();
         e.model.zero_grad(b);
         let (loss, _) = e.forward_backward(epoch)?;
+        let mut loss = [loss];
+        e.reduce(&mut loss);
+        e.reduce_gradients();
+        let loss = loss[0];
         opt.borrow_mut().step(b, e.model.params_mut());
         b.synchronize();
         Ok((loss, Some(e.take_stats())))
     };
-    let mut eval = |epoch: u64| ex.borrow_mut().evaluate(epoch);
+    let mut eval = |epoch: u64| {
+        let mut e = ex.borrow_mut();
+        let mut c = e.evaluate(epoch)?.map(|n| n as u64);
+        e.reduce(&mut c);
+        Ok(c.map(|n| n as usize))
+    };
     let mut state = ExecutorCells { b, ex: &ex, opt: &opt };
     run_epochs(ds, cfg, ckpt, &mut state, on_epoch, &mut step, &mut eval)
 }

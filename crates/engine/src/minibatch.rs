@@ -9,8 +9,9 @@
 //! `degree / sampled` (an unbiased estimate of the full sum); with full neighbourhoods (`-1`)
 //! both are exactly the full graph's, and so are the gradients (tests/minibatch.rs).
 
+use grinnder_graph::progress;
 use grinnder_graph::rng::hash_key;
-use grinnder_graph::sample::{Block, MiniBatch, NeighborSampler, Scratch};
+use grinnder_graph::sample::{Block, KHopSampler, MiniBatch, NeighborSampler, Scratch};
 use grinnder_graph::Dataset;
 use grinnder_nn::graph::Adjacency;
 use grinnder_nn::{Graph, Kind, Model, Optimizer};
@@ -28,17 +29,32 @@ use std::time::Instant;
 /// Mini-batch settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MiniBatchConfig {
-    /// Per hop from the seeds (PyG's `num_neighbors` order); one per layer; `-1`: all.
+    /// Per hop from the seeds (PyG's `num_neighbors` order); `-1`: all. One per layer for
+    /// neighbour sampling; for k-hop subgraphs, as many as hops.
     pub fanouts: Vec<i64>,
+    pub sampler: Sampler,
     pub batch_size: usize,
     /// Partitions of the full-neighbourhood evaluation (1: the whole graph at once).
     pub eval_parts: usize,
+}
+
+/// How a mini-batch is sampled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sampler {
+    /// GraphSAGE: per-layer neighbour sampling, one block per layer.
+    #[default]
+    Neighbor,
+    /// ShaDow: the node-induced k-hop subgraph of the seeds, every layer on all of it.
+    KHop,
 }
 
 /// Where a batch's input rows come from.
 pub trait FeatureSource<B: Backend> {
     /// The preprocessed feature rows of `ids`, in order, on the backend.
     fn gather(&self, b: &B, ids: &[u32]) -> B::Mat;
+    /// Starts gathering `ids`, the rows the next `gather` will ask for, where the source can
+    /// overlap that with the backend's current work (none by default).
+    fn prefetch(&self, _b: &B, _ids: &[u32]) {}
     /// How the rows travel (reported once).
     fn describe(&self) -> String;
 }
@@ -216,7 +232,7 @@ pub fn train_minibatch_from<B: Backend>(
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
     check_dataset(ds)?;
-    if mb.fanouts.len() != cfg.model.layers {
+    if mb.sampler == Sampler::Neighbor && mb.fanouts.len() != cfg.model.layers {
         return Err(TrainError::Config(format!(
             "{} fanouts for {} layers: give one per layer (-1: all neighbours)",
             mb.fanouts.len(),
@@ -226,7 +242,12 @@ pub fn train_minibatch_from<B: Backend>(
     let model =
         std::cell::RefCell::new(Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize));
     let opt = std::cell::RefCell::new(Optimizer::new(cfg.optim));
-    let sampler = NeighborSampler::new(mb.fanouts.clone(), cfg.model.seed);
+    if mb.fanouts.is_empty() {
+        return Err(TrainError::Config("k-hop sampling needs at least one hop".into()));
+    }
+    let neighbor = NeighborSampler::new(mb.fanouts.clone(), cfg.model.seed);
+    let khop = KHopSampler::new(mb.fanouts.clone(), cfg.model.seed);
+    let layers = cfg.model.layers;
     tracing::info!("mini-batch input rows: {}", features.describe());
     let elem = std::mem::size_of::<B::T>() as u64;
     let kind = cfg.model.kind;
@@ -239,19 +260,25 @@ pub fn train_minibatch_from<B: Backend>(
         // sampling threads run ahead of the backend by up to two batches each (sampling and the
         // blocks' host-side matrices); batch k comes from thread k mod n, taken in order, so the
         // batches and their order do not depend on n; gathers and compute stay on this thread
-        let workers = (rayon::current_num_threads() / 4).clamp(1, 4);
+        let workers = (rayon::current_num_threads() / 2).clamp(1, 8);
+        let pb = progress::counter(all.len() as u64, &format!("epoch {epoch}"), "batches");
         std::thread::scope(|s| {
             let mut rxs = Vec::with_capacity(workers);
             for w in 0..workers {
                 let (tx, rx) = std::sync::mpsc::sync_channel(2);
                 rxs.push(rx);
-                let (all, sampler) = (&all, &sampler);
+                let (all, neighbor, khop) = (&all, &neighbor, &khop);
                 s.spawn(move || {
                     let mut scratch = Scratch::default();
                     for (k, seeds) in all.iter().enumerate().skip(w).step_by(workers) {
                         let t = Instant::now();
                         let key = hash_key(&[epoch, k as u64]);
-                        let batch = sampler.sample_with(&ds.graph, seeds, key, &mut scratch);
+                        let batch = match mb.sampler {
+                            Sampler::Neighbor => neighbor.sample_with(&ds.graph, seeds, key, &mut scratch),
+                            Sampler::KHop => khop
+                                .sample_with(&ds.graph, seeds, key, &mut scratch)
+                                .into_batch(&ds.graph, layers),
+                        };
                         let mats: Vec<_> =
                             batch.blocks.iter().map(|blk| block_matrix(ds, kind, blk)).collect();
                         if tx.send((batch, mats, t.elapsed().as_secs_f64())).is_err() {
@@ -260,14 +287,23 @@ pub fn train_minibatch_from<B: Backend>(
                     }
                 });
             }
-            let rx = (0..all.len()).map_while(|k| rxs[k % workers].recv().ok());
-            for (batch, mats, secs) in rx {
+            let mut rx = (0..all.len()).map_while(|k| rxs[k % workers].recv().ok());
+            let mut next = rx.next();
+            if let Some((batch, ..)) = &next {
+                features.prefetch(b, batch.input_nodes());
+            }
+            while let Some((batch, mats, secs)) = next.take() {
                 *st.sample_s.as_mut().expect("set") += secs;
-                // each phase ends when the backend has finished it, so the times are its own
+                // the rows of this batch (prefetched where the source can), then the next
+                // batch's rows start loading while this one computes; the input-row time is
+                // this thread's, the compute time ends when the backend has finished
                 let t = Instant::now();
                 let x = features.gather(b, batch.input_nodes());
-                b.synchronize();
                 st.gather_s += t.elapsed().as_secs_f64();
+                next = rx.next();
+                if let Some((batch, ..)) = &next {
+                    features.prefetch(b, batch.input_nodes());
+                }
                 st.upload_bytes += (batch.input_nodes().len() * ds.features.dim) as u64 * elem;
                 let t = Instant::now();
                 model.zero_grad(b);
@@ -276,8 +312,10 @@ pub fn train_minibatch_from<B: Backend>(
                 b.synchronize();
                 st.compute_s += t.elapsed().as_secs_f64();
                 loss += l;
+                pb.inc(1);
             }
         });
+        pb.finish_and_clear();
         Ok((loss, Some(st)))
     };
     // exact evaluation: the tiered executor's full-neighbourhood forward on the current weights

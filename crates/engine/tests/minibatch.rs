@@ -1,16 +1,19 @@
 //! Mini-batch training: with full neighbourhoods (fanout -1) a batch's loss and every
 //! parameter gradient equal the full-graph ones of the loss restricted to the batch's seeds
 //! (normalisations from the whole graph, dropout masks keyed by node id); sampled batches
-//! train; evaluation is the exact full-graph forward.
+//! train; the same for ShaDow k-hop subgraphs with every neighbour; evaluation is the exact
+//! full-graph forward.
 //!
 //! Tolerance: f32 reassociation, `max |a − b| / max |b|` ≤ 1e-5 per tensor.
 
 use grinnder_engine::memory::features;
-use grinnder_engine::minibatch::{batch_forward_backward, batches, train_minibatch, MiniBatchConfig};
+use grinnder_engine::minibatch::{
+    batch_forward_backward, batches, train_minibatch, MiniBatchConfig, Sampler,
+};
 use grinnder_engine::tiered::feature_rows;
 use grinnder_engine::{train, FeatureNorm, TrainConfig};
 use grinnder_graph::generate::{generate, preset, GenConfig};
-use grinnder_graph::sample::NeighborSampler;
+use grinnder_graph::sample::{KHopSampler, NeighborSampler};
 use grinnder_graph::Dataset;
 use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm, OptimConfig};
 use grinnder_tensor::{Backend, Cpu, Mat};
@@ -58,25 +61,31 @@ fn full_neighbourhood_batches_give_the_full_graph_gradients_of_their_seeds() {
             let (loss_ref, _) = b.cross_entropy(&logits, &ds.labels, &rows, 1.0 / rows.len() as f64, &mut dl);
             m.backward(&b, &g, &x, tape, dl);
             let want = grads(&b, &mut m);
-            // one batch of the same seeds, every neighbour
-            let batch = NeighborSampler::new(vec![-1; layers], 1).sample(&ds.graph, &seeds, 0);
-            let input = batch.input_nodes();
-            let shift = grinnder_engine::memory::feature_shift(&ds, FeatureNorm::Row);
-            let xb = Mat::from_vec(
-                input.len(),
-                ds.features.dim,
-                feature_rows(&ds, FeatureNorm::Row, shift, input),
-            );
-            let mut mb = Model::init(&b, cfg.clone(), ds.features.dim, ds.num_classes as usize);
-            mb.zero_grad(&b);
-            let (loss, _) = batch_forward_backward(&b, &mut mb, &ds, &batch, xb, 4);
-            let what = format!("{kind:?} {layers} layers");
-            assert!((loss - loss_ref).abs() <= 1e-5 * loss_ref, "{what}: loss {loss} vs {loss_ref}");
-            for ((name, a), (_, r)) in grads(&b, &mut mb).iter().zip(&want) {
-                // relative to the tensor's scale
-                let scale = r.data.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
-                let e = a.max_rel_err(r, scale);
-                assert!(e <= 1e-5, "{what}: {name} off by {e:.3e}");
+            // one batch of the same seeds, every neighbour: sampled per layer, and as the
+            // seeds' whole k-hop subgraph (ShaDow)
+            let neighbour = NeighborSampler::new(vec![-1; layers], 1).sample(&ds.graph, &seeds, 0);
+            let khop = KHopSampler::new(vec![-1; layers], 1)
+                .sample(&ds.graph, &seeds, 0)
+                .into_batch(&ds.graph, layers);
+            for (sampler, batch) in [("neighbour", neighbour), ("k-hop", khop)] {
+                let input = batch.input_nodes();
+                let shift = grinnder_engine::memory::feature_shift(&ds, FeatureNorm::Row);
+                let xb = Mat::from_vec(
+                    input.len(),
+                    ds.features.dim,
+                    feature_rows(&ds, FeatureNorm::Row, shift, input),
+                );
+                let mut mb = Model::init(&b, cfg.clone(), ds.features.dim, ds.num_classes as usize);
+                mb.zero_grad(&b);
+                let (loss, _) = batch_forward_backward(&b, &mut mb, &ds, &batch, xb, 4);
+                let what = format!("{kind:?} {layers} layers, {sampler}");
+                assert!((loss - loss_ref).abs() <= 1e-5 * loss_ref, "{what}: loss {loss} vs {loss_ref}");
+                for ((name, a), (_, r)) in grads(&b, &mut mb).iter().zip(&want) {
+                    // relative to the tensor's scale
+                    let scale = r.data.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+                    let e = a.max_rel_err(r, scale);
+                    assert!(e <= 1e-5, "{what}: {name} off by {e:.3e}");
+                }
             }
         }
     }
@@ -112,7 +121,8 @@ fn sampled_batches_train_and_evaluate_exactly() {
         eval_every: 4,
         feature_norm: FeatureNorm::Row,
     };
-    let mb = MiniBatchConfig { fanouts: vec![5, 5], batch_size: 32, eval_parts: 1 };
+    let mb =
+        MiniBatchConfig { fanouts: vec![5, 5], sampler: Sampler::Neighbor, batch_size: 32, eval_parts: 1 };
     let mut seen = Vec::new();
     let s = train_minibatch(&Cpu::<f32>::new(), &ds, &cfg, &mb, None, &mut |m| seen.push(m.clone())).unwrap();
     assert_eq!(seen.len(), 8);
@@ -121,7 +131,12 @@ fn sampled_batches_train_and_evaluate_exactly() {
     // the reported accuracy is the full graph's: with one epoch of whole-training-set batches
     // and every neighbour, mini-batch training is full-graph training with one step per epoch
     let full_cfg = TrainConfig { epochs: 1, eval_every: 1, ..cfg.clone() };
-    let whole = MiniBatchConfig { fanouts: vec![-1, -1], batch_size: ds.splits.train.len(), eval_parts: 3 };
+    let whole = MiniBatchConfig {
+        fanouts: vec![-1, -1],
+        sampler: Sampler::Neighbor,
+        batch_size: ds.splits.train.len(),
+        eval_parts: 3,
+    };
     let a = train_minibatch(&Cpu::<f32>::new(), &ds, &full_cfg, &whole, None, &mut |_| {}).unwrap();
     let f = train(&Cpu::<f32>::new(), &ds, &full_cfg, &mut |_| {}).unwrap();
     assert!(
@@ -132,4 +147,9 @@ fn sampled_batches_train_and_evaluate_exactly() {
     );
     assert_eq!((a.best_valid_acc, a.test_acc), (f.best_valid_acc, f.test_acc));
     assert!(s.best_valid_acc > 0.0);
+    // ShaDow subgraphs (2 hops of 5) train too
+    let shadow = MiniBatchConfig { sampler: Sampler::KHop, ..mb };
+    let mut seen = Vec::new();
+    train_minibatch(&Cpu::<f32>::new(), &ds, &cfg, &shadow, None, &mut |m| seen.push(m.clone())).unwrap();
+    assert!(seen[7].loss < 0.8 * seen[0].loss, "k-hop: the loss falls: {} → {}", seen[0].loss, seen[7].loss);
 }

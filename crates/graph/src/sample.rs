@@ -184,57 +184,116 @@ impl Subgraph {
     }
 }
 
-/// ShaDow's k-hop sampler.
+/// ShaDow's k-hop sampler: `fanouts[h]` neighbours per node at hop `h` (`-1`: all), as many
+/// hops as fanouts.
 #[derive(Clone, Debug)]
 pub struct KHopSampler {
-    pub hops: usize,
-    pub fanout: i64,
+    pub fanouts: Vec<i64>,
     pub seed: u64,
 }
 
 impl KHopSampler {
+    pub fn new(fanouts: Vec<i64>, seed: u64) -> KHopSampler {
+        assert!(fanouts.iter().all(|&f| f == -1 || f > 0), "fanouts are positive or -1 (all)");
+        KHopSampler { fanouts, seed }
+    }
+
     /// The subgraph around `seeds` (distinct nodes).
     pub fn sample(&self, g: &Csr, seeds: &[u32], key: u64) -> Subgraph {
-        let ns = NeighborSampler::new(vec![self.fanout; self.hops.max(1)], self.seed);
+        self.sample_with(g, seeds, key, &mut Scratch::default())
+    }
+
+    /// [`KHopSampler::sample`] reusing `scratch` between batches.
+    pub fn sample_with(&self, g: &Csr, seeds: &[u32], key: u64, scratch: &mut Scratch) -> Subgraph {
+        let ns = NeighborSampler { fanouts: self.fanouts.clone(), seed: self.seed };
         let mut nodes: Vec<u32> = seeds.to_vec();
         let mut hop = vec![0u8; seeds.len()];
-        let mut seen: std::collections::HashMap<u32, u32> =
-            seeds.iter().enumerate().map(|(i, &v)| (v, i as u32)).collect();
-        assert_eq!(seen.len(), seeds.len(), "seeds are distinct");
         let mut frontier = seeds.to_vec();
-        let mut scratch = Scratch::default();
-        for h in 0..self.hops {
-            let b = ns.sample_block(g, &frontier, self.fanout, [key, h as u64], &mut scratch);
+        for (h, &fanout) in self.fanouts.iter().enumerate() {
+            let b = ns.sample_block(g, &frontier, fanout, [key, h as u64], scratch);
+            // the block's new columns, less the nodes reached at earlier hops
+            let local = scratch.map(g.num_nodes());
+            for (i, &v) in nodes.iter().enumerate() {
+                local[v as usize] = i as u32;
+            }
             let mut next = Vec::new();
             for &u in &b.col_ids[b.rows..] {
-                if let std::collections::hash_map::Entry::Vacant(e) = seen.entry(u) {
-                    e.insert(nodes.len() as u32);
-                    nodes.push(u);
-                    hop.push(h as u8 + 1);
+                if local[u as usize] == u32::MAX {
+                    local[u as usize] = (nodes.len() + next.len()) as u32;
                     next.push(u);
                 }
             }
+            for &v in nodes.iter().chain(&next) {
+                local[v as usize] = u32::MAX;
+            }
+            nodes.extend(&next);
+            hop.resize(nodes.len(), h as u8 + 1);
             frontier = next;
         }
         // the node-induced subgraph: every full-graph edge between kept nodes
+        let local = scratch.map(g.num_nodes());
+        for (i, &v) in nodes.iter().enumerate() {
+            assert_eq!(local[v as usize], u32::MAX, "seeds are distinct");
+            local[v as usize] = i as u32;
+        }
         let (ptr, idx) = (g.row_ptr(), g.col_idx());
+        let local: &[u32] = local;
         let rows: Vec<Vec<u32>> = nodes
             .par_iter()
             .map(|&v| {
                 let mut r: Vec<u32> = idx[ptr[v as usize] as usize..ptr[v as usize + 1] as usize]
                     .iter()
-                    .filter_map(|u| seen.get(u).copied())
+                    .map(|&u| local[u as usize])
+                    .filter(|&c| c != u32::MAX)
                     .collect();
                 r.sort_unstable();
                 r
             })
             .collect();
-        let mut row_ptr = vec![0u64];
-        let mut col_idx = Vec::new();
+        let local = scratch.map(g.num_nodes());
+        for &v in &nodes {
+            local[v as usize] = u32::MAX;
+        }
+        let mut row_ptr = Vec::with_capacity(nodes.len() + 1);
+        row_ptr.push(0u64);
+        let mut col_idx = Vec::with_capacity(rows.iter().map(Vec::len).sum());
         for r in rows {
             col_idx.extend(r);
             row_ptr.push(col_idx.len() as u64);
         }
         Subgraph { nodes, hop, row_ptr, col_idx, seeds: seeds.len() }
+    }
+}
+
+impl Subgraph {
+    /// The subgraph as the blocks of a `layers`-layer model (ShaDow): every layer but the last
+    /// computes every node of the subgraph from the whole subgraph; the last computes the
+    /// seeds (the first rows) only.
+    pub fn into_batch(self, g: &Csr, layers: usize) -> MiniBatch {
+        assert!(layers >= 1, "at least one layer");
+        let ptr = g.row_ptr();
+        let degree = |v: &u32| (ptr[*v as usize + 1] - ptr[*v as usize]) as u32;
+        let n = self.nodes.len();
+        let square = Block {
+            rows: n,
+            cols: n,
+            full_degree: self.nodes.iter().map(degree).collect(),
+            row_ptr: self.row_ptr,
+            col_idx: self.col_idx,
+            col_ids: self.nodes,
+        };
+        let s = self.seeds;
+        let end = square.row_ptr[s] as usize;
+        let top = Block {
+            rows: s,
+            cols: n,
+            row_ptr: square.row_ptr[..=s].to_vec(),
+            col_idx: square.col_idx[..end].to_vec(),
+            col_ids: square.col_ids.clone(),
+            full_degree: square.full_degree[..s].to_vec(),
+        };
+        let mut blocks = vec![square; layers - 1];
+        blocks.push(top);
+        MiniBatch { seeds: blocks[layers - 1].col_ids[..s].to_vec(), blocks }
     }
 }

@@ -71,7 +71,7 @@ fn batches_are_reproducible_and_thread_count_free() {
 fn k_hop_subgraphs_are_node_induced_with_bfs_hops() {
     let g = graph();
     let seeds: Vec<u32> = vec![3, 50, 400];
-    let sg = KHopSampler { hops: 2, fanout: -1, seed: 1 }.sample(&g, &seeds, 0);
+    let sg = KHopSampler::new(vec![-1, -1], 1).sample(&g, &seeds, 0);
     assert_eq!(&sg.nodes[..3], &seeds[..]);
     // BFS distances up to 2 from the seeds
     let mut dist = vec![u8::MAX; g.num_nodes()];
@@ -101,7 +101,30 @@ fn k_hop_subgraphs_are_node_induced_with_bfs_hops() {
         assert_eq!(row, induced, "every edge among kept nodes, no other");
     }
     // with a fanout, a subset, still induced
-    let small = KHopSampler { hops: 2, fanout: 2, seed: 1 }.sample(&g, &seeds, 0);
+    let small = KHopSampler::new(vec![2, 2], 1).sample(&g, &seeds, 0);
     assert!(small.nodes.len() < sg.nodes.len());
     assert!(small.nodes.iter().all(|v| want.contains(v)));
+}
+
+#[test]
+fn k_hop_subgraphs_become_shadow_blocks() {
+    let g = graph();
+    let seeds: Vec<u32> = vec![9, 77, 310, 5];
+    let sg = KHopSampler::new(vec![3, 3], 2).sample(&g, &seeds, 1);
+    assert_eq!(sg, KHopSampler::new(vec![3, 3], 2).sample(&g, &seeds, 1), "seeded");
+    let batch = sg.clone().into_batch(&g, 3);
+    assert_eq!(batch.seeds, seeds);
+    assert_eq!(batch.blocks.len(), 3);
+    assert_eq!(batch.input_nodes(), &sg.nodes[..]);
+    let n = sg.nodes.len();
+    for (l, b) in batch.blocks.iter().enumerate() {
+        let rows = if l == 2 { seeds.len() } else { n };
+        assert_eq!((b.rows, b.cols), (rows, n), "block {l}");
+        assert_eq!(b.col_ids, sg.nodes);
+        assert_eq!(&b.row_ptr[..], &sg.row_ptr[..=rows]);
+        assert_eq!(&b.col_idx[..], &sg.col_idx[..sg.row_ptr[rows] as usize]);
+        for (r, &d) in b.full_degree.iter().enumerate() {
+            assert_eq!(d as usize, neighbours(&g, sg.nodes[r]).len());
+        }
+    }
 }

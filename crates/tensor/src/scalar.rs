@@ -6,9 +6,21 @@ use std::ops::{AddAssign, DivAssign, MulAssign, SubAssign};
 
 use num_traits::Float;
 
-/// A floating-point element the kernels are generic over.
+/// A floating-point element the kernels are generic over (plain bytes too: `Pod`, so rows
+/// travel between ranks and files as they are).
 pub trait Scalar:
-    Float + Debug + Default + Send + Sync + Sum + AddAssign + SubAssign + MulAssign + DivAssign + 'static
+    Float
+    + Debug
+    + Default
+    + Send
+    + Sync
+    + Sum
+    + AddAssign
+    + SubAssign
+    + MulAssign
+    + DivAssign
+    + bytemuck::Pod
+    + 'static
 {
     fn of(x: f64) -> Self;
     fn f64(self) -> f64;

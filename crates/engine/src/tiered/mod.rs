@@ -22,6 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Instant;
 
+use grinnder_dist::{from_bytes, to_bytes, Comm, Layout};
 use grinnder_graph::{norm, Csr, Dataset};
 use grinnder_nn::graph::Adjacency;
 use grinnder_nn::{Graph, Kind as ModelKind, Model, ModelConfig};
@@ -79,6 +80,109 @@ impl TieredConfig {
     }
 }
 
+/// Partition-parallel execution (DESIGN.md §6): this process is one of `comm`'s ranks and
+/// computes a contiguous share of the partitions; rows of the others' partitions that its
+/// partitions read (the halo) arrive by all-to-all before each layer, and halo gradients go back
+/// to their owners, so the result equals one process computing every partition.
+#[derive(Clone, Copy)]
+pub struct DistConfig<'c> {
+    pub comm: &'c dyn Comm,
+    /// Consecutive ranks that share a server (which links the byte counters charge).
+    pub ranks_per_server: usize,
+}
+
+/// Bytes this rank sent to ranks of its own server and of other servers, per phase, and the
+/// time spent exchanging (partition-parallel runs).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct CommStats {
+    /// Halo rows before the layers (forward).
+    pub halo_intra_bytes: u64,
+    pub halo_inter_bytes: u64,
+    /// Halo gradients back to their owners (backward).
+    pub grad_intra_bytes: u64,
+    pub grad_inter_bytes: u64,
+    /// Parameter-gradient and metric reductions.
+    pub reduce_intra_bytes: u64,
+    pub reduce_inter_bytes: u64,
+    pub comm_s: f64,
+}
+
+impl CommStats {
+    fn add(&mut self, o: &CommStats) {
+        self.halo_intra_bytes += o.halo_intra_bytes;
+        self.halo_inter_bytes += o.halo_inter_bytes;
+        self.grad_intra_bytes += o.grad_intra_bytes;
+        self.grad_inter_bytes += o.grad_inter_bytes;
+        self.reduce_intra_bytes += o.reduce_intra_bytes;
+        self.reduce_inter_bytes += o.reduce_inter_bytes;
+        self.comm_s = self.comm_s.max(o.comm_s);
+    }
+
+    /// Inter-server bytes of every phase.
+    pub fn inter_bytes(&self) -> u64 {
+        self.halo_inter_bytes + self.grad_inter_bytes + self.reduce_inter_bytes
+    }
+}
+
+/// What a rank needs to exchange halo rows.
+struct DistState<'a> {
+    comm: &'a dyn Comm,
+    layout: Layout,
+    /// The rank computing each partition.
+    owner: Vec<usize>,
+    /// Remote partitions whose rows this rank's partitions read, with those rows (sorted, in
+    /// the partition's numbering); the store holds them as that partition's blocks ("mirrors").
+    mirrors: Vec<(usize, Vec<u32>)>,
+    /// Per rank: (partition computed here, the rows of it that rank mirrors), in its order.
+    sends: Vec<Vec<(usize, Vec<u32>)>>,
+    stats: CommStats,
+}
+
+/// Which phase an exchange is charged to.
+#[derive(Clone, Copy)]
+enum Phase {
+    Halo,
+    Grad,
+    Reduce,
+}
+
+impl DistState<'_> {
+    /// All-to-all of `send`, charging the bytes to `phase`.
+    fn exchange(&mut self, send: Vec<Vec<u8>>, phase: Phase) -> Vec<Vec<u8>> {
+        let t = Instant::now();
+        let me = self.comm.rank();
+        for (r, b) in send.iter().enumerate().filter(|(r, _)| *r != me) {
+            let n = b.len() as u64;
+            let intra = self.layout.same_server(me, r);
+            let (a, e) = match phase {
+                Phase::Halo => (&mut self.stats.halo_intra_bytes, &mut self.stats.halo_inter_bytes),
+                Phase::Grad => (&mut self.stats.grad_intra_bytes, &mut self.stats.grad_inter_bytes),
+                Phase::Reduce => (&mut self.stats.reduce_intra_bytes, &mut self.stats.reduce_inter_bytes),
+            };
+            *(if intra { a } else { e }) += n;
+        }
+        let out = self.comm.all_to_all(send);
+        self.stats.comm_s += t.elapsed().as_secs_f64();
+        out
+    }
+
+    /// Element-wise sum over the ranks, in rank order (the same bits on every rank).
+    fn all_reduce<T: grinnder_dist::Pod + std::ops::AddAssign>(&mut self, v: &mut [T]) {
+        let bytes = to_bytes(v);
+        let all = self.exchange(vec![bytes; self.comm.size()], Phase::Reduce);
+        for (r, b) in all.iter().enumerate() {
+            let part: Vec<T> = from_bytes(b);
+            for (a, x) in v.iter_mut().zip(part) {
+                if r == 0 {
+                    *a = x;
+                } else {
+                    *a += x;
+                }
+            }
+        }
+    }
+}
+
 /// Seconds per phase of one epoch, with the store's counters.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct PhaseStats {
@@ -96,6 +200,9 @@ pub struct PhaseStats {
     pub download_bytes: u64,
     #[serde(flatten)]
     pub tier: TierStats,
+    /// Partition-parallel runs: bytes exchanged, summed over the ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm: Option<CommStats>,
 }
 
 /// How the memory plan divided the host budget.
@@ -174,6 +281,9 @@ pub struct Executor<'a, B: Backend> {
     pub partitioning: Partitioning,
     pub plan: Plan,
     stats: PhaseStats,
+    /// The partitions this rank computes (all of them in one process).
+    local: std::ops::Range<usize>,
+    dist: Option<DistState<'a>>,
 }
 
 /// Features of `ids`, preprocessed (`shift` from [`feature_shift`]).
@@ -197,12 +307,62 @@ impl<'a, B: Backend> Executor<'a, B> {
         feature_norm: FeatureNorm,
         tc: &TieredConfig,
     ) -> Result<Self, TrainError> {
+        Self::new_dist(b, ds, model_cfg, feature_norm, tc, None)
+    }
+
+    /// [`Executor::new`] as one rank of a partition-parallel run (`dist`; `None`: one process).
+    pub fn new_dist(
+        b: &'a B,
+        ds: &Dataset,
+        model_cfg: &ModelConfig,
+        feature_norm: FeatureNorm,
+        tc: &TieredConfig,
+        dist: Option<DistConfig<'a>>,
+    ) -> Result<Self, TrainError> {
         crate::memory::check_dataset(ds)?;
+        let (rank, ranks) = dist.map_or((0, 1), |d| (d.comm.rank(), d.comm.size()));
+        if tc.parts < ranks {
+            return Err(TrainError::Config(format!(
+                "{} partitions for {ranks} ranks: every rank computes at least one (--parts {ranks} or more)",
+                tc.parts
+            )));
+        }
+        // contiguous shares: rank r computes partitions ⌈r·P/R⌉ .. ⌈(r+1)·P/R⌉
+        let owner: Vec<usize> = (0..tc.parts).map(|p| p * ranks / tc.parts).collect();
+        let local = owner.iter().position(|&o| o == rank).unwrap_or(0)
+            ..owner.iter().rposition(|&o| o == rank).map_or(0, |i| i + 1);
         let model = Model::init(b, model_cfg.clone(), ds.features.dim, ds.num_classes as usize);
-        let (partitioning, outcome) =
-            partition_cached(&ds.graph, tc.parts, tc.method, tc.partition_cache.as_deref())
-                .map_err(|e| TrainError::Partition(e.to_string()))?;
-        tracing::debug!("partitioning: {outcome:?}");
+        let partition = || {
+            let (p, outcome) =
+                partition_cached(&ds.graph, tc.parts, tc.method, tc.partition_cache.as_deref())
+                    .map_err(|e| TrainError::Partition(e.to_string()))?;
+            tracing::debug!("partitioning: {outcome:?}");
+            Ok::<_, TrainError>(p)
+        };
+        let partitioning = match dist.filter(|_| ranks > 1) {
+            None => partition()?,
+            // rank 0 partitions, the others take its owners: every rank holds the same
+            // partitioning (partitioners need not be deterministic across processes), and
+            // a failure reaches every rank
+            Some(d) => {
+                let mine = if rank == 0 {
+                    match partition() {
+                        Ok(p) => to_bytes(&p.part),
+                        Err(e) => [u32::MAX.to_le_bytes().to_vec(), e.to_string().into_bytes()].concat(),
+                    }
+                } else {
+                    Vec::new()
+                };
+                let all = d.comm.all_gather(&mine);
+                let bytes = &all[0];
+                if bytes.get(..4) == Some(&u32::MAX.to_le_bytes()[..]) {
+                    let msg = String::from_utf8_lossy(&bytes[4..]).into_owned();
+                    return Err(TrainError::Partition(format!("on rank 0: {msg}")));
+                }
+                assert_eq!(bytes.len(), ds.num_nodes() * 4, "rank 0 partitioned another graph");
+                Partitioning::from_parts(tc.parts, from_bytes(bytes))
+            }
+        };
         // the adjacency the model needs, with its whole-graph normalisation
         let (csr, vals): (Csr, Vec<f64>) = match model_cfg.kind {
             ModelKind::Gcn | ModelKind::Gat => {
@@ -212,8 +372,31 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
             ModelKind::Sage => (ds.graph.clone(), norm::mean_norm(&ds.graph)),
         };
-        let pg = PartitionedGraph::build(&csr, &partitioning, &[&vals]);
+        let mut pg = PartitionedGraph::build(&csr, &partitioning, &[&vals]);
         drop((csr, vals));
+        // rows of other ranks' partitions read here: mirrored as compact blocks, and the fetch
+        // lists of this rank's partitions renumbered into them
+        let mut mirrors: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+        for q in local.clone() {
+            for (s, idx) in &pg.partitions[q].fetch {
+                if !local.contains(s) {
+                    mirrors.entry(*s).or_default().extend(idx);
+                }
+            }
+        }
+        for rows in mirrors.values_mut() {
+            rows.sort_unstable();
+            rows.dedup();
+        }
+        for q in local.clone() {
+            for (s, idx) in &mut pg.partitions[q].fetch {
+                if let Some(rows) = mirrors.get(s) {
+                    for i in idx.iter_mut() {
+                        *i = rows.binary_search(i).expect("a mirrored row") as u32;
+                    }
+                }
+            }
+        }
         let mut splits_local: Vec<[Vec<u32>; 3]> = vec![Default::default(); tc.parts];
         for (k, (_, ids)) in ds.splits.named().iter().enumerate() {
             for &v in ids.iter() {
@@ -224,6 +407,19 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
         let mut parts = Vec::with_capacity(tc.parts);
         for (q, (g, split_rows)) in pg.partitions.into_iter().zip(splits_local).enumerate() {
+            if !local.contains(&q) {
+                // another rank's: only the rows mirrored here, as a block of that many rows
+                let own = mirrors.get(&q).map_or(0, Vec::len);
+                let graph = Graph { rows: 0, cols: 0, looped: None, plain: None, ids: None };
+                parts.push(Part {
+                    graph,
+                    own,
+                    fetch: Vec::new(),
+                    labels: Vec::new(),
+                    split_rows: Default::default(),
+                });
+                continue;
+            }
             let mut split_rows = split_rows;
             for s in &mut split_rows {
                 s.sort_unstable();
@@ -298,7 +494,17 @@ impl<'a, B: Backend> Executor<'a, B> {
             dtype: tc.tier_dtype,
             faults: tc.faults,
         };
-        let store = Store::new(store_cfg, tc.storage_dir.as_deref(), tc.keep_storage).map_err(io_err)?;
+        // ranks sharing a storage directory keep their blocks apart
+        let storage_dir = match &tc.storage_dir {
+            Some(d) if ranks > 1 => {
+                let d = d.join(format!("rank-{rank}"));
+                std::fs::create_dir_all(&d)
+                    .map_err(|e| TrainError::Storage(format!("storage directory {}: {e}", d.display())))?;
+                Some(d)
+            }
+            d => d.clone(),
+        };
+        let store = Store::new(store_cfg, storage_dir.as_deref(), tc.keep_storage).map_err(io_err)?;
         let mut ex = Executor {
             b,
             model,
@@ -313,7 +519,37 @@ impl<'a, B: Backend> Executor<'a, B> {
             partitioning,
             plan,
             stats: PhaseStats::default(),
+            local: local.clone(),
+            dist: None,
         };
+        if let Some(d) = dist {
+            let layout = Layout { ranks, ranks_per_server: d.ranks_per_server.clamp(1, ranks) };
+            let mirrors: Vec<(usize, Vec<u32>)> = mirrors.into_iter().collect();
+            // tell each owner which of its rows this rank mirrors
+            let mut ask = vec![Vec::<u32>::new(); ranks];
+            for (s, rows) in &mirrors {
+                let m = &mut ask[owner[*s]];
+                m.extend([*s as u32, rows.len() as u32]);
+                m.extend(rows);
+            }
+            let got = d.comm.all_to_all(ask.iter().map(|a| to_bytes(a)).collect());
+            let sends = got
+                .iter()
+                .map(|b| {
+                    let v: Vec<u32> = from_bytes(b);
+                    let mut out = Vec::new();
+                    let mut at = 0;
+                    while at < v.len() {
+                        let (p, n) = (v[at] as usize, v[at + 1] as usize);
+                        out.push((p, v[at + 2..at + 2 + n].to_vec()));
+                        at += 2 + n;
+                    }
+                    out
+                })
+                .collect();
+            ex.dist =
+                Some(DistState { comm: d.comm, layout, owner, mirrors, sends, stats: CommStats::default() });
+        }
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
@@ -474,14 +710,23 @@ impl<'a, B: Backend> Executor<'a, B> {
     fn load_features(&mut self, ds: &Dataset, norm: FeatureNorm) -> Result<(), TrainError> {
         let min = feature_shift(ds, norm);
         let d = ds.features.dim;
-        for q in 0..self.parts.len() {
+        // own partitions' rows, and the mirrored rows of the others' (every rank reads the
+        // dataset: features never travel between ranks)
+        let mut blocks: Vec<(usize, Vec<u32>)> = Vec::new();
+        for q in self.local.clone() {
             let first = self.partitioning.ptr[q] as usize;
-            let ids = &self.partitioning.inv_perm[first..first + self.parts[q].own];
-            let rows = feature_rows::<B::T>(ds, norm, min, ids);
+            blocks.push((q, self.partitioning.inv_perm[first..first + self.parts[q].own].to_vec()));
+        }
+        for (s, rows) in self.dist.as_ref().map_or(&[][..], |d| &d.mirrors[..]) {
+            let first = self.partitioning.ptr[*s] as usize;
+            blocks.push((*s, rows.iter().map(|&r| self.partitioning.inv_perm[first + r as usize]).collect()));
+        }
+        for (q, ids) in blocks {
+            let rows = feature_rows::<B::T>(ds, norm, min, &ids);
             self.put_host(act(0, q), Mat::from_vec(ids.len(), d, rows))?;
         }
         if self.pre {
-            for q in 0..self.parts.len() {
+            for q in self.local.clone() {
                 let x = self.gather(0, q, true)?;
                 let agg = self.model.aggregate_input(self.b, &self.parts[q].graph, &x).expect("GCN or SAGE");
                 drop(x);
@@ -638,7 +883,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         for l in 0..layers {
             let top = l + 1 == layers;
             if self.split(l) {
-                for q in 0..self.parts.len() {
+                for q in self.local.clone() {
                     let x = self.gather(l, q, false)?;
                     self.prefetch(Kind::Act, l, q + 1, false, &[])?;
                     let t = Instant::now();
@@ -647,10 +892,11 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     self.put(Kind::Xw, l, q, h)?;
                 }
+                self.sync_mirrors(Kind::Xw, l)?;
                 if top {
                     break;
                 }
-                for q in 0..self.parts.len() {
+                for q in self.local.clone() {
                     let h = self.gather_kind(Kind::Xw, l, q, true)?;
                     let x = self.split_own_input(l, q)?;
                     self.prefetch(Kind::Xw, l, q + 1, true, &[])?;
@@ -661,12 +907,13 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     self.put(Kind::Act, l + 1, q, y)?;
                 }
+                self.sync_act(l + 1)?;
                 continue;
             }
             if top {
                 break;
             }
-            for q in 0..self.parts.len() {
+            for q in self.local.clone() {
                 let inp = self.inputs(l, q)?;
                 self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
                 let t = Instant::now();
@@ -676,8 +923,118 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.stats.compute_s += t.elapsed().as_secs_f64();
                 self.put(Kind::Act, l + 1, q, y)?;
             }
+            self.sync_act(l + 1)?;
         }
         Ok(())
+    }
+
+    /// Mirrors of layer `l`'s activations where a layer reads their halo rows (not where it
+    /// runs split: it reads own rows only).
+    fn sync_act(&mut self, l: usize) -> Result<(), TrainError> {
+        if self.split(l) {
+            return Ok(());
+        }
+        self.sync_mirrors(Kind::Act, l)
+    }
+
+    /// Partition-parallel runs: the rows of the `kind` blocks of layer `l` that other ranks
+    /// mirror go to them, and this rank's mirrors arrive (as blocks of the remote partitions).
+    fn sync_mirrors(&mut self, kind: Kind, l: usize) -> Result<(), TrainError> {
+        let Some(dist) = self.dist.as_ref() else { return Ok(()) };
+        let d = self.width(kind, l);
+        let sends: Vec<Vec<(usize, Vec<u32>)>> = dist.sends.clone();
+        let mut out = Vec::with_capacity(sends.len());
+        for list in &sends {
+            let mut data: Vec<B::T> = Vec::with_capacity(list.iter().map(|(_, r)| r.len() * d).sum());
+            for (p, rows) in list {
+                data.extend(self.read_rows(BlockId { kind, layer: l, part: *p }, rows, d)?);
+            }
+            out.push(to_bytes(&data));
+        }
+        let dist = self.dist.as_mut().expect("distributed");
+        let got = dist.exchange(out, Phase::Halo);
+        let (mirrors, owner) = (dist.mirrors.clone(), dist.owner.clone());
+        let mut at = vec![0usize; got.len()];
+        let got: Vec<Vec<B::T>> = got.iter().map(|b| from_bytes(b)).collect();
+        for (s, rows) in &mirrors {
+            let r = owner[*s];
+            let n = rows.len() * d;
+            let m = Mat::from_vec(rows.len(), d, got[r][at[r]..at[r] + n].to_vec());
+            at[r] += n;
+            self.put_host(BlockId { kind, layer: l, part: *s }, m)?;
+        }
+        Ok(())
+    }
+
+    /// Partition-parallel runs: the halo gradients this rank added into its mirrors of the
+    /// `kind` blocks of layer `l` go to their owners, which add them (in rank order) into
+    /// their blocks; the mirrors are dropped.
+    fn flush_mirrors(&mut self, kind: Kind, l: usize) -> Result<(), TrainError> {
+        let Some(dist) = self.dist.as_ref() else { return Ok(()) };
+        let d = self.width(kind, l);
+        let (mirrors, owner, sends) = (dist.mirrors.clone(), dist.owner.clone(), dist.sends.clone());
+        let mut out: Vec<Vec<B::T>> = vec![Vec::new(); sends.len()];
+        for (s, rows) in &mirrors {
+            let id = BlockId { kind, layer: l, part: *s };
+            let all: Vec<u32> = (0..rows.len() as u32).collect();
+            let g = if self.on_dev.contains(&id) && !self.dev.contains_key(&id)
+                || !self.on_dev.contains(&id) && self.store.shape(id).is_none()
+            {
+                vec![B::T::of(0.0); rows.len() * d]
+            } else {
+                self.read_rows(id, &all, d)?
+            };
+            out[owner[*s]].extend(g);
+            self.remove(id)?;
+        }
+        let dist = self.dist.as_mut().expect("distributed");
+        let got = dist.exchange(out.iter().map(|v| to_bytes(v)).collect(), Phase::Grad);
+        for (r, bytes) in got.iter().enumerate() {
+            let g: Vec<B::T> = from_bytes(bytes);
+            let mut at = 0;
+            for (p, rows) in &sends[r] {
+                let n = rows.len() * d;
+                self.add_rows(BlockId { kind, layer: l, part: *p }, rows, d, &g[at..at + n])?;
+                at += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Row width of the `kind` blocks of layer `l`.
+    fn width(&self, kind: Kind, l: usize) -> usize {
+        match kind {
+            Kind::Xw | Kind::GradXw => self.model.dim(l + 1),
+            _ => self.model.dim(l),
+        }
+    }
+
+    /// Rows `rows` of block `id` (either tier) on the host.
+    fn read_rows(&mut self, id: BlockId, rows: &[u32], d: usize) -> Result<Vec<B::T>, TrainError> {
+        let b = self.b;
+        if self.on_dev.contains(&id) {
+            let block =
+                self.dev.get(&id).unwrap_or_else(|| panic!("block {id:?} read before it was written"));
+            let mut m = b.output(rows.len(), d);
+            b.gather_rows(block, Rows::Index(rows), &mut m, 0);
+            return Ok(b.download(&m).data);
+        }
+        let mut out = vec![B::T::of(0.0); rows.len() * d];
+        self.store.read_rows(id, Some(rows), &mut out).map_err(io_err)?;
+        Ok(out)
+    }
+
+    /// Adds `src` into rows `rows` of block `id` (either tier; made at zero if absent).
+    fn add_rows(&mut self, id: BlockId, rows: &[u32], d: usize, src: &[B::T]) -> Result<(), TrainError> {
+        let b = self.b;
+        let own = self.parts[id.part].own;
+        if self.on_dev.contains(&id) {
+            let m = b.upload_owned(Mat::from_vec(rows.len(), d, src.to_vec()));
+            let block = self.dev.entry(id).or_insert_with(|| b.zeros(own, d));
+            b.scatter_add_rows(&m, 0, Rows::Index(rows), block);
+            return Ok(());
+        }
+        self.store.add_rows(id, own, d, Some(rows), src).map_err(io_err)
     }
 
     /// The output gradient of layer `l` on partition `q`: from the store, or at the top from
@@ -720,7 +1077,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             let next_grad: &[Kind] = if top { &[] } else { &[Kind::Grad] };
             if self.split(l) {
                 // aggregation backward: dh of own rows here, of halo rows to their owners
-                for q in 0..self.parts.len() {
+                for q in self.local.clone() {
                     let h = self.gather_kind(Kind::Xw, l, q, true)?;
                     let x = self.split_own_input(l, q)?;
                     self.prefetch(Kind::Xw, l, q + 1, true, next_grad)?;
@@ -743,8 +1100,9 @@ impl<'a, B: Backend> Executor<'a, B> {
                     }
                     self.stats.write_back_s += t.elapsed().as_secs_f64();
                 }
+                self.flush_mirrors(Kind::GradXw, l)?;
                 // transform backward, once every dh row is complete
-                for q in 0..self.parts.len() {
+                for q in self.local.clone() {
                     let x = self.gather(l, q, false)?;
                     let dh = self.gather_kind(Kind::GradXw, l, q, false)?;
                     self.prefetch(Kind::Act, l, q + 1, false, &[Kind::GradXw])?;
@@ -764,7 +1122,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
             } else {
                 let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
-                for q in 0..self.parts.len() {
+                for q in self.local.clone() {
                     let inp = self.inputs(l, q)?;
                     let (x, pre) = (inp.x(), inp.pre.as_ref());
                     let next: &[Kind] = if from_output { &[Kind::Act, Kind::Grad] } else { next_grad };
@@ -800,6 +1158,9 @@ impl<'a, B: Backend> Executor<'a, B> {
                         self.stats.write_back_s += t.elapsed().as_secs_f64();
                     }
                 }
+                if l > 0 {
+                    self.flush_mirrors(Kind::Grad, l)?;
+                }
             }
             // layer l + 1's blocks are spent
             for q in 0..self.parts.len() {
@@ -828,7 +1189,10 @@ impl<'a, B: Backend> Executor<'a, B> {
         halo: bool,
         extra: &[Kind],
     ) -> Result<(), TrainError> {
-        let Some(part) = self.parts.get(q) else { return Ok(()) };
+        if !self.local.contains(&q) {
+            return Ok(());
+        }
+        let part = &self.parts[q];
         let id = |p: usize| BlockId { kind, layer: l, part: p };
         let mut ids = vec![id(q)];
         if kind == Kind::Act && l == 0 && self.pre && !halo {
@@ -899,7 +1263,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let l = self.model.layers() - 1;
         let split = self.split(l);
         let mut correct = [0usize; 3];
-        for q in 0..self.parts.len() {
+        for q in self.local.clone() {
             let y = if split {
                 let h = self.gather_kind(Kind::Xw, l, q, true)?;
                 let x = self.split_own_input(l, q)?;
@@ -937,7 +1301,43 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub fn take_stats(&mut self) -> PhaseStats {
         let mut s = std::mem::take(&mut self.stats);
         s.tier = self.store.take_stats();
+        if let Some(d) = self.dist.as_mut() {
+            // every rank's bytes, summed (the counters of this reduction count next time)
+            let mine = std::mem::take(&mut d.stats);
+            let all = d.comm.all_gather(&serde_json::to_vec(&mine).expect("counters serialise"));
+            let mut total = CommStats::default();
+            for b in all {
+                let c: CommStats = serde_json::from_slice(&b).expect("counters deserialise");
+                total.add(&c);
+            }
+            s.comm = Some(total);
+        }
         s
+    }
+
+    /// Partition-parallel runs: the sum over the ranks of `v` (the same on every rank); a
+    /// no-op in one process.
+    pub fn reduce<T: grinnder_dist::Pod + std::ops::AddAssign>(&mut self, v: &mut [T]) {
+        if let Some(d) = self.dist.as_mut() {
+            d.all_reduce(v);
+        }
+    }
+
+    /// Partition-parallel runs: every parameter gradient summed over the ranks, in rank order
+    /// (the same bits on every rank, so parameters stay identical).
+    pub fn reduce_gradients(&mut self) {
+        let Some(d) = self.dist.as_mut() else { return };
+        let b = self.b;
+        for p in self.model.params_mut() {
+            let mut h = b.download(&p.grad);
+            d.all_reduce(&mut h.data);
+            p.grad = b.upload_owned(h);
+        }
+    }
+
+    /// The rank and the number of ranks (0 and 1 in one process).
+    pub fn rank(&self) -> (usize, usize) {
+        self.dist.as_ref().map_or((0, 1), |d| (d.comm.rank(), d.comm.size()))
     }
 }
 

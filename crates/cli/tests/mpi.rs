@@ -1,0 +1,118 @@
+//! `grinnder train` under `mpirun` (feature `mpi`, Open MPI installed): the same flags as one
+//! process train partition-parallel over the ranks, with the same per-epoch losses (within f32
+//! reassociation, 1e-5 relative) and the same accuracies; rank 0 alone writes the metrics, which
+//! count the bytes exchanged within and between (emulated) servers.
+#![cfg(feature = "mpi")]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+fn mpirun(ranks: usize, args: &[&str]) -> Output {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-n", &ranks.to_string(), "--oversubscribe"]);
+    if is_root() {
+        cmd.arg("--allow-run-as-root");
+    }
+    cmd.arg(env!("CARGO_BIN_EXE_grinnder")).args(args).current_dir(root()).output().expect("mpirun runs")
+}
+
+fn single(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_grinnder"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("the binary runs")
+}
+
+fn epochs(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("final").is_none())
+        .collect()
+}
+
+#[test]
+fn mpirun_trains_partition_parallel_like_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    for model in ["gcn", "sage", "gat"] {
+        let one = dir.path().join(format!("{model}-1.jsonl"));
+        let two = dir.path().join(format!("{model}-2.jsonl"));
+        let args = |out: &Path| -> Vec<String> {
+            [
+                "-q",
+                "train",
+                "--model",
+                model,
+                "--parts",
+                "4",
+                "--epochs",
+                "4",
+                "--eval-every",
+                "2",
+                "--metrics-out",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([out.to_str().unwrap().to_string()])
+            .collect()
+        };
+        let a = args(&one);
+        let o = single(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let b = args(&two);
+        let o = mpirun(2, &b.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(out.matches("test accuracy").count(), 1, "rank 0 alone reports: {out}");
+        let (want, got) = (epochs(&one), epochs(&two));
+        assert_eq!(got.len(), 4, "{model}: rank 0 alone writes the metrics");
+        for (w, g) in want.iter().zip(&got) {
+            let (lw, lg) = (w["loss"].as_f64().unwrap(), g["loss"].as_f64().unwrap());
+            assert!((lw - lg).abs() <= 1e-5 * lw, "{model} epoch {}: loss {lg} vs {lw}", w["epoch"]);
+            assert_eq!(w["valid_acc"], g["valid_acc"], "{model} epoch {}", w["epoch"]);
+            assert_eq!(w["test_acc"], g["test_acc"], "{model} epoch {}", w["epoch"]);
+            assert!(g["comm"]["halo_intra_bytes"].as_u64().unwrap() > 0, "{model}: halo rows counted");
+        }
+    }
+}
+
+#[test]
+fn emulated_servers_count_inter_server_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.jsonl");
+    let o = mpirun(
+        4,
+        &["-q", "train", "--epochs", "2", "--ranks-per-server", "2", "--metrics-out", m.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for e in epochs(&m) {
+        let c = &e["comm"];
+        for k in [
+            "halo_intra_bytes",
+            "halo_inter_bytes",
+            "grad_intra_bytes",
+            "grad_inter_bytes",
+            "reduce_inter_bytes",
+        ] {
+            assert!(c[k].as_u64().unwrap() > 0, "{k} in {c}");
+        }
+    }
+    // fewer partitions than ranks is refused, naming both
+    let o = mpirun(2, &["-q", "train", "--parts", "1", "--epochs", "1"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("fewer than the 2 ranks"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

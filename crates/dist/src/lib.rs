@@ -1,0 +1,213 @@
+//! Communicators for partition-parallel training (DESIGN.md §6): the collectives the executor
+//! needs — all-to-all of byte buffers (halo rows and halo gradients), all-gather (reductions
+//! that every rank computes in the same order, so parameters stay bit-identical on every rank),
+//! barrier and split (per-server and server-head groups).
+//!
+//! Implementations: [`Solo`] (one rank), [`ThreadComm`] (ranks as threads of one process: tests
+//! and emulation), and `MpiComm` (feature `mpi`: Open MPI through the `mpi` crate, for ranks
+//! launched by `mpirun`).
+
+#[cfg(feature = "mpi")]
+pub mod mpi;
+mod thread;
+
+pub use thread::ThreadComm;
+
+/// A group of ranks. Every rank of the group makes the same collective calls in the same order.
+pub trait Comm {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Sends `send[r]` to rank `r` (`send.len() == size`); returns `recv` with `recv[r]` what
+    /// rank `r` sent here.
+    fn all_to_all(&self, send: Vec<Vec<u8>>) -> Vec<Vec<u8>>;
+    /// Every rank's `data`, in rank order.
+    fn all_gather(&self, data: &[u8]) -> Vec<Vec<u8>>;
+    fn barrier(&self) {
+        self.all_gather(&[]);
+    }
+    /// The ranks that pass the same `color`, as a group ordered by rank here.
+    fn split(&self, color: usize) -> Box<dyn Comm>;
+    /// What the group runs on, for logs.
+    fn describe(&self) -> String;
+}
+
+/// Whether this process was started by an MPI launcher (`mpirun`, `srun`), and as one of how
+/// many ranks: Open MPI's, PMIx's and PMI's size variables.
+pub fn launched_ranks() -> Option<usize> {
+    ["OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
+/// A single rank.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Solo;
+
+impl Comm for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_to_all(&self, send: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+        assert_eq!(send.len(), 1, "one buffer per rank");
+        send
+    }
+    fn all_gather(&self, data: &[u8]) -> Vec<Vec<u8>> {
+        vec![data.to_vec()]
+    }
+    fn split(&self, _color: usize) -> Box<dyn Comm> {
+        Box::new(Solo)
+    }
+    fn describe(&self) -> String {
+        "one process".into()
+    }
+}
+
+/// Element types that travel as bytes.
+pub use bytemuck::Pod;
+
+/// `v` as bytes.
+pub fn to_bytes<T: Pod>(v: &[T]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// Bytes back into elements (any alignment).
+pub fn from_bytes<T: Pod>(b: &[u8]) -> Vec<T> {
+    assert_eq!(b.len() % std::mem::size_of::<T>(), 0, "a whole number of elements");
+    bytemuck::pod_collect_to_vec(b)
+}
+
+/// Element-wise sum over the ranks, added in rank order on every rank, so every rank gets the
+/// same bits whatever the transport does.
+pub fn all_reduce_sum<T: Pod + std::ops::AddAssign>(comm: &dyn Comm, v: &mut [T]) {
+    if comm.size() == 1 {
+        return;
+    }
+    let all = comm.all_gather(bytemuck::cast_slice(v));
+    let mut first = true;
+    for b in all {
+        let part: Vec<T> = from_bytes(&b);
+        assert_eq!(part.len(), v.len(), "every rank reduces the same length");
+        if first {
+            v.copy_from_slice(&part);
+            first = false;
+        } else {
+            for (a, x) in v.iter_mut().zip(part) {
+                *a += x;
+            }
+        }
+    }
+}
+
+/// Which ranks share a server: `ranks_per_server` consecutive ranks each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub ranks: usize,
+    pub ranks_per_server: usize,
+}
+
+impl Layout {
+    pub fn server(&self, rank: usize) -> usize {
+        rank / self.ranks_per_server.max(1)
+    }
+
+    pub fn servers(&self) -> usize {
+        self.ranks.div_ceil(self.ranks_per_server.max(1))
+    }
+
+    pub fn same_server(&self, a: usize, b: usize) -> bool {
+        self.server(a) == self.server(b)
+    }
+}
+
+/// The three groups of GraNNDis (DESIGN.md §6): every rank, the ranks of this server, and one
+/// head rank per server (`None` on the others).
+pub struct Groups {
+    pub global: Box<dyn Comm>,
+    pub server: Box<dyn Comm>,
+    pub heads: Option<Box<dyn Comm>>,
+    pub layout: Layout,
+}
+
+impl Groups {
+    /// Splits `global` into servers of `ranks_per_server` consecutive ranks.
+    pub fn new(global: Box<dyn Comm>, ranks_per_server: usize) -> Groups {
+        let layout =
+            Layout { ranks: global.size(), ranks_per_server: ranks_per_server.clamp(1, global.size()) };
+        let me = global.rank();
+        let server = global.split(layout.server(me));
+        // heads get color 0, the rest a group of their own that they drop
+        let is_head = server.rank() == 0;
+        let heads = global.split(if is_head { 0 } else { 1 + me });
+        Groups { global, server, heads: is_head.then_some(heads), layout }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reductions_are_identical_on_every_rank() {
+        let out = ThreadComm::run(4, |c| {
+            let mut v: Vec<f32> = (0..5).map(|i| 0.1 * (i + c.rank()) as f32).collect();
+            all_reduce_sum(c, &mut v);
+            v
+        });
+        for v in &out {
+            assert_eq!(v, &out[0]);
+        }
+        let want: Vec<f32> =
+            (0..5).map(|i| (0..4).map(|r| 0.1 * (i + r) as f32).fold(0.0, |a, x| a + x)).collect();
+        assert_eq!(out[0], want);
+    }
+
+    #[test]
+    fn all_to_all_delivers_each_buffer_to_its_rank() {
+        let out = ThreadComm::run(3, |c| {
+            let send = (0..3).map(|r| vec![c.rank() as u8, r as u8, 7]).collect();
+            let recv = c.all_to_all(send);
+            // twice, to check that consecutive collectives do not mix
+            let again = c.all_to_all((0..3).map(|r| vec![r as u8; r]).collect());
+            (recv, again)
+        });
+        for (me, (recv, again)) in out.iter().enumerate() {
+            for (r, b) in recv.iter().enumerate() {
+                assert_eq!(b, &vec![r as u8, me as u8, 7]);
+            }
+            assert!(again.iter().all(|b| b == &vec![me as u8; me]));
+        }
+    }
+
+    #[test]
+    fn a_failing_rank_ends_the_others_collectives() {
+        let r = std::panic::catch_unwind(|| {
+            ThreadComm::run(3, |c| {
+                let server = c.split(c.rank() / 2);
+                if c.rank() == 0 {
+                    panic!("rank 0 fails");
+                }
+                server.barrier();
+                c.barrier();
+            })
+        });
+        assert!(r.is_err(), "the run fails instead of waiting forever");
+    }
+
+    #[test]
+    fn groups_split_servers_and_heads() {
+        let out = ThreadComm::run(4, |c| {
+            let g = Groups::new(Box::new(c.clone()), 2);
+            let sum = {
+                let mut v = [g.global.rank() as u64];
+                all_reduce_sum(g.server.as_ref(), &mut v);
+                v[0]
+            };
+            (g.server.rank(), g.server.size(), g.heads.as_ref().map(|h| (h.rank(), h.size())), sum)
+        });
+        assert_eq!(out[0], (0, 2, Some((0, 2)), 1));
+        assert_eq!(out[1], (1, 2, None, 1));
+        assert_eq!(out[2], (0, 2, Some((1, 2)), 5));
+        assert_eq!(out[3], (1, 2, None, 5));
+    }
+}

@@ -1,0 +1,224 @@
+//! Partition-parallel execution (DESIGN.md §6) with ranks as threads of this process: the loss,
+//! every parameter gradient (summed over the ranks) and the evaluation counts equal one
+//! process computing every partition, for GCN, SAGE and GAT, with and without layer 0's
+//! precomputed aggregation and split layers, for several rank and partition counts, with the
+//! storage tier forced; every rank holds the same gradients bit for bit. The same code runs
+//! under `mpirun` in `crates/cli/tests/mpi.rs`.
+//!
+//! Tolerance: f32 reassociation (halo gradients and parameter gradients are summed in another
+//! order): `max |a − b| / max |b|` ≤ 1e-5 per tensor, the loss relative ≤ 1e-5.
+
+use grinnder_dist::{Comm, ThreadComm};
+use grinnder_engine::tiered::{CommStats, DistConfig, Executor, TieredConfig};
+use grinnder_engine::FeatureNorm;
+use grinnder_graph::generate::{generate, preset, GenConfig};
+use grinnder_graph::Dataset;
+use grinnder_nn::{Kind, ModelConfig, Norm};
+use grinnder_partition::Method;
+use grinnder_tensor::{Backend, Cpu, Mat};
+
+const TOL: f64 = 1e-5;
+
+fn dataset() -> Dataset {
+    generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.002, 5)).unwrap().into_dataset().unwrap()
+}
+
+fn model(kind: Kind, hidden: usize, input_dropout: f64) -> ModelConfig {
+    ModelConfig {
+        kind,
+        layers: 3,
+        hidden,
+        dropout: 0.3,
+        input_dropout,
+        norm: Norm::Layer,
+        residual: true,
+        heads: 2,
+        attn_dropout: 0.2,
+        seed: 11,
+    }
+}
+
+type Grads = Vec<(String, Mat<f32>)>;
+
+struct Outcome {
+    loss: f64,
+    grads: Grads,
+    correct: [u64; 3],
+    comm: Option<CommStats>,
+}
+
+/// One training pass and one evaluation at epoch 3 on this rank (`comm`: `None` is one process).
+fn pass(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, comm: Option<&dyn Comm>) -> Outcome {
+    let b = Cpu::<f32>::new();
+    let dist = comm.map(|comm| DistConfig { comm, ranks_per_server: 2 });
+    let mut ex = Executor::new_dist(&b, ds, cfg, FeatureNorm::Row, tc, dist).unwrap();
+    ex.model.zero_grad(&b);
+    let (loss, _) = ex.forward_backward(3).unwrap();
+    let mut loss = [loss];
+    ex.reduce(&mut loss);
+    ex.reduce_gradients();
+    let grads = ex.model.params_mut().into_iter().map(|p| (p.name.clone(), b.download(&p.grad))).collect();
+    let mut correct = ex.evaluate(3).unwrap().map(|n| n as u64);
+    ex.reduce(&mut correct);
+    let comm = ex.take_stats().comm;
+    Outcome { loss: loss[0], grads, correct, comm }
+}
+
+fn assert_close(what: &str, got: &Grads, want: &Grads) {
+    assert_eq!(got.len(), want.len());
+    for ((name, a), (_, b)) in got.iter().zip(want) {
+        let scale = b.data.iter().fold(0f64, |m, &x| m.max((x as f64).abs()));
+        let err = a.data.iter().zip(&b.data).fold(0f64, |m, (&x, &y)| {
+            m.max(if x.is_nan() || y.is_nan() { f64::INFINITY } else { (x as f64 - y as f64).abs() })
+        });
+        assert!(scale > 0.0, "{what}: {name} has an all-zero reference gradient");
+        assert!(err / scale <= TOL, "{what}: {name} off by {:.3e} (relative to {scale:.3e})", err / scale);
+    }
+}
+
+/// One rank's outcome against one process's; `first` is rank 0's gradients.
+fn verify(what: &str, o: &Outcome, want: &Outcome, first: &Grads, ranks: usize) {
+    assert!((o.loss - want.loss).abs() <= TOL * want.loss, "{what}: loss {} vs {}", o.loss, want.loss);
+    assert_close(what, &o.grads, &want.grads);
+    // every rank the same bits: their parameters stay identical after the step
+    for ((name, a), (_, b)) in o.grads.iter().zip(first) {
+        assert!(a.data == b.data, "{what}: {name} differs from rank 0's");
+    }
+    assert_eq!(o.correct, want.correct, "{what}: evaluation counts");
+    let c = o.comm.as_ref().expect("partition-parallel runs count their bytes");
+    assert!(c.halo_intra_bytes + c.halo_inter_bytes > 0, "{what}: halo rows travelled");
+    assert!(c.grad_intra_bytes + c.grad_inter_bytes > 0, "{what}: halo gradients travelled");
+    assert!(c.reduce_intra_bytes > 0, "{what}: gradients were reduced");
+    assert_eq!(c.reduce_inter_bytes > 0, ranks > 2, "{what}: two ranks per server");
+}
+
+fn check(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, ranks: usize, what: &str) {
+    let want = pass(ds, cfg, tc, None);
+    let got = ThreadComm::run(ranks, |c| pass(ds, cfg, tc, Some(c)));
+    for (r, o) in got.iter().enumerate() {
+        verify(&format!("{what}, rank {r} of {ranks}"), o, &want, &got[0].grads, ranks);
+    }
+}
+
+/// The models and partition counts every rank count is checked with.
+fn cases(ranks: usize) -> Vec<(ModelConfig, TieredConfig, String)> {
+    let mut out = Vec::new();
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+        // hidden 16 under 128-wide features: layer 0 runs split; 256: on its precomputed
+        // aggregation (GCN, SAGE) unless input dropout forbids it
+        for (hidden, input_dropout) in [(16, 0.0), (256, 0.0), (64, 0.2)] {
+            for parts in [ranks, 2 * ranks - 1] {
+                let tc = TieredConfig::in_ram(parts, Method::Random { seed: 1 });
+                let what = format!("{kind:?} hidden {hidden} input dropout {input_dropout} P={parts}");
+                out.push((model(kind, hidden, input_dropout), tc, what));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn partition_parallel_gradients_equal_one_process() {
+    let ds = dataset();
+    for ranks in [2, 3, 4] {
+        for (cfg, tc, what) in cases(ranks) {
+            check(&ds, &cfg, &tc, ranks, &what);
+        }
+    }
+}
+
+/// The same with real ranks: the test runs itself under `mpirun -n 2` and `-n 4` (two
+/// "servers" of two), each rank comparing with one process computed beside it.
+#[cfg(feature = "mpi")]
+#[test]
+fn partition_parallel_gradients_equal_one_process_under_mpirun() {
+    const CHILD: &str = "GRINNDER_MPI_TEST_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let mpi = grinnder_dist::mpi::Mpi::init().expect("MPI initialises");
+        let world = mpi.world();
+        let (rank, ranks) = (world.rank(), world.size());
+        let ds = dataset();
+        for (cfg, tc, what) in cases(ranks) {
+            let want = pass(&ds, &cfg, &tc, None);
+            let o = pass(&ds, &cfg, &tc, Some(&world));
+            // rank 0's gradients, to compare bits
+            let mine: Vec<f32> = o.grads.iter().flat_map(|(_, m)| m.data.iter().copied()).collect();
+            let all = world.all_gather(&grinnder_dist::to_bytes(&mine));
+            let zero: Vec<f32> = grinnder_dist::from_bytes(&all[0]);
+            let mut at = 0;
+            let first: Grads = o
+                .grads
+                .iter()
+                .map(|(n, m)| {
+                    at += m.data.len();
+                    (n.clone(), Mat::from_vec(m.rows, m.cols, zero[at - m.data.len()..at].to_vec()))
+                })
+                .collect();
+            verify(&format!("{what}, MPI rank {rank} of {ranks}"), &o, &want, &first, ranks);
+        }
+        drop(world);
+        return;
+    }
+    let me = std::env::current_exe().unwrap();
+    for ranks in ["2", "4"] {
+        let mut cmd = std::process::Command::new("mpirun");
+        cmd.args(["-n", ranks, "--oversubscribe"]);
+        // root needs Open MPI's explicit consent
+        if is_root() {
+            cmd.arg("--allow-run-as-root");
+        }
+        let o = cmd
+            .arg(&me)
+            .args([
+                "--exact",
+                "partition_parallel_gradients_equal_one_process_under_mpirun",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .expect("mpirun runs (Open MPI installed)");
+        assert!(
+            o.status.success(),
+            "mpirun -n {ranks}: {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(String::from_utf8_lossy(&o.stdout).contains("1 passed"), "the ranks ran the test");
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn is_root() -> bool {
+    std::process::Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0"))
+}
+
+#[test]
+fn partition_parallel_runs_spill_through_the_storage_tier() {
+    let ds = dataset();
+    let dir = tempfile::tempdir().unwrap();
+    for kind in [Kind::Gcn, Kind::Gat] {
+        let cfg = model(kind, 32, 0.0);
+        let tc = TieredConfig {
+            cache_bytes: Some(0),
+            storage_dir: Some(dir.path().to_path_buf()),
+            ..TieredConfig::in_ram(4, Method::Metis { seed: 0 })
+        };
+        check(&ds, &cfg, &tc, 2, &format!("{kind:?} with every block through storage"));
+    }
+}
+
+#[test]
+fn more_ranks_than_partitions_is_refused() {
+    let ds = dataset();
+    let cfg = model(Kind::Gcn, 16, 0.0);
+    let errs = ThreadComm::run(3, |c| {
+        let b = Cpu::<f32>::new();
+        let tc = TieredConfig::in_ram(2, Method::Random { seed: 1 });
+        let dist = Some(DistConfig { comm: c, ranks_per_server: 1 });
+        Executor::new_dist(&b, &ds, &cfg, FeatureNorm::Row, &tc, dist).err().map(|e| e.to_string())
+    });
+    for e in errs {
+        assert!(e.is_some_and(|e| e.contains("2 partitions for 3 ranks")));
+    }
+}
