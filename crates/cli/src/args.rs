@@ -385,7 +385,8 @@ pub struct TrainSettings {
     /// Epochs [default: 200].
     #[arg(long)]
     pub epochs: Option<usize>,
-    /// Evaluate every this many epochs [default: 1].
+    /// Evaluate every this many epochs, and after the last (0: never, for benchmarks; the
+    /// accuracies are then not reported) [default: 1].
     #[arg(long)]
     pub eval_every: Option<usize>,
     /// Seed of initialisation and dropout [default: 0].
@@ -404,6 +405,10 @@ pub struct TrainSettings {
     /// How mini-batches are sampled [default: neighbor].
     #[arg(long, value_enum)]
     pub sampler: Option<SamplerArg>,
+    /// Train on the first N batches of each epoch's shuffled order only (benchmarks on graphs
+    /// whose epochs are long) [default: every batch].
+    #[arg(long)]
+    pub max_batches: Option<usize>,
     /// Seed nodes per mini-batch [default: 1024].
     #[arg(long)]
     pub batch_size: Option<usize>,
@@ -626,7 +631,6 @@ impl TrainArgs {
         anyhow::ensure!(weight_decay >= 0.0, "--weight-decay must be non-negative");
         anyhow::ensure!((0.0..1.0).contains(&momentum), "--momentum must be in [0, 1)");
         anyhow::ensure!(epochs >= 1, "--epochs must be at least 1");
-        anyhow::ensure!(eval_every >= 1, "--eval-every must be at least 1");
         let optim = match pick!(optimizer, OptimArg::Adam) {
             OptimArg::Adam => grinnder_nn::OptimConfig::Adam { lr, weight_decay },
             OptimArg::Adamw => grinnder_nn::OptimConfig::Adamw { lr, weight_decay },
@@ -681,8 +685,9 @@ impl TrainArgs {
                         f.fanout.is_none()
                             && file.fanout.is_none()
                             && f.batch_size.or(file.batch_size).is_none()
-                            && f.sampler.or(file.sampler).is_none(),
-                        "--fanout, --batch-size and --sampler are for --mode minibatch"
+                            && f.sampler.or(file.sampler).is_none()
+                            && f.max_batches.or(file.max_batches).is_none(),
+                        "--fanout, --batch-size, --sampler and --max-batches are for --mode minibatch"
                     );
                     None
                 }
@@ -711,7 +716,9 @@ impl TrainArgs {
                         SamplerArg::Neighbor => grinnder_engine::Sampler::Neighbor,
                         SamplerArg::Khop => grinnder_engine::Sampler::KHop,
                     };
-                    Some(grinnder_engine::MiniBatchConfig { fanouts, sampler, batch_size, eval_parts: 1 })
+                    let max_batches = f.max_batches.or(file.max_batches);
+                    anyhow::ensure!(max_batches != Some(0), "--max-batches must be at least 1");
+                    Some(grinnder_engine::MiniBatchConfig { fanouts, sampler, batch_size, eval_parts: 1, max_batches })
                 }
             },
             tf32: f.tf32.or(file.tf32).unwrap_or(false),

@@ -179,11 +179,18 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         crate::plot::curves(p, &ds.name, &history).with_context(|| format!("cannot draw {}", p.display()))?;
     }
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let accuracy = if plan.config.eval_every == 0 {
+        "not evaluated (--eval-every 0)".to_string()
+    } else {
+        format!(
+            "test accuracy {:.2} % (epoch {} of best validation accuracy {:.2} %)",
+            summary.test_acc * 100.0,
+            summary.best_epoch,
+            summary.best_valid_acc * 100.0
+        )
+    };
     println!(
-        "test accuracy {:.2} % (epoch {} of best validation accuracy {:.2} %); final loss {:.4}; {:.4} s per epoch (median), peak host memory {:.2} GiB{}",
-        summary.test_acc * 100.0,
-        summary.best_epoch,
-        summary.best_valid_acc * 100.0,
+        "{accuracy}; final loss {:.4}; {:.4} s per epoch (median), peak host memory {:.2} GiB{}",
         summary.final_loss,
         summary.epoch_s_median,
         gib(summary.peak_host_bytes),

@@ -436,8 +436,24 @@ fn minibatch_training_reports_like_full_graph_training() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("test accuracy"), "{}", stdout(&o));
+    // benchmarks: a few batches per epoch, no evaluation
+    let o = grinnder(&[
+        "-q",
+        "train",
+        "--mode",
+        "minibatch",
+        "--max-batches",
+        "2",
+        "--epochs",
+        "2",
+        "--eval-every",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("not evaluated"), "{}", stdout(&o));
     for (args, want) in [
         (&["train", "--sampler", "khop"][..], "for --mode minibatch"),
+        (&["train", "--max-batches", "3"][..], "for --mode minibatch"),
         (&["train", "--mode", "minibatch", "--fanout", "5"][..], "1 numbers for 2 layers"),
         (&["train", "--mode", "minibatch", "--fanout", "5,0"][..], "positive, or -1"),
         (&["train", "--fanout", "5,5"][..], "for --mode minibatch"),

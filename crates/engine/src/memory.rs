@@ -21,6 +21,7 @@ pub struct TrainConfig {
     pub optim: OptimConfig,
     pub epochs: usize,
     /// Evaluate every this many epochs (and at the last).
+    /// Evaluate every this many epochs and after the last; 0: never.
     pub eval_every: usize,
     pub feature_norm: FeatureNorm,
 }
@@ -193,7 +194,7 @@ pub fn run_epochs(
             peak_device_bytes: state.peak_device_bytes(),
             tier,
         };
-        if (epoch + 1) % cfg.eval_every.max(1) == 0 || epoch + 1 == cfg.epochs {
+        if cfg.eval_every > 0 && ((epoch + 1) % cfg.eval_every == 0 || epoch + 1 == cfg.epochs) {
             let t = Instant::now();
             let correct = eval(epoch as u64)?;
             let acc = |k: usize| {

@@ -36,6 +36,8 @@ pub struct MiniBatchConfig {
     pub batch_size: usize,
     /// Partitions of the full-neighbourhood evaluation (1: the whole graph at once).
     pub eval_parts: usize,
+    /// Only the first this many batches of each epoch (benchmarks); `None`: all.
+    pub max_batches: Option<usize>,
 }
 
 /// How a mini-batch is sampled.
@@ -255,7 +257,8 @@ pub fn train_minibatch_from<B: Backend>(
         let mut model = model.borrow_mut();
         let mut loss = 0.0;
         let mut st = PhaseStats { sample_s: Some(0.0), ..Default::default() };
-        let all = batches(&ds.splits.train, mb.batch_size, cfg.model.seed, epoch);
+        let mut all = batches(&ds.splits.train, mb.batch_size, cfg.model.seed, epoch);
+        all.truncate(mb.max_batches.unwrap_or(usize::MAX));
         st.batches = Some(all.len());
         // sampling threads run ahead of the backend by up to two batches each (sampling and the
         // blocks' host-side matrices); batch k comes from thread k mod n, taken in order, so the
@@ -319,11 +322,16 @@ pub fn train_minibatch_from<B: Backend>(
         Ok((loss, Some(st)))
     };
     // exact evaluation: the tiered executor's full-neighbourhood forward on the current weights
+    // (set up at the first evaluation: none with `eval_every` 0)
     let eval_tc = TieredConfig::in_ram(mb.eval_parts.max(1), grinnder_partition::Method::Contiguous);
     let no_dropout = grinnder_nn::ModelConfig { input_dropout: 0.0, ..cfg.model.clone() };
-    let evaluator = std::cell::RefCell::new(Executor::new(b, ds, &no_dropout, cfg.feature_norm, &eval_tc)?);
+    let evaluator = std::cell::RefCell::new(None);
     let mut eval = |epoch: u64| {
-        let mut ex = evaluator.borrow_mut();
+        let mut slot = evaluator.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(Executor::new(b, ds, &no_dropout, cfg.feature_norm, &eval_tc)?);
+        }
+        let ex = slot.as_mut().expect("set up");
         let mut m = model.borrow_mut();
         for (dst, src) in ex.model.params_mut().into_iter().zip(m.params_mut()) {
             b.copy(&src.value, &mut dst.value);

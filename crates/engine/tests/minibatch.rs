@@ -121,8 +121,13 @@ fn sampled_batches_train_and_evaluate_exactly() {
         eval_every: 4,
         feature_norm: FeatureNorm::Row,
     };
-    let mb =
-        MiniBatchConfig { fanouts: vec![5, 5], sampler: Sampler::Neighbor, batch_size: 32, eval_parts: 1 };
+    let mb = MiniBatchConfig {
+        fanouts: vec![5, 5],
+        sampler: Sampler::Neighbor,
+        batch_size: 32,
+        eval_parts: 1,
+        max_batches: None,
+    };
     let mut seen = Vec::new();
     let s = train_minibatch(&Cpu::<f32>::new(), &ds, &cfg, &mb, None, &mut |m| seen.push(m.clone())).unwrap();
     assert_eq!(seen.len(), 8);
@@ -136,6 +141,7 @@ fn sampled_batches_train_and_evaluate_exactly() {
         sampler: Sampler::Neighbor,
         batch_size: ds.splits.train.len(),
         eval_parts: 3,
+        max_batches: None,
     };
     let a = train_minibatch(&Cpu::<f32>::new(), &ds, &full_cfg, &whole, None, &mut |_| {}).unwrap();
     let f = train(&Cpu::<f32>::new(), &ds, &full_cfg, &mut |_| {}).unwrap();
@@ -148,8 +154,14 @@ fn sampled_batches_train_and_evaluate_exactly() {
     assert_eq!((a.best_valid_acc, a.test_acc), (f.best_valid_acc, f.test_acc));
     assert!(s.best_valid_acc > 0.0);
     // ShaDow subgraphs (2 hops of 5) train too
-    let shadow = MiniBatchConfig { sampler: Sampler::KHop, ..mb };
+    let shadow = MiniBatchConfig { sampler: Sampler::KHop, ..mb.clone() };
     let mut seen = Vec::new();
     train_minibatch(&Cpu::<f32>::new(), &ds, &cfg, &shadow, None, &mut |m| seen.push(m.clone())).unwrap();
     assert!(seen[7].loss < 0.8 * seen[0].loss, "k-hop: the loss falls: {} → {}", seen[0].loss, seen[7].loss);
+    // a cap on the batches per epoch, and no evaluation at all
+    let few = MiniBatchConfig { max_batches: Some(2), ..mb };
+    let quiet = TrainConfig { epochs: 2, eval_every: 0, ..cfg };
+    let mut seen = Vec::new();
+    train_minibatch(&Cpu::<f32>::new(), &ds, &quiet, &few, None, &mut |m| seen.push(m.clone())).unwrap();
+    assert!(seen.iter().all(|m| m.tier.as_ref().unwrap().batches == Some(2) && m.valid_acc.is_none()));
 }
