@@ -318,6 +318,14 @@ pub enum ModeArg {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
+pub enum ExpansionArg {
+    None,
+    Preload,
+    Eas,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SamplerArg {
     /// GraphSAGE: per-layer neighbour sampling, --fanout one number per layer.
     Neighbor,
@@ -459,6 +467,23 @@ pub struct TrainSettings {
     /// servers on one machine) [default: the ranks MPI finds on each machine].
     #[arg(long)]
     pub ranks_per_server: Option<usize>,
+    /// Under mpirun: what each server trains on besides the nodes it owns. none: plain
+    /// partition-parallel (halo rows cross servers); preload: their closure of --preload-hops
+    /// hops (flexible preloading; as many hops as layers is exact, and then only the gradient
+    /// sum crosses servers); eas: expansion-aware sampling (--eas-hops from the server's
+    /// boundary, --eas-fanout neighbours per node) [default: none].
+    #[arg(long, value_enum)]
+    pub expansion: Option<ExpansionArg>,
+    /// Hops of flexible preloading, or auto: the most (up to --layers) whose share fits the
+    /// server's --host-mem (or --gpu-mem) summed over its ranks [default: --layers].
+    #[arg(long)]
+    pub preload_hops: Option<String>,
+    /// Hops of expansion-aware sampling from a server's boundary [default: 1].
+    #[arg(long)]
+    pub eas_hops: Option<usize>,
+    /// Outside neighbours each boundary node keeps in expansion-aware sampling [default: 15].
+    #[arg(long)]
+    pub eas_fanout: Option<usize>,
     /// GEMMs on TF32 tensor cores with --device cuda (faster, 10-bit mantissa products).
     #[arg(long)]
     pub tf32: Option<bool>,
@@ -540,6 +565,8 @@ pub struct TrainPlan {
     pub gpu_mem: Option<u64>,
     /// `--ranks-per-server` (partition-parallel runs under mpirun).
     pub ranks_per_server: Option<usize>,
+    /// What servers train on besides the nodes they own (runs under mpirun).
+    pub expansion: grinnder_engine::Expansion,
 }
 
 /// Where training computes.
@@ -727,6 +754,46 @@ impl TrainArgs {
             ranks_per_server: match f.ranks_per_server.or(file.ranks_per_server) {
                 Some(0) => anyhow::bail!("--ranks-per-server must be at least 1"),
                 r => r,
+            },
+            expansion: {
+                let hops = f.preload_hops.clone().or(file.preload_hops.clone());
+                let (eas_hops, eas_fanout) = (f.eas_hops.or(file.eas_hops), f.eas_fanout.or(file.eas_fanout));
+                let memory = byte_size(f.host_mem.clone().or(file.host_mem.clone()))?
+                    .or(byte_size(f.gpu_mem.clone().or(file.gpu_mem.clone()))?);
+                match pick!(expansion, ExpansionArg::None) {
+                    ExpansionArg::None => {
+                        anyhow::ensure!(
+                            hops.is_none() && eas_hops.is_none() && eas_fanout.is_none(),
+                            "--preload-hops, --eas-hops and --eas-fanout need --expansion preload or eas"
+                        );
+                        grinnder_engine::Expansion::Plain
+                    }
+                    ExpansionArg::Preload => {
+                        anyhow::ensure!(
+                            eas_hops.is_none() && eas_fanout.is_none(),
+                            "--eas-hops and --eas-fanout are for --expansion eas"
+                        );
+                        match hops.as_deref() {
+                            None => grinnder_engine::Expansion::Closure { hops: layers },
+                            Some("auto") => match memory {
+                                Some(m) => grinnder_engine::Expansion::ClosureWithin {
+                                    budget: m * f.ranks_per_server.or(file.ranks_per_server).unwrap_or(1) as u64,
+                                },
+                                None => anyhow::bail!("--preload-hops auto needs --host-mem or --gpu-mem to fit"),
+                            },
+                            Some(t) => grinnder_engine::Expansion::Closure {
+                                hops: t.parse().map_err(|e| anyhow::anyhow!("--preload-hops {t:?}: {e} (a number, or auto)"))?,
+                            },
+                        }
+                    }
+                    ExpansionArg::Eas => {
+                        anyhow::ensure!(hops.is_none(), "--preload-hops is for --expansion preload");
+                        let hops = eas_hops.unwrap_or(1);
+                        let fanout = eas_fanout.unwrap_or(15);
+                        anyhow::ensure!(hops >= 1 && fanout >= 1, "--eas-hops and --eas-fanout must be at least 1");
+                        grinnder_engine::Expansion::Sampled { hops, fanout }
+                    }
+                }
             },
         })
         .and_then(|mut p| {

@@ -4,9 +4,8 @@
 use std::io::Write;
 
 use anyhow::Context;
-use grinnder_dist::Comm;
 use grinnder_engine::{
-    train_minibatch, train_minibatch_from, train_tiered_dist, train_with, CheckpointConfig, DistConfig,
+    train_minibatch, train_minibatch_from, train_servers, train_tiered_with, train_with, CheckpointConfig,
     EpochMetrics, FeatureSource, HostFeatures, Summary, TieredConfig,
 };
 use grinnder_graph::{io, progress, Dataset};
@@ -55,8 +54,8 @@ impl FeatureSource<grinnder_cuda::Cuda> for ZeroCopyFeatures {
 
 /// This process's place in a partition-parallel run started by `mpirun`.
 struct Launch {
-    comm: Box<dyn Comm>,
-    ranks_per_server: usize,
+    /// Every rank, this server's ranks, the server heads.
+    groups: grinnder_dist::Groups,
     /// This rank's index among the ranks of its machine (which GPU it uses).
     local_rank: usize,
     /// MPI stays initialised while this lives (declared last: dropped after `comm`).
@@ -74,7 +73,8 @@ fn launch(plan: &TrainPlan) -> anyhow::Result<Option<Launch>> {
         let world = mpi.world();
         let (local_rank, local_size) = world.local();
         let ranks_per_server = plan.ranks_per_server.unwrap_or(local_size);
-        Ok(Some(Launch { comm: Box::new(world), ranks_per_server, local_rank, _mpi: mpi }))
+        let groups = grinnder_dist::Groups::new(Box::new(world), ranks_per_server);
+        Ok(Some(Launch { groups, local_rank, _mpi: mpi }))
     }
     #[cfg(not(feature = "mpi"))]
     {
@@ -89,12 +89,16 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let mut plan = a.plan()?;
     let ckpt = a.checkpoint()?;
     let launch = launch(&plan)?;
+    anyhow::ensure!(
+        launch.is_some() || plan.expansion == grinnder_engine::Expansion::Plain,
+        "--expansion shares the graph out by server: start several ranks with mpirun"
+    );
     if let Some(l) = &launch {
         anyhow::ensure!(
             plan.minibatch.is_none(),
             "--mode minibatch does not run partition-parallel yet: start it without mpirun"
         );
-        let ranks = l.comm.size();
+        let ranks = l.groups.global.size();
         // one partition per rank unless --parts says more
         let t = plan.tiered.get_or_insert_with(|| crate::args::TieredPlan::with_parts(ranks));
         anyhow::ensure!(
@@ -106,22 +110,22 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             // ranks of a machine take its GPUs in turn (several share one where there are fewer)
             plan.device = Device::Cuda((n + l.local_rank) % grinnder_cuda::device_count().max(1));
         }
-        if l.comm.rank() > 0 {
+        if l.groups.global.rank() > 0 {
             // rank 0 reports; the others train quietly
             progress::set_quiet(true);
         }
         tracing::info!(
-            "rank {} of {} ({}; {} per server), partitions {}",
-            l.comm.rank(),
+            "rank {} of {} ({}; {} per server), partitions {}, {:?}",
+            l.groups.global.rank(),
             ranks,
-            l.comm.describe(),
-            l.ranks_per_server,
-            t.parts
+            l.groups.global.describe(),
+            l.groups.layout.ranks_per_server,
+            t.parts,
+            plan.expansion
         );
     }
-    let lead = launch.as_ref().is_none_or(|l| l.comm.rank() == 0);
-    let dist =
-        launch.as_ref().map(|l| DistConfig { comm: l.comm.as_ref(), ranks_per_server: l.ranks_per_server });
+    let lead = launch.as_ref().is_none_or(|l| l.groups.global.rank() == 0);
+    let groups = launch.as_ref().map(|l| &l.groups);
     let path = a.input.path()?;
     let ds = io::open(&path, a.input.format(), &a.input.options()?)
         .with_context(|| format!("cannot load {}", path.display()))?;
@@ -146,7 +150,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let mut history = Vec::new();
     macro_rules! run_on {
         ($backend:expr, $features:expr) => {
-            run_on($backend, &ds, &plan, $features, dist, ckpt.as_ref(), &mut metrics_file, &mut history)?
+            run_on($backend, &ds, &plan, $features, groups, ckpt.as_ref(), &mut metrics_file, &mut history)?
         };
     }
     let summary = match (plan.device, plan.precision) {
@@ -205,7 +209,7 @@ fn run_on<B: Backend>(
     ds: &Dataset,
     plan: &TrainPlan,
     features: Option<&dyn FeatureSource<B>>,
-    dist: Option<DistConfig<'_>>,
+    groups: Option<&grinnder_dist::Groups>,
     ckpt: Option<&CheckpointConfig>,
     file: &mut Option<std::fs::File>,
     history: &mut Vec<EpochMetrics>,
@@ -288,7 +292,10 @@ fn run_on<B: Backend>(
                 gpu_mem: plan.gpu_mem,
                 device_cache_bytes: None,
             };
-            train_tiered_dist(b, ds, &plan.config, &tc, dist, ckpt, &mut on_epoch)?
+            match groups {
+                Some(g) => train_servers(b, ds, &plan.config, &tc, g, plan.expansion, ckpt, &mut on_epoch)?,
+                None => train_tiered_with(b, ds, &plan.config, &tc, ckpt, &mut on_epoch)?,
+            }
         }
     };
     pb.finish_and_clear();

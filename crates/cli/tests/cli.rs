@@ -465,3 +465,19 @@ fn minibatch_training_reports_like_full_graph_training() {
         assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
     }
 }
+
+#[test]
+fn server_share_flags_are_checked() {
+    for (args, want) in [
+        (&["train", "--preload-hops", "2"][..], "need --expansion preload or eas"),
+        (&["train", "--expansion", "preload", "--preload-hops", "auto"][..], "needs --host-mem or --gpu-mem"),
+        (&["train", "--expansion", "preload", "--eas-fanout", "3"][..], "are for --expansion eas"),
+        (&["train", "--expansion", "eas", "--preload-hops", "1"][..], "is for --expansion preload"),
+        (&["train", "--expansion", "eas", "--eas-hops", "0"][..], "at least 1"),
+        (&["train", "--expansion", "eas"][..], "start several ranks with mpirun"),
+    ] {
+        let o = grinnder(args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+}

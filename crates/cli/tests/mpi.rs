@@ -89,22 +89,48 @@ fn mpirun_trains_partition_parallel_like_one_process() {
 #[test]
 fn emulated_servers_count_inter_server_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m.jsonl");
-    let o = mpirun(
-        4,
-        &["-q", "train", "--epochs", "2", "--ranks-per-server", "2", "--metrics-out", m.to_str().unwrap()],
-    );
+    let one = dir.path().join("one.jsonl");
+    let o = single(&["-q", "train", "--epochs", "2", "--parts", "4", "--metrics-out", one.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    for e in epochs(&m) {
-        let c = &e["comm"];
-        for k in [
-            "halo_intra_bytes",
-            "halo_inter_bytes",
-            "grad_intra_bytes",
-            "grad_inter_bytes",
-            "reduce_inter_bytes",
-        ] {
-            assert!(c[k].as_u64().unwrap() > 0, "{k} in {c}");
+    let want = epochs(&one);
+    for expansion in ["none", "preload", "eas"] {
+        let m = dir.path().join(format!("{expansion}.jsonl"));
+        let o = mpirun(
+            4,
+            &[
+                "-q",
+                "train",
+                "--epochs",
+                "2",
+                "--ranks-per-server",
+                "2",
+                "--expansion",
+                expansion,
+                "--metrics-out",
+            ]
+            .into_iter()
+            .chain([m.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+        );
+        assert!(o.status.success(), "{expansion}: {}", String::from_utf8_lossy(&o.stderr));
+        for (e, w) in epochs(&m).iter().zip(&want) {
+            let c = &e["comm"];
+            let count = |k: &str| c[k].as_u64().unwrap();
+            assert!(count("reduce_inter_bytes") > 0, "{expansion}: gradients are summed over servers: {c}");
+            if expansion == "none" {
+                for k in ["halo_intra_bytes", "halo_inter_bytes", "grad_intra_bytes", "grad_inter_bytes"] {
+                    assert!(count(k) > 0, "{expansion}: {k} in {c}");
+                }
+            } else {
+                // a server trains on its share: halo rows never leave it
+                assert_eq!(count("halo_inter_bytes") + count("grad_inter_bytes"), 0, "{expansion}: {c}");
+            }
+            if expansion != "eas" {
+                // plain, and preloading as many hops as layers, are exact
+                let (lw, lg) = (w["loss"].as_f64().unwrap(), e["loss"].as_f64().unwrap());
+                assert!((lw - lg).abs() <= 1e-5 * lw, "{expansion} epoch {}: loss {lg} vs {lw}", e["epoch"]);
+                assert_eq!(w["test_acc"], e["test_acc"], "{expansion}");
+            }
         }
     }
     // fewer partitions than ranks is refused, naming both
@@ -112,6 +138,14 @@ fn emulated_servers_count_inter_server_bytes() {
     assert!(!o.status.success());
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("fewer than the 2 ranks"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // server shares need several ranks
+    let o = single(&["-q", "train", "--expansion", "preload", "--epochs", "1"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("start several ranks"),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );

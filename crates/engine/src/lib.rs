@@ -6,15 +6,16 @@ pub mod checkpoint;
 pub mod memory;
 pub mod metrics;
 pub mod minibatch;
+pub mod preload;
 pub mod tiered;
 
 pub use checkpoint::CheckpointConfig;
 pub use memory::{
-    train, train_tiered, train_tiered_dist, train_tiered_with, train_with, FeatureNorm, TrainConfig,
-    TrainError,
+    train, train_tiered, train_tiered_on, train_tiered_with, train_with, FeatureNorm, TrainConfig, TrainError,
 };
 pub use metrics::{EpochMetrics, Summary};
 pub use minibatch::{
     train_minibatch, train_minibatch_from, FeatureSource, HostFeatures, MiniBatchConfig, Sampler,
 };
-pub use tiered::{CacheMode, CommStats, DistConfig, Executor, TierDtype, TieredConfig};
+pub use preload::{train_servers, Expansion};
+pub use tiered::{CacheMode, CommStats, DistConfig, Executor, SubgraphOf, TierDtype, TieredConfig};

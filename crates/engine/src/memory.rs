@@ -313,29 +313,31 @@ pub fn train_tiered_with<B: Backend>(
     ckpt: Option<&CheckpointConfig>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
-    train_tiered_dist(b, ds, cfg, tc, None, ckpt, on_epoch)
+    train_tiered_on(b, ds, ds, cfg, tc, None, ckpt, on_epoch)
 }
 
 /// [`train_tiered_with`] as one rank of a partition-parallel run (`dist`): each rank computes
 /// its share of the partitions, halo rows and gradients cross ranks, parameter gradients, the
 /// loss and the accuracy counts are summed over the ranks — every rank sees the figures of
-/// the whole graph, the same as one process.
+/// the whole graph, the same as one process. The executor runs on `share`: `ds` itself, or a
+/// server's share of it (see `DistConfig::subgraph`); the figures are `ds`'s.
 #[allow(clippy::too_many_arguments)]
-pub fn train_tiered_dist<B: Backend>(
+pub fn train_tiered_on<B: Backend>(
     b: &B,
     ds: &Dataset,
+    share: &Dataset,
     cfg: &TrainConfig,
     tc: &TieredConfig,
     dist: Option<DistConfig<'_>>,
     ckpt: Option<&CheckpointConfig>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
-    if dist.is_some_and(|d| d.comm.size() > 1) && ckpt.is_some() {
+    if dist.is_some_and(|d| d.reduce.unwrap_or(d.comm).size() > 1) && ckpt.is_some() {
         return Err(TrainError::Config(
             "checkpoints of partition-parallel runs are not supported yet: drop --checkpoint-dir".into(),
         ));
     }
-    let ex = std::cell::RefCell::new(Executor::new_dist(b, ds, &cfg.model, cfg.feature_norm, tc, dist)?);
+    let ex = std::cell::RefCell::new(Executor::new_dist(b, share, &cfg.model, cfg.feature_norm, tc, dist)?);
     {
         let e = ex.borrow();
         tracing::info!(

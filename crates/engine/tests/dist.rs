@@ -8,12 +8,13 @@
 //! Tolerance: f32 reassociation (halo gradients and parameter gradients are summed in another
 //! order): `max |a − b| / max |b|` ≤ 1e-5 per tensor, the loss relative ≤ 1e-5.
 
-use grinnder_dist::{Comm, ThreadComm};
-use grinnder_engine::tiered::{CommStats, DistConfig, Executor, TieredConfig};
-use grinnder_engine::FeatureNorm;
+use grinnder_dist::{Comm, Groups, ThreadComm};
+use grinnder_engine::preload::{share, Expansion};
+use grinnder_engine::tiered::{shared_partitioning, CommStats, DistConfig, Executor, TieredConfig};
+use grinnder_engine::{FeatureNorm, TrainConfig};
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::Dataset;
-use grinnder_nn::{Kind, ModelConfig, Norm};
+use grinnder_nn::{Kind, ModelConfig, Norm, OptimConfig};
 use grinnder_partition::Method;
 use grinnder_tensor::{Backend, Cpu, Mat};
 
@@ -50,9 +51,19 @@ struct Outcome {
 /// One training pass and one evaluation at epoch 3 on this rank (`comm`: `None` is one process).
 fn pass(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, comm: Option<&dyn Comm>) -> Outcome {
     let b = Cpu::<f32>::new();
-    let dist = comm.map(|comm| DistConfig { comm, ranks_per_server: 2 });
-    let mut ex = Executor::new_dist(&b, ds, cfg, FeatureNorm::Row, tc, dist).unwrap();
-    ex.model.zero_grad(&b);
+    let dist = comm.map(|comm| DistConfig { comm, ranks_per_server: 2, reduce: None, subgraph: None });
+    run(&b, ds, cfg, tc, dist)
+}
+
+fn run(
+    b: &Cpu<f32>,
+    ds: &Dataset,
+    cfg: &ModelConfig,
+    tc: &TieredConfig,
+    dist: Option<DistConfig<'_>>,
+) -> Outcome {
+    let mut ex = Executor::new_dist(b, ds, cfg, FeatureNorm::Row, tc, dist).unwrap();
+    ex.model.zero_grad(b);
     let (loss, _) = ex.forward_backward(3).unwrap();
     let mut loss = [loss];
     ex.reduce(&mut loss);
@@ -215,10 +226,110 @@ fn more_ranks_than_partitions_is_refused() {
     let errs = ThreadComm::run(3, |c| {
         let b = Cpu::<f32>::new();
         let tc = TieredConfig::in_ram(2, Method::Random { seed: 1 });
-        let dist = Some(DistConfig { comm: c, ranks_per_server: 1 });
+        let dist = Some(DistConfig { comm: c, ranks_per_server: 1, reduce: None, subgraph: None });
         Executor::new_dist(&b, &ds, &cfg, FeatureNorm::Row, &tc, dist).err().map(|e| e.to_string())
     });
     for e in errs {
         assert!(e.is_some_and(|e| e.contains("2 partitions for 3 ranks")));
     }
+}
+
+fn train_config(cfg: &ModelConfig) -> TrainConfig {
+    TrainConfig {
+        model: cfg.clone(),
+        optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
+        epochs: 1,
+        eval_every: 1,
+        feature_norm: FeatureNorm::Row,
+    }
+}
+
+/// One pass on this rank with server shares (`expansion`), servers of two ranks, partitions
+/// `tc.parts` per server.
+fn server_pass(
+    ds: &Dataset,
+    cfg: &ModelConfig,
+    tc: &TieredConfig,
+    expansion: Expansion,
+    c: &ThreadComm,
+) -> Outcome {
+    let b = Cpu::<f32>::new();
+    let groups = Groups::new(Box::new(c.clone()), 2);
+    let servers = groups.layout.servers();
+    let tcfg = train_config(cfg);
+    let by_server = TieredConfig { parts: servers, ..tc.clone() };
+    let part = shared_partitioning(groups.global.as_ref(), ds, &by_server).unwrap().part;
+    let sh = share(ds, &part, groups.layout.server(c.rank()), expansion, &tcfg);
+    let dist = DistConfig {
+        comm: groups.server.as_ref(),
+        ranks_per_server: 2,
+        reduce: Some(groups.global.as_ref()),
+        subgraph: Some(&sh.of),
+    };
+    run(&b, &sh.ds, cfg, tc, Some(dist))
+}
+
+#[test]
+fn flexible_preloading_of_every_layer_equals_one_process_without_crossing_servers() {
+    let ds = dataset();
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+        for (hidden, input_dropout) in [(16, 0.0), (256, 0.0), (64, 0.2)] {
+            let cfg = model(kind, hidden, input_dropout);
+            let tc = TieredConfig::in_ram(2, Method::Metis { seed: 0 });
+            let want = pass(&ds, &cfg, &tc, None);
+            let got = ThreadComm::run(4, |c| server_pass(&ds, &cfg, &tc, Expansion::Closure { hops: 3 }, c));
+            let what = format!("{kind:?} hidden {hidden} input dropout {input_dropout}, 3-hop preloading");
+            for (r, o) in got.iter().enumerate() {
+                let what = format!("{what}, rank {r} of 4");
+                assert!(
+                    (o.loss - want.loss).abs() <= TOL * want.loss,
+                    "{what}: loss {} vs {}",
+                    o.loss,
+                    want.loss
+                );
+                assert_close(&what, &o.grads, &want.grads);
+                for ((name, a), (_, b)) in o.grads.iter().zip(&got[0].grads) {
+                    assert!(a.data == b.data, "{what}: {name} differs from rank 0's");
+                }
+                assert_eq!(o.correct, want.correct, "{what}: evaluation counts");
+                let c = o.comm.as_ref().unwrap();
+                assert_eq!(c.halo_inter_bytes + c.grad_inter_bytes, 0, "{what}: no halo crosses servers");
+                assert!(c.halo_intra_bytes > 0 && c.reduce_inter_bytes > 0, "{what}: {c:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn shorter_preloading_and_expansion_aware_sampling_stay_inside_servers() {
+    let ds = dataset();
+    let cfg = model(Kind::Sage, 32, 0.0);
+    let tc = TieredConfig::in_ram(2, Method::Metis { seed: 0 });
+    let want = pass(&ds, &cfg, &tc, None);
+    let plain = ThreadComm::run(4, |c| pass(&ds, &cfg, &TieredConfig { parts: 4, ..tc.clone() }, Some(c)));
+    let plain_inter = plain[0].comm.as_ref().unwrap().halo_inter_bytes;
+    assert!(plain_inter > 0, "plain partition-parallel halos cross servers");
+    for expansion in [Expansion::Closure { hops: 1 }, Expansion::Sampled { hops: 1, fanout: 3 }] {
+        let got = ThreadComm::run(4, |c| server_pass(&ds, &cfg, &tc, expansion, c));
+        for (r, o) in got.iter().enumerate() {
+            let what = format!("{expansion:?}, rank {r}");
+            let c = o.comm.as_ref().unwrap();
+            assert_eq!(c.halo_inter_bytes + c.grad_inter_bytes, 0, "{what}");
+            assert!(
+                o.loss.is_finite() && (o.loss - want.loss).abs() <= 0.5 * want.loss,
+                "{what}: {} vs {}",
+                o.loss,
+                want.loss
+            );
+            assert_eq!(o.grads.len(), want.grads.len());
+        }
+    }
+    // sampling keeps fewer nodes than the closure of the same depth
+    let b = train_config(&cfg);
+    let part: Vec<u32> = (0..ds.num_nodes() as u32).map(|v| v % 2).collect();
+    let full = share(&ds, &part, 0, Expansion::Closure { hops: 1 }, &b);
+    let sampled = share(&ds, &part, 0, Expansion::Sampled { hops: 1, fanout: 1 }, &b);
+    assert_eq!(full.owned, sampled.owned);
+    assert!(sampled.ds.num_nodes() < full.ds.num_nodes());
+    assert!(sampled.ds.num_nodes() > sampled.owned);
 }

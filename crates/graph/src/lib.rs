@@ -22,6 +22,7 @@ pub mod rng;
 pub mod sample;
 pub mod sort;
 pub mod stats;
+pub mod subgraph;
 
 pub use buf::Buf;
 pub use csr::{BuildOptions, Csr, SelfLoops, MAX_NODES};

@@ -14,15 +14,28 @@ use crate::csr::Csr;
 /// `1 / sqrt(d̂(u) d̂(v))` (the self loop `1 / d̂(v)`).
 pub fn gcn_norm(looped: &Csr) -> Vec<f64> {
     assert_eq!(looped.num_self_loops(), looped.num_nodes(), "gcn_norm expects one self loop per node");
-    let inv_sqrt: Vec<f64> = looped.degrees().par_iter().map(|&d| 1.0 / (d as f64).sqrt()).collect();
+    gcn_norm_with(looped, &looped.degrees())
+}
+
+/// [`gcn_norm`] with each node's `d̂` given: a subgraph normalised as its full graph (`d̂` the
+/// full graph's degree plus the self loop), so nodes whose neighbourhood it holds compute
+/// exactly what they would there.
+pub fn gcn_norm_with(looped: &Csr, degree: &[u32]) -> Vec<f64> {
+    assert_eq!(degree.len(), looped.num_nodes(), "one degree per node");
+    let inv_sqrt: Vec<f64> = degree.par_iter().map(|&d| 1.0 / (d as f64).sqrt()).collect();
     per_edge(looped, |u, v| inv_sqrt[u] * inv_sqrt[v])
 }
 
 /// Mean aggregation's in-degree normalisation: `1 / in-degree(v)` for every edge into `v`
 /// (SAGE's mean; a node without in-neighbours aggregates zero).
 pub fn mean_norm(csr: &Csr) -> Vec<f64> {
-    let deg = csr.degrees();
-    per_edge(csr, |_, v| 1.0 / deg[v] as f64)
+    mean_norm_with(csr, &csr.degrees())
+}
+
+/// [`mean_norm`] with each node's in-degree given (a subgraph normalised as its full graph).
+pub fn mean_norm_with(csr: &Csr, degree: &[u32]) -> Vec<f64> {
+    assert_eq!(degree.len(), csr.num_nodes(), "one degree per node");
+    per_edge(csr, |_, v| 1.0 / degree[v] as f64)
 }
 
 /// `f(u, v)` for every stored edge `u → v`, in CSR order, rows in parallel.

@@ -133,6 +133,18 @@ impl NeighborSampler {
     }
 }
 
+/// CSR offsets and columns of rows given one by one.
+pub(crate) fn concat_rows(rows: Vec<Vec<u32>>) -> (Vec<u64>, Vec<u32>) {
+    let mut row_ptr = Vec::with_capacity(rows.len() + 1);
+    row_ptr.push(0u64);
+    let mut col_idx = Vec::with_capacity(rows.iter().map(Vec::len).sum());
+    for r in rows {
+        col_idx.extend(r);
+        row_ptr.push(col_idx.len() as u64);
+    }
+    (row_ptr, col_idx)
+}
+
 /// A node-indexed map reused across blocks and batches (local ids; `u32::MAX`: absent).
 #[derive(Default)]
 pub struct Scratch {
@@ -149,7 +161,7 @@ impl Scratch {
 }
 
 /// `k` distinct positions of `0..n` (k < n) in increasing order: Floyd's algorithm.
-fn choose(n: usize, k: usize, s: &mut Stream) -> Vec<usize> {
+pub(crate) fn choose(n: usize, k: usize, s: &mut Stream) -> Vec<usize> {
     let mut out: Vec<usize> = Vec::with_capacity(k);
     for j in n - k..n {
         let t = s.below(j as u64 + 1) as usize;
@@ -254,13 +266,7 @@ impl KHopSampler {
         for &v in &nodes {
             local[v as usize] = u32::MAX;
         }
-        let mut row_ptr = Vec::with_capacity(nodes.len() + 1);
-        row_ptr.push(0u64);
-        let mut col_idx = Vec::with_capacity(rows.iter().map(Vec::len).sum());
-        for r in rows {
-            col_idx.extend(r);
-            row_ptr.push(col_idx.len() as u64);
-        }
+        let (row_ptr, col_idx) = concat_rows(rows);
         Subgraph { nodes, hop, row_ptr, col_idx, seeds: seeds.len() }
     }
 }

@@ -86,9 +86,28 @@ impl TieredConfig {
 /// to their owners, so the result equals one process computing every partition.
 #[derive(Clone, Copy)]
 pub struct DistConfig<'c> {
+    /// The ranks that share the partitions and exchange halo rows.
     pub comm: &'c dyn Comm,
-    /// Consecutive ranks that share a server (which links the byte counters charge).
+    /// Consecutive ranks of `reduce` that share a server (which links the byte counters charge).
     pub ranks_per_server: usize,
+    /// The ranks over which parameter gradients, losses and counts are summed, where they are
+    /// more than `comm`'s: with flexible preloading, `comm` is a server's ranks training on its
+    /// share of the graph (`subgraph`) and this every rank. `None`: `comm`.
+    pub reduce: Option<&'c dyn Comm>,
+    /// The dataset given to the executor is a part of the whole (a server's share).
+    pub subgraph: Option<&'c SubgraphOf>,
+}
+
+/// How a dataset given to the executor sits in the whole one: node ids there (dropout masks
+/// are keyed by them), degrees there (normalisations as there) and the whole's training-node
+/// count (the loss is a mean over it).
+#[derive(Clone, Debug)]
+pub struct SubgraphOf {
+    pub ids: Vec<u32>,
+    pub degree: Vec<u32>,
+    pub n_train: usize,
+    /// The whole's feature shift ([`feature_shift`]: a global minimum).
+    pub feature_shift: f64,
 }
 
 /// Bytes this rank sent to ranks of its own server and of other servers, per phase, and the
@@ -127,6 +146,9 @@ impl CommStats {
 /// What a rank needs to exchange halo rows.
 struct DistState<'a> {
     comm: &'a dyn Comm,
+    /// Where reductions go (`comm` unless a server trains on its own share).
+    reduce: &'a dyn Comm,
+    /// Servers among `reduce`'s ranks; `comm`'s ranks share one server when `reduce` differs.
     layout: Layout,
     /// The rank computing each partition.
     owner: Vec<usize>,
@@ -150,10 +172,14 @@ impl DistState<'_> {
     /// All-to-all of `send`, charging the bytes to `phase`.
     fn exchange(&mut self, send: Vec<Vec<u8>>, phase: Phase) -> Vec<Vec<u8>> {
         let t = Instant::now();
-        let me = self.comm.rank();
+        let reducing = matches!(phase, Phase::Reduce);
+        let comm = if reducing { self.reduce } else { self.comm };
+        let me = comm.rank();
+        // halo exchanges within one server's ranks never leave it
+        let server_only = !reducing && !std::ptr::addr_eq(self.reduce, self.comm);
         for (r, b) in send.iter().enumerate().filter(|(r, _)| *r != me) {
             let n = b.len() as u64;
-            let intra = self.layout.same_server(me, r);
+            let intra = server_only || self.layout.same_server(me, r);
             let (a, e) = match phase {
                 Phase::Halo => (&mut self.stats.halo_intra_bytes, &mut self.stats.halo_inter_bytes),
                 Phase::Grad => (&mut self.stats.grad_intra_bytes, &mut self.stats.grad_inter_bytes),
@@ -161,7 +187,7 @@ impl DistState<'_> {
             };
             *(if intra { a } else { e }) += n;
         }
-        let out = self.comm.all_to_all(send);
+        let out = comm.all_to_all(send);
         self.stats.comm_s += t.elapsed().as_secs_f64();
         out
     }
@@ -169,7 +195,7 @@ impl DistState<'_> {
     /// Element-wise sum over the ranks, in rank order (the same bits on every rank).
     fn all_reduce<T: grinnder_dist::Pod + std::ops::AddAssign>(&mut self, v: &mut [T]) {
         let bytes = to_bytes(v);
-        let all = self.exchange(vec![bytes; self.comm.size()], Phase::Reduce);
+        let all = self.exchange(vec![bytes; self.reduce.size()], Phase::Reduce);
         for (r, b) in all.iter().enumerate() {
             let part: Vec<T> = from_bytes(b);
             for (a, x) in v.iter_mut().zip(part) {
@@ -293,6 +319,41 @@ pub fn feature_rows<T: Scalar>(ds: &Dataset, norm: FeatureNorm, shift: f64, ids:
     ids.iter().flat_map(|&v| normalized(&src[v as usize * d..(v as usize + 1) * d], norm, shift)).collect()
 }
 
+/// The partitioning of `ds` by `tc` that every rank of `comm` uses: rank 0 partitions (through
+/// the cache), the others take its owners — partitioners need not be deterministic across
+/// processes — and a failure there reaches every rank.
+pub fn shared_partitioning(
+    comm: &dyn Comm,
+    ds: &Dataset,
+    tc: &TieredConfig,
+) -> Result<Partitioning, TrainError> {
+    let partition = || {
+        let (p, outcome) = partition_cached(&ds.graph, tc.parts, tc.method, tc.partition_cache.as_deref())
+            .map_err(|e| TrainError::Partition(e.to_string()))?;
+        tracing::debug!("partitioning: {outcome:?}");
+        Ok::<_, TrainError>(p)
+    };
+    if comm.size() == 1 {
+        return partition();
+    }
+    let mine = if comm.rank() == 0 {
+        match partition() {
+            Ok(p) => to_bytes(&p.part),
+            Err(e) => [u32::MAX.to_le_bytes().to_vec(), e.to_string().into_bytes()].concat(),
+        }
+    } else {
+        Vec::new()
+    };
+    let all = comm.all_gather(&mine);
+    let bytes = &all[0];
+    if bytes.get(..4) == Some(&u32::MAX.to_le_bytes()[..]) {
+        let msg = String::from_utf8_lossy(&bytes[4..]).into_owned();
+        return Err(TrainError::Partition(format!("on rank 0: {msg}")));
+    }
+    assert_eq!(bytes.len(), ds.num_nodes() * 4, "rank 0 partitioned another graph");
+    Ok(Partitioning::from_parts(tc.parts, from_bytes(bytes)))
+}
+
 fn io_err(e: std::io::Error) -> TrainError {
     TrainError::Storage(e.to_string())
 }
@@ -332,46 +393,30 @@ impl<'a, B: Backend> Executor<'a, B> {
         let local = owner.iter().position(|&o| o == rank).unwrap_or(0)
             ..owner.iter().rposition(|&o| o == rank).map_or(0, |i| i + 1);
         let model = Model::init(b, model_cfg.clone(), ds.features.dim, ds.num_classes as usize);
-        let partition = || {
-            let (p, outcome) =
-                partition_cached(&ds.graph, tc.parts, tc.method, tc.partition_cache.as_deref())
-                    .map_err(|e| TrainError::Partition(e.to_string()))?;
-            tracing::debug!("partitioning: {outcome:?}");
-            Ok::<_, TrainError>(p)
-        };
         let partitioning = match dist.filter(|_| ranks > 1) {
-            None => partition()?,
-            // rank 0 partitions, the others take its owners: every rank holds the same
-            // partitioning (partitioners need not be deterministic across processes), and
-            // a failure reaches every rank
-            Some(d) => {
-                let mine = if rank == 0 {
-                    match partition() {
-                        Ok(p) => to_bytes(&p.part),
-                        Err(e) => [u32::MAX.to_le_bytes().to_vec(), e.to_string().into_bytes()].concat(),
-                    }
-                } else {
-                    Vec::new()
-                };
-                let all = d.comm.all_gather(&mine);
-                let bytes = &all[0];
-                if bytes.get(..4) == Some(&u32::MAX.to_le_bytes()[..]) {
-                    let msg = String::from_utf8_lossy(&bytes[4..]).into_owned();
-                    return Err(TrainError::Partition(format!("on rank 0: {msg}")));
-                }
-                assert_eq!(bytes.len(), ds.num_nodes() * 4, "rank 0 partitioned another graph");
-                Partitioning::from_parts(tc.parts, from_bytes(bytes))
-            }
+            None => shared_partitioning(&grinnder_dist::Solo, ds, tc)?,
+            Some(d) => shared_partitioning(d.comm, ds, tc)?,
         };
         // the adjacency the model needs, with its whole-graph normalisation
-        let (csr, vals): (Csr, Vec<f64>) = match model_cfg.kind {
-            ModelKind::Gcn | ModelKind::Gat => {
+        // (a server's share: the whole graph's degrees)
+        let sub = dist.and_then(|d| d.subgraph);
+        let (csr, vals): (Csr, Vec<f64>) = match (model_cfg.kind, sub) {
+            (ModelKind::Gcn | ModelKind::Gat, None) => {
                 let looped = ds.graph.with_self_loops();
                 let v = norm::gcn_norm(&looped);
                 (looped, v)
             }
-            ModelKind::Sage => (ds.graph.clone(), norm::mean_norm(&ds.graph)),
+            (ModelKind::Gcn | ModelKind::Gat, Some(s)) => {
+                let looped = ds.graph.with_self_loops();
+                let looped_degree: Vec<u32> = s.degree.iter().map(|d| d + 1).collect();
+                let v = norm::gcn_norm_with(&looped, &looped_degree);
+                (looped, v)
+            }
+            (ModelKind::Sage, None) => (ds.graph.clone(), norm::mean_norm(&ds.graph)),
+            (ModelKind::Sage, Some(s)) => (ds.graph.clone(), norm::mean_norm_with(&ds.graph, &s.degree)),
         };
+        // node ids of dropout keys: the whole graph's
+        let key = |v: u32| sub.map_or(v, |s| s.ids[v as usize]);
         let mut pg = PartitionedGraph::build(&csr, &partitioning, &[&vals]);
         drop((csr, vals));
         // rows of other ranks' partitions read here: mirrored as compact blocks, and the fetch
@@ -426,12 +471,13 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
             let first = partitioning.ptr[q] as usize;
             let own_ids: Vec<u32> = partitioning.inv_perm[first..first + g.own].to_vec();
+            let labels: Vec<i32> = own_ids.iter().map(|&v| ds.labels[v as usize]).collect();
+            let own_ids: Vec<u32> = own_ids.into_iter().map(key).collect();
             let col_ids: Vec<u32> = own_ids
                 .iter()
                 .copied()
-                .chain(g.halo.iter().map(|&h| partitioning.inv_perm[h as usize]))
+                .chain(g.halo.iter().map(|&h| key(partitioning.inv_perm[h as usize])))
                 .collect();
-            let labels: Vec<i32> = own_ids.iter().map(|&v| ds.labels[v as usize]).collect();
             let cols = g.columns();
             let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids.clone());
             let adj = Adjacency::new(b, &sm, &g.values[0]);
@@ -514,7 +560,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             dev: HashMap::new(),
             gpu_mem: tc.gpu_mem.filter(|_| tc.device_cache_bytes.is_none()),
             calibrated: false,
-            n_train: ds.splits.train.len(),
+            n_train: sub.map_or(ds.splits.train.len(), |s| s.n_train),
             pre,
             partitioning,
             plan,
@@ -523,7 +569,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             dist: None,
         };
         if let Some(d) = dist {
-            let layout = Layout { ranks, ranks_per_server: d.ranks_per_server.clamp(1, ranks) };
+            let layout = Layout { ranks, ranks_per_server: d.ranks_per_server.max(1) };
             let mirrors: Vec<(usize, Vec<u32>)> = mirrors.into_iter().collect();
             // tell each owner which of its rows this rank mirrors
             let mut ask = vec![Vec::<u32>::new(); ranks];
@@ -547,13 +593,22 @@ impl<'a, B: Backend> Executor<'a, B> {
                     out
                 })
                 .collect();
-            ex.dist =
-                Some(DistState { comm: d.comm, layout, owner, mirrors, sends, stats: CommStats::default() });
+            let reduce = d.reduce.unwrap_or(d.comm);
+            let layout = Layout { ranks: reduce.size(), ..layout };
+            ex.dist = Some(DistState {
+                comm: d.comm,
+                reduce,
+                layout,
+                owner,
+                mirrors,
+                sends,
+                stats: CommStats::default(),
+            });
         }
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
-        ex.load_features(ds, feature_norm)?;
+        ex.load_features(ds, feature_norm, sub.map(|s| s.feature_shift))?;
         Ok(ex)
     }
 
@@ -707,8 +762,13 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.store.remove(id).map_err(io_err)
     }
 
-    fn load_features(&mut self, ds: &Dataset, norm: FeatureNorm) -> Result<(), TrainError> {
-        let min = feature_shift(ds, norm);
+    fn load_features(
+        &mut self,
+        ds: &Dataset,
+        norm: FeatureNorm,
+        shift: Option<f64>,
+    ) -> Result<(), TrainError> {
+        let min = shift.unwrap_or_else(|| feature_shift(ds, norm));
         let d = ds.features.dim;
         // own partitions' rows, and the mirrored rows of the others' (every rank reads the
         // dataset: features never travel between ranks)
@@ -1304,7 +1364,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         if let Some(d) = self.dist.as_mut() {
             // every rank's bytes, summed (the counters of this reduction count next time)
             let mine = std::mem::take(&mut d.stats);
-            let all = d.comm.all_gather(&serde_json::to_vec(&mine).expect("counters serialise"));
+            let all = d.reduce.all_gather(&serde_json::to_vec(&mine).expect("counters serialise"));
             let mut total = CommStats::default();
             for b in all {
                 let c: CommStats = serde_json::from_slice(&b).expect("counters deserialise");
@@ -1337,7 +1397,7 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// The rank and the number of ranks (0 and 1 in one process).
     pub fn rank(&self) -> (usize, usize) {
-        self.dist.as_ref().map_or((0, 1), |d| (d.comm.rank(), d.comm.size()))
+        self.dist.as_ref().map_or((0, 1), |d| (d.reduce.rank(), d.reduce.size()))
     }
 }
 

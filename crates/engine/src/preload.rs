@@ -1,0 +1,139 @@
+//! Server-level shares of the graph (GraNNDis, DESIGN.md §6): flexible preloading and
+//! expansion-aware sampling.
+//!
+//! The graph is split into one part per server (rank 0 partitions, the others take its owners).
+//! Each server extends the nodes it owns — by their whole k-hop closure (flexible preloading)
+//! or by a sample of their outside neighbourhood (expansion-aware sampling) — and its ranks
+//! train partition-parallel on that share, exchanging halo rows only among themselves. The loss
+//! and the accuracy count the owned nodes only; parameter gradients are summed over every rank.
+//! Nothing but that sum crosses servers.
+//!
+//! Exactness: with the closure of as many hops as layers, every owned node's receptive field is
+//! in its server's share, normalised with the whole graph's degrees, so its output is exact; a
+//! node outside it feeds only nodes whose gradient is zero (gradients spread one hop per layer
+//! down from the owned outputs), so parameter gradients equal one process's. Fewer hops, or
+//! sampling, trade that for less memory and compute.
+
+use grinnder_dist::Groups;
+use grinnder_graph::subgraph::{closure, induced, sampled_closure};
+use grinnder_graph::Dataset;
+use grinnder_tensor::Backend;
+
+use crate::checkpoint::CheckpointConfig;
+use crate::memory::{feature_shift, train_tiered_on, TrainConfig, TrainError};
+use crate::metrics::{EpochMetrics, Summary};
+use crate::tiered::{shared_partitioning, DistConfig, SubgraphOf, TieredConfig};
+
+/// How each server extends the nodes it owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expansion {
+    /// No server shares: plain partition-parallel training over every rank (halo rows cross
+    /// servers).
+    Plain,
+    /// Flexible preloading: the nodes within `hops` of the owned ones (`hops` = layers: exact).
+    Closure { hops: usize },
+    /// Flexible preloading with the most hops (up to the layer count) whose share fits in
+    /// `budget` bytes (the server's memory, summed over its ranks), by an estimate of the
+    /// blocks a node costs (its features, each layer's activation and gradient).
+    ClosureWithin { budget: u64 },
+    /// Expansion-aware sampling: from the server's boundary, at most `hops` hops out, up to
+    /// `fanout` outside neighbours per node; every edge among the kept nodes.
+    Sampled { hops: usize, fanout: usize },
+}
+
+/// A server's share: its dataset and how it sits in the whole.
+pub struct Share {
+    pub ds: Dataset,
+    pub of: SubgraphOf,
+    /// Nodes the server owns (the first of `ds`'s).
+    pub owned: usize,
+}
+
+/// The share of `server` given the owners of every node (`part`, one part per server).
+pub fn share(ds: &Dataset, part: &[u32], server: usize, expansion: Expansion, cfg: &TrainConfig) -> Share {
+    let owned: Vec<u32> =
+        (0..ds.num_nodes() as u32).filter(|&v| part[v as usize] as usize == server).collect();
+    let nodes = match expansion {
+        Expansion::Plain => owned.clone(),
+        Expansion::Closure { hops } => closure(&ds.graph, &owned, hops),
+        Expansion::ClosureWithin { budget } => {
+            let per_node = node_bytes(ds, cfg);
+            let mut best = owned.clone();
+            for hops in 1..=cfg.model.layers {
+                let c = closure(&ds.graph, &owned, hops);
+                if c.len() as u64 * per_node > budget || c.len() == best.len() {
+                    break;
+                }
+                best = c;
+            }
+            best
+        }
+        Expansion::Sampled { hops, fanout } => {
+            sampled_closure(&ds.graph, &owned, hops, fanout, cfg.model.seed)
+        }
+    };
+    let sub = induced(ds, &nodes, owned.len());
+    let of = SubgraphOf {
+        ids: sub.ids,
+        degree: sub.degree,
+        n_train: ds.splits.train.len(),
+        feature_shift: feature_shift(ds, cfg.feature_norm),
+    };
+    Share { ds: sub.ds, of, owned: owned.len() }
+}
+
+/// Bytes a node of a share costs in the executor's blocks: its input row, and an activation and
+/// a gradient row per layer (f32).
+fn node_bytes(ds: &Dataset, cfg: &TrainConfig) -> u64 {
+    let m = &cfg.model;
+    let width = if m.kind == grinnder_nn::Kind::Gat { m.hidden * m.heads.max(1) } else { m.hidden };
+    4 * (ds.features.dim + 2 * m.layers * width.max(ds.num_classes as usize)) as u64
+}
+
+/// Trains `cfg` over `groups`' ranks: plain partition-parallel for [`Expansion::Plain`],
+/// otherwise each server on its share (see the module docs). `tc.parts` counts partitions over
+/// every rank (at least one per rank); every rank sees the whole graph's figures.
+#[allow(clippy::too_many_arguments)]
+pub fn train_servers<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    cfg: &TrainConfig,
+    tc: &TieredConfig,
+    groups: &Groups,
+    expansion: Expansion,
+    ckpt: Option<&CheckpointConfig>,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> Result<Summary, TrainError> {
+    let layout = groups.layout;
+    if expansion == Expansion::Plain {
+        let dist = DistConfig {
+            comm: groups.global.as_ref(),
+            ranks_per_server: layout.ranks_per_server,
+            reduce: None,
+            subgraph: None,
+        };
+        return train_tiered_on(b, ds, ds, cfg, tc, Some(dist), ckpt, on_epoch);
+    }
+    let servers = layout.servers();
+    let me = groups.global.rank();
+    let server_parts = TieredConfig { parts: servers, ..tc.clone() };
+    let part = shared_partitioning(groups.global.as_ref(), ds, &server_parts)?.part;
+    let sh = share(ds, &part, layout.server(me), expansion, cfg);
+    tracing::info!(
+        "server {} of {servers}: owns {} nodes, trains on {} ({:?})",
+        layout.server(me),
+        sh.owned,
+        sh.ds.num_nodes(),
+        expansion
+    );
+    // the partitions of every rank, shared out by server
+    let per_server = (tc.parts / servers).max(groups.server.size());
+    let tc_server = TieredConfig { parts: per_server, partition_cache: None, ..tc.clone() };
+    let dist = DistConfig {
+        comm: groups.server.as_ref(),
+        ranks_per_server: layout.ranks_per_server,
+        reduce: Some(groups.global.as_ref()),
+        subgraph: Some(&sh.of),
+    };
+    train_tiered_on(b, ds, &sh.ds, cfg, &tc_server, Some(dist), ckpt, on_epoch)
+}
