@@ -407,13 +407,29 @@ impl<'a, B: Backend> Executor<'a, B> {
                 (looped, v)
             }
             (ModelKind::Gcn | ModelKind::Gat, Some(s)) => {
+                // the whole graph's normalisation; a node missing neighbours in the share has
+                // its neighbour sum scaled by (degree there / degree here), as a sampled
+                // mini-batch block (a node with every neighbour present: by 1, exactly)
                 let looped = ds.graph.with_self_loops();
                 let looped_degree: Vec<u32> = s.degree.iter().map(|d| d + 1).collect();
-                let v = norm::gcn_norm_with(&looped, &looped_degree);
+                let mut v = norm::gcn_norm_with(&looped, &looped_degree);
+                let ptr = looped.row_ptr();
+                for r in 0..looped.num_nodes() {
+                    let here = looped.row(r).len() - 1;
+                    if here as u32 == s.degree[r] {
+                        continue;
+                    }
+                    let scale = if here == 0 { 0.0 } else { s.degree[r] as f64 / here as f64 };
+                    for (e, &c) in (ptr[r] as usize..).zip(looped.row(r)) {
+                        if c as usize != r {
+                            v[e] *= scale;
+                        }
+                    }
+                }
                 (looped, v)
             }
-            (ModelKind::Sage, None) => (ds.graph.clone(), norm::mean_norm(&ds.graph)),
-            (ModelKind::Sage, Some(s)) => (ds.graph.clone(), norm::mean_norm_with(&ds.graph, &s.degree)),
+            // the mean over the neighbours present (all of them where the share holds them)
+            (ModelKind::Sage, _) => (ds.graph.clone(), norm::mean_norm(&ds.graph)),
         };
         // node ids of dropout keys: the whole graph's
         let key = |v: u32| sub.map_or(v, |s| s.ids[v as usize]);
