@@ -414,12 +414,12 @@ impl<'a, B: Backend> Executor<'a, B> {
                 let looped_degree: Vec<u32> = s.degree.iter().map(|d| d + 1).collect();
                 let mut v = norm::gcn_norm_with(&looped, &looped_degree);
                 let ptr = looped.row_ptr();
-                for r in 0..looped.num_nodes() {
+                for (r, &whole) in s.degree.iter().enumerate() {
                     let here = looped.row(r).len() - 1;
-                    if here as u32 == s.degree[r] {
+                    if here as u32 == whole {
                         continue;
                     }
-                    let scale = if here == 0 { 0.0 } else { s.degree[r] as f64 / here as f64 };
+                    let scale = if here == 0 { 0.0 } else { whole as f64 / here as f64 };
                     for (e, &c) in (ptr[r] as usize..).zip(looped.row(r)) {
                         if c as usize != r {
                             v[e] *= scale;
