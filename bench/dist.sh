@@ -5,7 +5,8 @@
 # median epoch, the bytes exchanged per epoch (halo rows, halo gradients, reductions; within
 # and between servers) and the accuracy.
 #   bench/dist.sh [PRESET:SCALE ...]     default: arxiv-like:1 products-like:0.05
-# Accuracy runs: ACC=1 bench/dist.sh  (Cora and PubMed, 200 epochs, Kipf & Welling settings)
+# Accuracy runs: ACC=1 bench/dist.sh  (Cora and PubMed, 200 epochs, Kipf & Welling settings;
+# EXPANSIONS="eas" to run fewer full-graph variants); also cooperative mini-batches
 set -euo pipefail
 cargo build --release --features mpi -q
 bin=target/release/grinnder
@@ -38,10 +39,14 @@ if [ "${ACC:-}" = 1 ]; then
       f=(train "$ds" --model gcn --epochs 200 --seed "$seed" --parts 4)
       $bin -q "${f[@]}" --metrics-out "$out/acc-1.jsonl" >/dev/null
       echo "$ds seed $seed one process: $(summary "$out/acc-1.jsonl")"
-      for e in none preload eas; do
+      for e in ${EXPANSIONS:-none preload eas}; do
         "${mpi[@]}" $bin -q "${f[@]}" --ranks-per-server 2 --expansion $e --metrics-out "$out/acc-$e.jsonl" >/dev/null
         echo "$ds seed $seed 4 ranks, --expansion $e: $(summary "$out/acc-$e.jsonl")"
       done
+      # cooperative batches: 2 servers of 2 ranks, 8 seeds per rank, fanouts 25,10
+      m=(train "$ds" --model gcn --epochs 200 --seed "$seed" --mode minibatch --fanout 25,10 --batch-size 8)
+      "${mpi[@]}" $bin -q "${m[@]}" --ranks-per-server 2 --metrics-out "$out/acc-coop.jsonl" >/dev/null
+      echo "$ds seed $seed 4 ranks, cooperative batches: $(summary "$out/acc-coop.jsonl")"
     done
   done
   exit 0

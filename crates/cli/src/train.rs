@@ -5,8 +5,8 @@ use std::io::Write;
 
 use anyhow::Context;
 use grinnder_engine::{
-    train_minibatch, train_minibatch_from, train_servers, train_tiered_with, train_with, CheckpointConfig,
-    EpochMetrics, FeatureSource, HostFeatures, Summary, TieredConfig,
+    train_coop, train_minibatch, train_minibatch_from, train_servers, train_tiered_with, train_with,
+    CheckpointConfig, EpochMetrics, FeatureSource, HostFeatures, Summary, TieredConfig,
 };
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
@@ -94,18 +94,28 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         "--expansion shares the graph out by server: start several ranks with mpirun"
     );
     if let Some(l) = &launch {
-        anyhow::ensure!(
-            plan.minibatch.is_none(),
-            "--mode minibatch does not run partition-parallel yet: start it without mpirun"
-        );
         let ranks = l.groups.global.size();
-        // one partition per rank unless --parts says more
-        let t = plan.tiered.get_or_insert_with(|| crate::args::TieredPlan::with_parts(ranks));
         anyhow::ensure!(
-            t.parts >= ranks,
-            "--parts {} is fewer than the {ranks} ranks: every rank computes at least one partition",
-            t.parts
+            ckpt.is_none(),
+            "checkpoints of runs over several ranks are not supported yet: drop --checkpoint-dir"
         );
+        // full-graph: one partition per rank unless --parts says more; mini-batch: cooperative
+        // batches, evaluated over one partition per rank
+        let parts = if plan.minibatch.is_some() {
+            anyhow::ensure!(
+                plan.expansion == grinnder_engine::Expansion::Plain,
+                "--expansion is for full-graph training; --mode minibatch forms cooperative batches per server"
+            );
+            ranks
+        } else {
+            let t = plan.tiered.get_or_insert_with(|| crate::args::TieredPlan::with_parts(ranks));
+            anyhow::ensure!(
+                t.parts >= ranks,
+                "--parts {} is fewer than the {ranks} ranks: every rank computes at least one partition",
+                t.parts
+            );
+            t.parts
+        };
         if let Device::Cuda(n) = plan.device {
             // ranks of a machine take its GPUs in turn (several share one where there are fewer)
             plan.device = Device::Cuda((n + l.local_rank) % grinnder_cuda::device_count().max(1));
@@ -120,7 +130,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             ranks,
             l.groups.global.describe(),
             l.groups.layout.ranks_per_server,
-            t.parts,
+            parts,
             plan.expansion
         );
     }
@@ -272,9 +282,10 @@ fn run_on<B: Backend>(
         history.push(m.clone());
     };
     let summary = match (&plan.tiered, &plan.minibatch) {
-        (_, Some(mb)) => match features {
-            Some(f) => train_minibatch_from(b, ds, &plan.config, mb, f, ckpt, &mut on_epoch)?,
-            None => train_minibatch(b, ds, &plan.config, mb, ckpt, &mut on_epoch)?,
+        (_, Some(mb)) => match (groups, features) {
+            (Some(g), f) => train_coop(b, ds, &plan.config, mb, g, f, &mut on_epoch)?,
+            (None, Some(f)) => train_minibatch_from(b, ds, &plan.config, mb, f, ckpt, &mut on_epoch)?,
+            (None, None) => train_minibatch(b, ds, &plan.config, mb, ckpt, &mut on_epoch)?,
         },
         (None, None) => train_with(b, ds, &plan.config, ckpt, &mut on_epoch)?,
         (Some(t), None) => {

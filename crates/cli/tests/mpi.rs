@@ -1,7 +1,8 @@
 //! `grinnder train` under `mpirun` (feature `mpi`, Open MPI installed): the same flags as one
 //! process train partition-parallel over the ranks, with the same per-epoch losses (within f32
 //! reassociation, 1e-5 relative) and the same accuracies; rank 0 alone writes the metrics, which
-//! count the bytes exchanged within and between (emulated) servers.
+//! count the bytes exchanged within and between (emulated) servers. Cooperative batches (a
+//! server's batch split over its ranks) train as one process's batches of their union.
 #![cfg(feature = "mpi")]
 
 use std::path::Path;
@@ -149,4 +150,41 @@ fn emulated_servers_count_inter_server_bytes() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+#[test]
+fn cooperative_batches_train_like_one_process_on_their_union() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, four) = (dir.path().join("one.jsonl"), dir.path().join("four.jsonl"));
+    let common =
+        ["-q", "train", "--mode", "minibatch", "--model", "sage", "--fanout", "-1,-1", "--epochs", "3"];
+    // 4 ranks as 2 servers of 2, 35 seeds per rank: each step is 140 seeds, as one process's
+    // batches of 140 (the same shuffled order)
+    let o = single(
+        &common
+            .iter()
+            .copied()
+            .chain(["--batch-size", "140", "--metrics-out", one.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = mpirun(
+        4,
+        &common
+            .iter()
+            .copied()
+            .chain(["--batch-size", "35", "--ranks-per-server", "2", "--metrics-out", four.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (w, g) in epochs(&one).iter().zip(&epochs(&four)) {
+        let (lw, lg) = (w["loss"].as_f64().unwrap(), g["loss"].as_f64().unwrap());
+        assert!((lw - lg).abs() <= 1e-5 * lw, "epoch {}: loss {lg} vs {lw}", w["epoch"]);
+        assert_eq!(w["valid_acc"], g["valid_acc"], "epoch {}", w["epoch"]);
+        let c = &g["comm"];
+        assert!(
+            c["halo_intra_bytes"].as_u64().unwrap() > 0 && c["reduce_inter_bytes"].as_u64().unwrap() > 0,
+            "{c}"
+        );
+    }
 }

@@ -3,6 +3,7 @@
 //! the tiered store.
 
 pub mod checkpoint;
+pub mod coop;
 pub mod memory;
 pub mod metrics;
 pub mod minibatch;
@@ -10,6 +11,7 @@ pub mod preload;
 pub mod tiered;
 
 pub use checkpoint::CheckpointConfig;
+pub use coop::train_coop;
 pub use memory::{
     train, train_tiered, train_tiered_on, train_tiered_with, train_with, FeatureNorm, TrainConfig, TrainError,
 };

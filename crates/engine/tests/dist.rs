@@ -9,12 +9,18 @@
 //! order): `max |a − b| / max |b|` ≤ 1e-5 per tensor, the loss relative ≤ 1e-5.
 
 use grinnder_dist::{Comm, Groups, ThreadComm};
+use grinnder_engine::coop::coop_step;
+use grinnder_engine::memory::feature_shift;
+use grinnder_engine::minibatch::{batch_forward_backward, HostFeatures};
 use grinnder_engine::preload::{share, Expansion};
-use grinnder_engine::tiered::{shared_partitioning, CommStats, DistConfig, Executor, TieredConfig};
+use grinnder_engine::tiered::{
+    feature_rows, shared_partitioning, CommStats, DistConfig, Executor, TieredConfig,
+};
 use grinnder_engine::{FeatureNorm, TrainConfig};
 use grinnder_graph::generate::{generate, preset, GenConfig};
+use grinnder_graph::sample::NeighborSampler;
 use grinnder_graph::Dataset;
-use grinnder_nn::{Kind, ModelConfig, Norm, OptimConfig};
+use grinnder_nn::{Kind, Model, ModelConfig, Norm, OptimConfig};
 use grinnder_partition::Method;
 use grinnder_tensor::{Backend, Cpu, Mat};
 
@@ -332,4 +338,77 @@ fn shorter_preloading_and_expansion_aware_sampling_stay_inside_servers() {
     assert_eq!(full.owned, sampled.owned);
     assert!(sampled.ds.num_nodes() < full.ds.num_nodes());
     assert!(sampled.ds.num_nodes() > sampled.owned);
+}
+
+#[test]
+fn cooperative_batches_give_the_gradients_of_the_servers_union_batch() {
+    let ds = dataset();
+    let seeds: Vec<u32> = ds.splits.train.iter().copied().step_by(4).take(60).collect();
+    let (s0, s1) = seeds.split_at(25);
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+        for (hidden, input_dropout) in [(16, 0.0), (64, 0.2)] {
+            let cfg = model(kind, hidden, input_dropout);
+            let what = format!("{kind:?} hidden {hidden} input dropout {input_dropout}");
+            let every = NeighborSampler::new(vec![-1; 3], 1);
+            // one process: the union as one batch
+            let b = Cpu::<f32>::new();
+            let union = every.sample(&ds.graph, &seeds, 0);
+            let x = Mat::from_vec(
+                union.input_nodes().len(),
+                ds.features.dim,
+                feature_rows(
+                    &ds,
+                    FeatureNorm::Row,
+                    feature_shift(&ds, FeatureNorm::Row),
+                    union.input_nodes(),
+                ),
+            );
+            let mut m = Model::init(&b, cfg.clone(), ds.features.dim, ds.num_classes as usize);
+            m.zero_grad(&b);
+            let (loss_ref, _) = batch_forward_backward(&b, &mut m, &ds, &union, x, 3);
+            let want: Grads =
+                m.params_mut().into_iter().map(|p| (p.name.clone(), b.download(&p.grad))).collect();
+            // two servers of two ranks, each server its own batch, split over its ranks
+            let got = ThreadComm::run(4, |c| {
+                let b = Cpu::<f32>::new();
+                let groups = Groups::new(Box::new(c.clone()), 2);
+                let mine = if groups.layout.server(c.rank()) == 0 { s0 } else { s1 };
+                let batch = every.sample(&ds.graph, mine, 0);
+                let mut m = Model::init(&b, cfg.clone(), ds.features.dim, ds.num_classes as usize);
+                m.zero_grad(&b);
+                let mut stats = CommStats::default();
+                let features = HostFeatures::new(&ds, FeatureNorm::Row);
+                let scale = 1.0 / seeds.len() as f64;
+                let (loss, _) = coop_step(
+                    &b,
+                    &mut m,
+                    &ds,
+                    &batch,
+                    groups.server.as_ref(),
+                    &features,
+                    scale,
+                    3,
+                    &mut stats,
+                );
+                let mut loss = [loss];
+                grinnder_dist::all_reduce_sum(groups.global.as_ref(), &mut loss);
+                let grads: Grads = m
+                    .params_mut()
+                    .into_iter()
+                    .map(|p| {
+                        let mut h = b.download(&p.grad);
+                        grinnder_dist::all_reduce_sum(groups.global.as_ref(), &mut h.data);
+                        (p.name.clone(), h)
+                    })
+                    .collect();
+                (loss[0], grads, stats)
+            });
+            for (r, (loss, grads, stats)) in got.iter().enumerate() {
+                let what = format!("{what}, rank {r}");
+                assert!((loss - loss_ref).abs() <= TOL * loss_ref, "{what}: loss {loss} vs {loss_ref}");
+                assert_close(&what, grads, &want);
+                assert!(stats.halo_intra_bytes > 0 && stats.grad_intra_bytes > 0, "{what}: rows travelled");
+            }
+        }
+    }
 }
