@@ -17,6 +17,8 @@ use crate::args::{Device, FeatureAccessArg, PrecisionArg, TrainArgs, TrainPlan};
 /// (`--feature-access zero-copy`).
 struct ZeroCopyFeatures {
     table: grinnder_cuda::HostTable,
+    /// The labels, read by the loss kernel by node id.
+    labels: grinnder_cuda::HostLabels,
     /// Rows gathering on the second stream: (their ids, the matrix being filled).
     next: std::cell::RefCell<Option<(Vec<u32>, grinnder_cuda::DMat)>>,
 }
@@ -31,7 +33,9 @@ impl ZeroCopyFeatures {
         let mut table =
             g.host_table(ds.num_nodes(), host.dim()).context("cannot map the features for zero-copy")?;
         host.write_rows(None, table.as_mut_slice());
-        Ok(ZeroCopyFeatures { table, next: Default::default() })
+        let labels =
+            g.host_labels(&ds.labels, ds.num_classes).context("cannot map the labels for zero-copy")?;
+        Ok(ZeroCopyFeatures { table, labels, next: Default::default() })
     }
 }
 
@@ -47,8 +51,19 @@ impl FeatureSource<grinnder_cuda::Cuda> for ZeroCopyFeatures {
         *self.next.borrow_mut() = Some((ids.to_vec(), g.gather_host_async(&self.table, ids)));
     }
 
+    fn loss(
+        &self,
+        g: &grinnder_cuda::Cuda,
+        logits: &grinnder_cuda::DMat,
+        ids: &[u32],
+        scale: f64,
+        grad: &mut grinnder_cuda::DMat,
+    ) -> Option<(f64, usize)> {
+        Some(g.cross_entropy_mapped(logits, &self.labels, ids, scale, grad))
+    }
+
     fn describe(&self) -> String {
-        "zero-copy (GPU threads read the mapped page-locked feature rows)".into()
+        "zero-copy (GPU threads read the mapped page-locked feature rows and labels)".into()
     }
 }
 

@@ -35,15 +35,37 @@ impl HostTable {
     }
 }
 
+/// Node labels in page-locked host memory mapped into the device: the loss kernel reads a
+/// batch's labels by node id (zero-copy, like the features).
+pub struct HostLabels {
+    buf: PinnedHostSlice<i32>,
+    dptr: u64,
+    classes: u32,
+}
+
+impl HostLabels {
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.len() == 0
+    }
+}
+
 impl Cuda {
-    /// A zeroed, mapped, page-locked host table (not counted in `--gpu-mem`: it is host memory).
-    pub fn host_table(&self, rows: usize, cols: usize) -> Result<HostTable, CudaError> {
-        let n = (rows * cols).max(1);
+    /// `n` zeroed elements of page-locked host memory mapped into the device, and their device
+    /// address.
+    fn mapped<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<(PinnedHostSlice<T>, u64), CudaError> {
+        let n = n.max(1);
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: the memory is zeroed below before anything reads it.
-        let mut buf = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(n, flags) }.map_err(err)?;
+        let mut buf = unsafe { self.ctx.alloc_pinned_with_flags::<T>(n, flags) }.map_err(err)?;
         let host = buf.as_mut_ptr().map_err(err)?;
-        // SAFETY: `host` points to `n` floats just allocated.
+        // SAFETY: `host` points to `n` elements just allocated; all-zero bits are a valid `T`.
         unsafe { std::ptr::write_bytes(host, 0, n) };
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `host` was allocated with DEVICEMAP in this context.
@@ -51,7 +73,48 @@ impl Cuda {
         if r != sys::CUresult::CUDA_SUCCESS {
             return Err(CudaError::Driver(format!("cuMemHostGetDevicePointer: {r:?}")));
         }
+        Ok((buf, dptr))
+    }
+
+    /// A zeroed, mapped, page-locked host table (not counted in `--gpu-mem`: it is host memory).
+    pub fn host_table(&self, rows: usize, cols: usize) -> Result<HostTable, CudaError> {
+        let (buf, dptr) = self.mapped::<f32>(rows * cols)?;
         Ok(HostTable { buf, dptr, rows, cols })
+    }
+
+    /// `labels` (one per node; -1: none) mapped for [`Cuda::cross_entropy_mapped`].
+    pub fn host_labels(&self, labels: &[i32], classes: u32) -> Result<HostLabels, CudaError> {
+        let (mut buf, dptr) = self.mapped::<i32>(labels.len())?;
+        buf.as_mut_slice().map_err(err)?[..labels.len()].copy_from_slice(labels);
+        Ok(HostLabels { buf, dptr, classes })
+    }
+
+    /// `Backend::cross_entropy` over rows `0..ids.len()` of `logits` with the labels of nodes
+    /// `ids`, read by the kernel from the mapped table (only the node ids travel).
+    pub fn cross_entropy_mapped(
+        &self,
+        logits: &DMat,
+        labels: &HostLabels,
+        ids: &[u32],
+        scale: f64,
+        grad: &mut DMat,
+    ) -> (f64, usize) {
+        assert_eq!(labels.classes as usize, logits.cols, "one logit per class");
+        assert!(ids.len() <= logits.rows, "a row per node");
+        let table = labels.buf.as_slice().expect("pinned host memory");
+        for &v in ids {
+            let y = *table.get(v as usize).expect("a node of the table");
+            assert!(
+                y >= 0 && (y as u32) < labels.classes,
+                "node {v} has label {y}, outside 0..{}",
+                labels.classes
+            );
+        }
+        if ids.is_empty() {
+            return (0.0, 0);
+        }
+        let idx = self.upload_slice(ids);
+        self.cross_entropy_launch("cross_entropy_ids", logits, labels.dptr, &idx, scale, grad)
     }
 
     /// `out[at + i] = t[rows[i]]`, read by the GPU from host memory over the bus (zero-copy).

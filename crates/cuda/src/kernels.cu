@@ -515,13 +515,11 @@ extern "C" __global__ void layer_norm_dx(const float* x, const float* gamma, con
 }
 
 // one thread per listed row: loss, correctness, and the gradient row
-extern "C" __global__ void cross_entropy(const float* z, const int* labels, const u32* rows, i64 m, int c,
-                                         float scale, float* grad, float* loss, int* ok) {
-    i64 t = global_thread();
-    if (t >= m) return;
-    u64 r = rows[t];
+// one row's softmax cross-entropy: its loss and whether the arg-max is the label at slot t,
+// the scaled gradient into row r of grad
+__device__ void cross_entropy_row(const float* z, u64 r, int y, int c, float scale, float* grad, float* loss,
+                                  int* ok, i64 t) {
     const float* zr = z + r * c;
-    int y = labels[r];
     float mx = NEG_INF;
     int arg = 0;
     for (int j = 0; j < c; ++j) {
@@ -537,6 +535,22 @@ extern "C" __global__ void cross_entropy(const float* z, const int* labels, cons
         float p = expf(zr[j] - lse);
         grad[r * c + j] = scale * (j == y ? p - 1.0f : p);
     }
+}
+
+extern "C" __global__ void cross_entropy(const float* z, const int* labels, const u32* rows, i64 m, int c,
+                                         float scale, float* grad, float* loss, int* ok) {
+    i64 t = global_thread();
+    if (t >= m) return;
+    u64 r = rows[t];
+    cross_entropy_row(z, r, labels[r], c, scale, grad, loss, ok, t);
+}
+
+// rows 0..m with the labels of nodes ids[t], read from a table (mapped host memory: zero-copy)
+extern "C" __global__ void cross_entropy_ids(const float* z, const int* table, const u32* ids, i64 m, int c,
+                                             float scale, float* grad, float* loss, int* ok) {
+    i64 t = global_thread();
+    if (t >= m) return;
+    cross_entropy_row(z, (u64)t, table[ids[t]], c, scale, grad, loss, ok, t);
 }
 
 extern "C" __global__ void count_correct(const float* z, const int* labels, const u32* rows, i64 m, int c,

@@ -22,7 +22,7 @@ use grinnder_tensor::{Backend, Binary, DeviceMemory, MaskKey, Mat, Rows, SparseM
 mod cusparse;
 mod host;
 
-pub use host::{DeviceIndex, HostTable};
+pub use host::{DeviceIndex, HostLabels, HostTable};
 
 const SOURCE: &str = include_str!("kernels.cu");
 
@@ -188,7 +188,7 @@ pub struct Cuda {
     dummy_u32: CudaSlice<u32>,
 }
 
-const KERNELS: [&str; 26] = [
+const KERNELS: [&str; 27] = [
     "gather_rows2",
     "permute",
     "sum_parts",
@@ -212,6 +212,7 @@ const KERNELS: [&str; 26] = [
     "layer_norm",
     "layer_norm_dx",
     "cross_entropy",
+    "cross_entropy_ids",
     "count_correct",
     "adam",
     "sgd",
@@ -384,6 +385,38 @@ impl Cuda {
             2 => ("gather_rows2", warps(n.div_ceil(2))),
             _ => ("gather_rows", warps(n)),
         }
+    }
+
+    /// Launches `name` (`cross_entropy` or `cross_entropy_ids`) over `idx.len()` rows with the
+    /// labels at device address `labels`; returns the summed loss and the correct count.
+    pub(crate) fn cross_entropy_launch(
+        &self,
+        name: &'static str,
+        logits: &DMat,
+        labels: u64,
+        idx: &CudaSlice<u32>,
+        scale: f64,
+        grad: &mut DMat,
+    ) -> (f64, usize) {
+        let n = idx.len();
+        let mut loss = self.stream.alloc_zeros::<f32>(n).expect("CUDA alloc");
+        let mut ok = self.stream.alloc_zeros::<i32>(n).expect("CUDA alloc");
+        let (m, c32, s) = (n as i64, logits.cols as i32, scale as f32);
+        let mut l = self.stream.launch_builder(self.func(name));
+        l.arg(&logits.data)
+            .arg(&labels)
+            .arg(idx)
+            .arg(&m)
+            .arg(&c32)
+            .arg(&s)
+            .arg(&mut grad.data)
+            .arg(&mut loss);
+        l.arg(&mut ok);
+        // SAFETY: the callers checked the rows against the logits and the labels' range.
+        unsafe { l.launch(grid(n)) }.expect(name);
+        let loss = self.stream.clone_dtoh(&loss).expect("CUDA download");
+        let ok = self.stream.clone_dtoh(&ok).expect("CUDA download");
+        (loss.iter().map(|&x| x as f64).sum(), ok.iter().filter(|&&o| o != 0).count())
     }
 
     /// Whether cuSPARSE was found.
@@ -1125,18 +1158,8 @@ impl Backend for Cuda {
             return (0.0, 0);
         }
         let (dl, dr) = (self.labels.get(self, labels), self.rows.get(self, rows));
-        let (dl, dr) = (dl.as_ref(), dr.as_ref());
-        let mut loss = self.stream.alloc_zeros::<f32>(rows.len()).expect("CUDA alloc");
-        let mut ok = self.stream.alloc_zeros::<i32>(rows.len()).expect("CUDA alloc");
-        let (m, c32, s) = (rows.len() as i64, c as i32, scale as f32);
-        let mut l = self.stream.launch_builder(self.func("cross_entropy"));
-        l.arg(&logits.data).arg(dl).arg(dr).arg(&m).arg(&c32).arg(&s).arg(&mut grad.data).arg(&mut loss);
-        l.arg(&mut ok);
-        // SAFETY: rows index logits; labels checked above.
-        unsafe { l.launch(grid(rows.len())) }.expect("CUDA cross_entropy");
-        let loss = self.stream.clone_dtoh(&loss).expect("CUDA download");
-        let ok = self.stream.clone_dtoh(&ok).expect("CUDA download");
-        (loss.iter().map(|&x| x as f64).sum(), ok.iter().filter(|&&o| o != 0).count())
+        let dl: u64 = dl.as_ref().device_ptr(&self.stream).0;
+        self.cross_entropy_launch("cross_entropy", logits, dl, dr.as_ref(), scale, grad)
     }
 
     fn step(&self, rule: StepRule, p: &mut DMat, g: &DMat, s1: &mut DMat, s2: &mut DMat) {

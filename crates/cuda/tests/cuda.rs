@@ -225,6 +225,21 @@ fn every_operation_matches_the_cpu() {
     assert_eq!(cw, cg);
     check("cross_entropy grad", &g.download(&gg), &gw);
     assert_eq!(c.count_correct(&logits, &labels, &rows), g.count_correct(&g.upload(&logits), &labels, &rows));
+    // the same with labels read by node id from mapped host memory (zero-copy): row i of the
+    // logits belongs to node ids[i] of a 1000-node table
+    let ids: Vec<u32> = (0..300u32).map(|i| (i * 617 + 5) % 1000).collect();
+    let mut table = vec![-1i32; 1000];
+    for (i, &v) in ids.iter().enumerate() {
+        table[v as usize] = labels[i];
+    }
+    let all: Vec<u32> = (0..300).collect();
+    let (mut gw, mut gg) = (Mat::zeros(300, 7), g.upload(&random(300, 7, 29)));
+    let (lw, cw) = c.cross_entropy(&logits, &labels, &all, 0.01, &mut gw);
+    let mapped = g.host_labels(&table, 7).unwrap();
+    let (lg, cg) = g.cross_entropy_mapped(&g.upload(&logits), &mapped, &ids, 0.01, &mut gg);
+    assert!((lw - lg).abs() <= 1e-5 * lw.abs(), "mapped labels: loss {lg} vs {lw}");
+    assert_eq!(cw, cg, "mapped labels: correct count");
+    check("cross_entropy grad, mapped labels", &g.download(&gg), &gw);
     let rules = [
         StepRule::Adam {
             lr: 0.01,

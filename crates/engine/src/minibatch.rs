@@ -57,6 +57,18 @@ pub trait FeatureSource<B: Backend> {
     /// Starts gathering `ids`, the rows the next `gather` will ask for, where the source can
     /// overlap that with the backend's current work (none by default).
     fn prefetch(&self, _b: &B, _ids: &[u32]) {}
+    /// The cross-entropy of `logits` (row i: node `ids[i]`) into `grad`, where the source reads
+    /// the labels itself (zero-copy); `None`: the trainer passes host labels.
+    fn loss(
+        &self,
+        _b: &B,
+        _logits: &B::Mat,
+        _ids: &[u32],
+        _scale: f64,
+        _grad: &mut B::Mat,
+    ) -> Option<(f64, usize)> {
+        None
+    }
     /// How the rows travel (reported once).
     fn describe(&self) -> String;
 }
@@ -159,10 +171,12 @@ pub fn batch_forward_backward<B: Backend>(
 ) -> (f64, usize) {
     let kind = model.config.kind;
     let mats: Vec<_> = batch.blocks.iter().map(|blk| block_matrix(ds, kind, blk)).collect();
-    batch_step(b, model, ds, batch, &mats, x, epoch)
+    batch_step(b, model, ds, batch, &mats, x, epoch, None)
 }
 
-/// [`batch_forward_backward`] with the blocks' matrices already built.
+/// [`batch_forward_backward`] with the blocks' matrices already built; the loss through
+/// `source` where it reads labels itself.
+#[allow(clippy::too_many_arguments)]
 pub fn batch_step<B: Backend>(
     b: &B,
     model: &mut Model<B>,
@@ -171,6 +185,7 @@ pub fn batch_step<B: Backend>(
     mats: &[(SparseMatrix, Vec<f64>)],
     x: B::Mat,
     epoch: u64,
+    source: Option<&dyn FeatureSource<B>>,
 ) -> (f64, usize) {
     let kind = model.config.kind;
     let graphs: Vec<Graph<B>> =
@@ -185,11 +200,15 @@ pub fn batch_step<B: Backend>(
         inputs.push(y);
     }
     let logits = inputs.pop().expect("the output layer's");
-    let labels: Vec<i32> = batch.seeds.iter().map(|&v| ds.labels[v as usize]).collect();
-    let rows: Vec<u32> = (0..batch.seeds.len() as u32).collect();
     let (n, c) = b.dims(&logits);
     let mut dy = b.zeros(n, c);
-    let (loss, correct) = b.cross_entropy(&logits, &labels, &rows, 1.0 / rows.len().max(1) as f64, &mut dy);
+    let scale = 1.0 / batch.seeds.len().max(1) as f64;
+    let mapped = source.and_then(|s| s.loss(b, &logits, &batch.seeds, scale, &mut dy));
+    let (loss, correct) = mapped.unwrap_or_else(|| {
+        let labels: Vec<i32> = batch.seeds.iter().map(|&v| ds.labels[v as usize]).collect();
+        let rows: Vec<u32> = (0..batch.seeds.len() as u32).collect();
+        b.cross_entropy(&logits, &labels, &rows, scale, &mut dy)
+    });
     drop(logits);
     for l in (0..layers).rev() {
         let tape = tapes.pop().expect("one per layer");
@@ -310,7 +329,7 @@ pub fn train_minibatch_from<B: Backend>(
                 st.upload_bytes += (batch.input_nodes().len() * ds.features.dim) as u64 * elem;
                 let t = Instant::now();
                 model.zero_grad(b);
-                let (l, _) = batch_step(b, &mut model, ds, &batch, &mats, x, epoch);
+                let (l, _) = batch_step(b, &mut model, ds, &batch, &mats, x, epoch, Some(features));
                 opt.borrow_mut().step(b, model.params_mut());
                 b.synchronize();
                 st.compute_s += t.elapsed().as_secs_f64();
