@@ -13,7 +13,8 @@ pub struct Cli {
     /// Print only warnings and errors; no progress bars.
     #[arg(long, short, global = true)]
     pub quiet: bool,
-    /// Worker threads (default: one per core).
+    /// Worker threads (default: one per core; under mpirun, the cores shared among the ranks
+    /// on the machine).
     #[arg(long, global = true)]
     pub threads: Option<usize>,
     #[command(subcommand)]

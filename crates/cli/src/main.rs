@@ -16,11 +16,13 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let cli = args::Cli::parse();
+    // under mpirun, rank 0 reports: the others log warnings and errors only
+    let follower = grinnder_dist::launched_rank().is_some_and(|r| r > 0);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::builder()
                 .with_default_directive(
-                    if cli.quiet { "warn" } else { "info" }.parse().expect("valid directive"),
+                    if cli.quiet || follower { "warn" } else { "info" }.parse().expect("valid directive"),
                 )
                 .from_env_lossy(),
         )
@@ -29,7 +31,13 @@ fn main() -> std::process::ExitCode {
         .with_target(false)
         .init();
     grinnder_graph::progress::set_quiet(cli.quiet);
-    if let Some(t) = cli.threads {
+    // ranks sharing a machine share its cores unless --threads says otherwise
+    let threads = cli.threads.or_else(|| {
+        let local = grinnder_dist::launched_local_ranks().filter(|&n| n > 1)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Some((cores / local).max(1))
+    });
+    if let Some(t) = threads {
         if let Err(e) = rayon::ThreadPoolBuilder::new().num_threads(t).build_global() {
             eprintln!("error: cannot start {t} threads: {e}");
             return std::process::ExitCode::FAILURE;

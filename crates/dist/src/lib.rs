@@ -37,6 +37,16 @@ pub fn launched_ranks() -> Option<usize> {
     ["OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
 
+/// This process's rank in the job its launcher started (Open MPI's, PMIx's, PMI's variables).
+pub fn launched_rank() -> Option<usize> {
+    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
+/// How many ranks of the job share this machine (Open MPI's and MPICH's variables).
+pub fn launched_local_ranks() -> Option<usize> {
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"].iter().find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
 /// A single rank.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Solo;
