@@ -19,9 +19,9 @@ use grinnder_tensor::{Backend, Mat};
 use crate::memory::{run_epochs, Cells, TrainConfig, TrainError};
 use crate::metrics::{EpochMetrics, Summary};
 use crate::minibatch::{
-    batches, block_graph, block_matrix, FeatureSource, HostFeatures, MiniBatchConfig, Sampler,
+    batches, block_graph, block_matrix, ExactEval, FeatureSource, HostFeatures, MiniBatchConfig, Sampler,
 };
-use crate::tiered::{CommStats, DistConfig, Executor, PhaseStats, TieredConfig};
+use crate::tiered::{sum_gradients, CommStats, DistConfig, PhaseStats};
 
 /// Rows `n·r/size .. n·(r+1)/size`: rank `r`'s share of `n` rows.
 fn share(n: usize, r: usize, size: usize) -> (usize, usize) {
@@ -68,7 +68,7 @@ fn piece(blk: &Block, a: usize, b: usize) -> (Block, Vec<u32>) {
     (sub, cols)
 }
 
-/// Bytes moved, charged to the counters of `phase` (true: within the server).
+/// All-to-all of `send` within the server, its bytes added to `bytes` and its time to `secs`.
 fn exchange(comm: &dyn Comm, send: Vec<Vec<u8>>, bytes: &mut u64, secs: &mut f64) -> Vec<Vec<u8>> {
     let t = Instant::now();
     let me = comm.rank();
@@ -269,18 +269,7 @@ pub fn train_coop<B: Backend>(
                 *st.batches.as_mut().expect("set") += 1;
             }
             // a server without a batch this step adds zeros
-            for p in model.params_mut() {
-                let mut h = b.download(&p.grad);
-                let t = Instant::now();
-                let others = groups.global.size() - 1;
-                let same = groups.server.size() - 1;
-                let bytes = to_bytes(&h.data).len() as u64;
-                comm.reduce_intra_bytes += bytes * same as u64;
-                comm.reduce_inter_bytes += bytes * (others - same) as u64;
-                grinnder_dist::all_reduce_sum(groups.global.as_ref(), &mut h.data);
-                comm.comm_s += t.elapsed().as_secs_f64();
-                p.grad = b.upload_owned(h);
-            }
+            sum_gradients(b, &mut model, groups.global.as_ref(), groups.layout, &mut comm);
             opt.borrow_mut().step(b, model.params_mut());
         }
         let mut v = [loss];
@@ -300,29 +289,14 @@ pub fn train_coop<B: Backend>(
         // the loss summed over the epoch's seeds (run_epochs divides by the training count)
         Ok((v[0], Some(st)))
     };
-    let eval_tc = TieredConfig::in_ram(groups.global.size(), grinnder_partition::Method::Contiguous);
-    let no_dropout = grinnder_nn::ModelConfig { input_dropout: 0.0, ..cfg.model.clone() };
     let dist = DistConfig {
         comm: groups.global.as_ref(),
         ranks_per_server: groups.layout.ranks_per_server,
         reduce: None,
         subgraph: None,
     };
-    let evaluator = std::cell::RefCell::new(None);
-    let mut eval = |epoch: u64| {
-        let mut slot = evaluator.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(Executor::new_dist(b, ds, &no_dropout, cfg.feature_norm, &eval_tc, Some(dist))?);
-        }
-        let ex = slot.as_mut().expect("set up");
-        let mut m = model.borrow_mut();
-        for (dst, src) in ex.model.params_mut().into_iter().zip(m.params_mut()) {
-            b.copy(&src.value, &mut dst.value);
-        }
-        let mut c = ex.evaluate(epoch)?.map(|n| n as u64);
-        ex.reduce(&mut c);
-        Ok(c.map(|n| n as usize))
-    };
+    let mut evaluator = ExactEval::new(b, ds, cfg, groups.global.size(), Some(dist));
+    let mut eval = |epoch: u64| evaluator.run(&mut model.borrow_mut(), epoch);
     let mut state = Cells { b, model: &model, opt: &opt };
     run_epochs(ds, cfg, None, &mut state, on_epoch, &mut step, &mut eval)
 }

@@ -221,6 +221,53 @@ pub fn batch_step<B: Backend>(
     (loss, correct)
 }
 
+/// The exact evaluation of a model trained by batches: the tiered executor's full-neighbourhood
+/// forward over `parts` partitions (over `dist`'s ranks where given, counts summed over them),
+/// set up at its first use (none with `eval_every` 0), with the trained weights copied in.
+pub(crate) struct ExactEval<'a, B: Backend> {
+    b: &'a B,
+    ds: &'a Dataset,
+    model: grinnder_nn::ModelConfig,
+    norm: FeatureNorm,
+    tc: TieredConfig,
+    dist: Option<crate::tiered::DistConfig<'a>>,
+    ex: Option<Executor<'a, B>>,
+}
+
+impl<'a, B: Backend> ExactEval<'a, B> {
+    pub(crate) fn new(
+        b: &'a B,
+        ds: &'a Dataset,
+        cfg: &TrainConfig,
+        parts: usize,
+        dist: Option<crate::tiered::DistConfig<'a>>,
+    ) -> Self {
+        ExactEval {
+            b,
+            ds,
+            model: grinnder_nn::ModelConfig { input_dropout: 0.0, ..cfg.model.clone() },
+            norm: cfg.feature_norm,
+            tc: TieredConfig::in_ram(parts.max(1), grinnder_partition::Method::Contiguous),
+            dist,
+            ex: None,
+        }
+    }
+
+    /// Correct predictions on train, valid and test with `model`'s weights.
+    pub(crate) fn run(&mut self, model: &mut Model<B>, epoch: u64) -> Result<[usize; 3], TrainError> {
+        if self.ex.is_none() {
+            self.ex = Some(Executor::new_dist(self.b, self.ds, &self.model, self.norm, &self.tc, self.dist)?);
+        }
+        let ex = self.ex.as_mut().expect("set up");
+        for (dst, src) in ex.model.params_mut().into_iter().zip(model.params_mut()) {
+            self.b.copy(&src.value, &mut dst.value);
+        }
+        let mut c = ex.evaluate(epoch)?.map(|n| n as u64);
+        ex.reduce(&mut c);
+        Ok(c.map(|n| n as usize))
+    }
+}
+
 /// The training nodes of epoch `epoch` in batches: a seeded shuffle (the same on any machine).
 pub fn batches(train: &[u32], batch_size: usize, seed: u64, epoch: u64) -> Vec<Vec<u32>> {
     let mut order: Vec<u32> = train.to_vec();
@@ -340,23 +387,8 @@ pub fn train_minibatch_from<B: Backend>(
         pb.finish_and_clear();
         Ok((loss, Some(st)))
     };
-    // exact evaluation: the tiered executor's full-neighbourhood forward on the current weights
-    // (set up at the first evaluation: none with `eval_every` 0)
-    let eval_tc = TieredConfig::in_ram(mb.eval_parts.max(1), grinnder_partition::Method::Contiguous);
-    let no_dropout = grinnder_nn::ModelConfig { input_dropout: 0.0, ..cfg.model.clone() };
-    let evaluator = std::cell::RefCell::new(None);
-    let mut eval = |epoch: u64| {
-        let mut slot = evaluator.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(Executor::new(b, ds, &no_dropout, cfg.feature_norm, &eval_tc)?);
-        }
-        let ex = slot.as_mut().expect("set up");
-        let mut m = model.borrow_mut();
-        for (dst, src) in ex.model.params_mut().into_iter().zip(m.params_mut()) {
-            b.copy(&src.value, &mut dst.value);
-        }
-        ex.evaluate(epoch)
-    };
+    let mut evaluator = ExactEval::new(b, ds, cfg, mb.eval_parts, None);
+    let mut eval = |epoch: u64| evaluator.run(&mut model.borrow_mut(), epoch);
     let mut state = Cells { b, model: &model, opt: &opt };
     run_epochs(ds, cfg, ckpt, &mut state, on_epoch, &mut step, &mut eval)
 }

@@ -160,52 +160,78 @@ struct DistState<'a> {
     stats: CommStats,
 }
 
-/// Which phase an exchange is charged to.
+/// Which phase a halo exchange is charged to.
 #[derive(Clone, Copy)]
 enum Phase {
     Halo,
     Grad,
-    Reduce,
 }
 
 impl DistState<'_> {
-    /// All-to-all of `send`, charging the bytes to `phase`.
+    /// All-to-all of `send` among the ranks sharing the partitions, charging the bytes to `phase`.
     fn exchange(&mut self, send: Vec<Vec<u8>>, phase: Phase) -> Vec<Vec<u8>> {
         let t = Instant::now();
-        let reducing = matches!(phase, Phase::Reduce);
-        let comm = if reducing { self.reduce } else { self.comm };
-        let me = comm.rank();
+        let me = self.comm.rank();
         // halo exchanges within one server's ranks never leave it
-        let server_only = !reducing && !std::ptr::addr_eq(self.reduce, self.comm);
+        let server_only = !std::ptr::addr_eq(self.reduce, self.comm);
         for (r, b) in send.iter().enumerate().filter(|(r, _)| *r != me) {
-            let n = b.len() as u64;
             let intra = server_only || self.layout.same_server(me, r);
             let (a, e) = match phase {
                 Phase::Halo => (&mut self.stats.halo_intra_bytes, &mut self.stats.halo_inter_bytes),
                 Phase::Grad => (&mut self.stats.grad_intra_bytes, &mut self.stats.grad_inter_bytes),
-                Phase::Reduce => (&mut self.stats.reduce_intra_bytes, &mut self.stats.reduce_inter_bytes),
             };
-            *(if intra { a } else { e }) += n;
+            *(if intra { a } else { e }) += b.len() as u64;
         }
-        let out = comm.all_to_all(send);
+        let out = self.comm.all_to_all(send);
         self.stats.comm_s += t.elapsed().as_secs_f64();
         out
     }
 
     /// Element-wise sum over the ranks, in rank order (the same bits on every rank).
     fn all_reduce<T: grinnder_dist::Pod + std::ops::AddAssign>(&mut self, v: &mut [T]) {
-        let bytes = to_bytes(v);
-        let all = self.exchange(vec![bytes; self.reduce.size()], Phase::Reduce);
-        for (r, b) in all.iter().enumerate() {
-            let part: Vec<T> = from_bytes(b);
-            for (a, x) in v.iter_mut().zip(part) {
-                if r == 0 {
-                    *a = x;
-                } else {
-                    *a += x;
-                }
-            }
-        }
+        all_reduce_counted(self.reduce, self.layout, v, &mut self.stats);
+    }
+}
+
+/// [`grinnder_dist::all_reduce_sum`] over `comm`, its bytes charged to `stats`' reduction
+/// counters by link class (`v` goes to every other rank).
+pub(crate) fn all_reduce_counted<T: grinnder_dist::Pod + std::ops::AddAssign>(
+    comm: &dyn Comm,
+    layout: Layout,
+    v: &mut [T],
+    stats: &mut CommStats,
+) {
+    let t = Instant::now();
+    let (me, bytes) = (comm.rank(), std::mem::size_of_val(v) as u64);
+    for r in (0..comm.size()).filter(|&r| r != me) {
+        *(if layout.same_server(me, r) {
+            &mut stats.reduce_intra_bytes
+        } else {
+            &mut stats.reduce_inter_bytes
+        }) += bytes;
+    }
+    grinnder_dist::all_reduce_sum(comm, v);
+    stats.comm_s += t.elapsed().as_secs_f64();
+}
+
+/// Every parameter gradient of `model` summed over `comm`'s ranks in one reduction, in rank
+/// order (the same bits on every rank, so parameters stay identical).
+pub(crate) fn sum_gradients<B: Backend>(
+    b: &B,
+    model: &mut Model<B>,
+    comm: &dyn Comm,
+    layout: Layout,
+    stats: &mut CommStats,
+) {
+    let mut params = model.params_mut();
+    let host: Vec<Mat<B::T>> = params.iter().map(|p| b.download(&p.grad)).collect();
+    let mut flat: Vec<B::T> = host.iter().flat_map(|m| m.data.iter().copied()).collect();
+    all_reduce_counted(comm, layout, &mut flat, stats);
+    let mut at = 0;
+    for (p, m) in params.iter_mut().zip(host) {
+        let n = m.data.len();
+        p.grad = b.upload_owned(Mat::from_vec(m.rows, m.cols, flat[at..at + n].to_vec()));
+        at += n;
     }
 }
 
@@ -1403,12 +1429,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// (the same bits on every rank, so parameters stay identical).
     pub fn reduce_gradients(&mut self) {
         let Some(d) = self.dist.as_mut() else { return };
-        let b = self.b;
-        for p in self.model.params_mut() {
-            let mut h = b.download(&p.grad);
-            d.all_reduce(&mut h.data);
-            p.grad = b.upload_owned(h);
-        }
+        sum_gradients(self.b, &mut self.model, d.reduce, d.layout, &mut d.stats);
     }
 
     /// The rank and the number of ranks (0 and 1 in one process).
