@@ -22,5 +22,5 @@ echo "== one process"
 $bin "${flags[@]}" --metrics-out "$out/mpi-1.jsonl" 2>&1 | grep -E "test accuracy|error"
 root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
 echo "== mpirun -n $ranks"
-mpirun -n "$ranks" --oversubscribe "${root[@]}" $bin "${flags[@]}" --metrics-out "$out/mpi-$ranks.jsonl" 2>&1 \
+mpirun -n "$ranks" --oversubscribe --bind-to none "${root[@]}" $bin "${flags[@]}" --metrics-out "$out/mpi-$ranks.jsonl" 2>&1 \
   | grep -E "test accuracy|exchanged|error" | tail -4

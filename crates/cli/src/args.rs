@@ -308,6 +308,18 @@ pub enum FeatureAccessArg {
     ZeroCopy,
 }
 
+/// How ranks on GPUs move halo rows and gradient sums (runs under mpirun).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportArg {
+    /// NCCL where every rank of a machine has a GPU of its own, else MPI.
+    Auto,
+    /// MPI through host memory.
+    Mpi,
+    /// NCCL between the GPUs' memories (one GPU per rank).
+    Nccl,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ModeArg {
@@ -468,6 +480,12 @@ pub struct TrainSettings {
     /// servers on one machine) [default: the ranks MPI finds on each machine].
     #[arg(long)]
     pub ranks_per_server: Option<usize>,
+    /// Under mpirun with --device cuda: how full-graph ranks move halo rows, halo gradients and
+    /// parameter-gradient sums. nccl: between the GPUs' memories (one GPU per rank); mpi:
+    /// through host memory; auto: nccl where each rank of a machine has a GPU of its own and
+    /// NCCL loads [default: auto].
+    #[arg(long, value_enum)]
+    pub transport: Option<TransportArg>,
     /// Under mpirun: what each server trains on besides the nodes it owns. none: plain
     /// partition-parallel (halo rows cross servers); preload: their closure of --preload-hops
     /// hops (flexible preloading; as many hops as layers is exact, and then only the gradient
@@ -566,6 +584,8 @@ pub struct TrainPlan {
     pub gpu_mem: Option<u64>,
     /// `--ranks-per-server` (partition-parallel runs under mpirun).
     pub ranks_per_server: Option<usize>,
+    /// `--transport` (GPU ranks under mpirun).
+    pub transport: TransportArg,
     /// What servers train on besides the nodes they own (runs under mpirun).
     pub expansion: grinnder_engine::Expansion,
 }
@@ -752,6 +772,7 @@ impl TrainArgs {
             tf32: f.tf32.or(file.tf32).unwrap_or(false),
             feature_access: pick!(feature_access, FeatureAccessArg::Copy),
             gpu_mem: byte_size(f.gpu_mem.clone().or(file.gpu_mem.clone()))?,
+            transport: pick!(transport, TransportArg::Auto),
             ranks_per_server: match f.ranks_per_server.or(file.ranks_per_server) {
                 Some(0) => anyhow::bail!("--ranks-per-server must be at least 1"),
                 r => r,
@@ -810,6 +831,12 @@ impl TrainArgs {
                 anyhow::ensure!(
                     p.device != Device::Cpu && p.minibatch.is_some(),
                     "--feature-access zero-copy needs --device cuda and --mode minibatch"
+                );
+            }
+            if p.transport == TransportArg::Nccl {
+                anyhow::ensure!(
+                    p.device != Device::Cpu && p.minibatch.is_none(),
+                    "--transport nccl needs --device cuda and full-graph training (cooperative mini-batches exchange through MPI)"
                 );
             }
             if p.device == Device::Cpu {

@@ -34,7 +34,15 @@ fn main() -> std::process::ExitCode {
     // ranks sharing a machine share its cores unless --threads says otherwise
     let threads = cli.threads.or_else(|| {
         let local = grinnder_dist::launched_local_ranks().filter(|&n| n > 1)?;
+        // the cores this process may run on (the launcher may have bound it to fewer)
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let online = online_cpus().unwrap_or(cores);
+        if cores < online / local {
+            tracing::warn!(
+                "this rank may run on {cores} of the machine's {online} cores (the launcher bound it): `mpirun --bind-to none` lets the {local} ranks here share them"
+            );
+            return Some(cores);
+        }
         Some((cores / local).max(1))
     });
     if let Some(t) = threads {
@@ -72,4 +80,14 @@ fn main() -> std::process::ExitCode {
 fn budget_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
     let m = payload.downcast_ref::<String>()?;
     m.starts_with("GPU memory budget exceeded").then(|| m.clone())
+}
+
+/// The machine's online CPUs (Linux), whatever this process's affinity.
+fn online_cpus() -> Option<usize> {
+    // "0-31" or "0-3,8-11"
+    let list = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
+    list.trim().split(',').try_fold(0, |n, r| {
+        let (a, b) = r.split_once('-').unwrap_or((r, r));
+        Some(n + b.parse::<usize>().ok()? + 1 - a.parse::<usize>().ok()?)
+    })
 }

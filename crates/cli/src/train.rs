@@ -6,12 +6,12 @@ use std::io::Write;
 use anyhow::Context;
 use grinnder_engine::{
     train_coop, train_minibatch, train_minibatch_from, train_servers, train_tiered_with, train_with,
-    CheckpointConfig, EpochMetrics, FeatureSource, HostFeatures, Summary, TieredConfig,
+    CheckpointConfig, DeviceGroups, EpochMetrics, FeatureSource, HostFeatures, Summary, TieredConfig,
 };
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
 
-use crate::args::{Device, FeatureAccessArg, PrecisionArg, TrainArgs, TrainPlan};
+use crate::args::{Device, FeatureAccessArg, PrecisionArg, TrainArgs, TrainPlan, TransportArg};
 
 /// Mini-batch input rows read by GPU threads from mapped page-locked host memory
 /// (`--feature-access zero-copy`).
@@ -73,6 +73,8 @@ struct Launch {
     groups: grinnder_dist::Groups,
     /// This rank's index among the ranks of its machine (which GPU it uses).
     local_rank: usize,
+    /// How many ranks share this machine.
+    local_size: usize,
     /// MPI stays initialised while this lives (declared last: dropped after `comm`).
     #[cfg(feature = "mpi")]
     _mpi: grinnder_dist::mpi::Mpi,
@@ -89,7 +91,7 @@ fn launch(plan: &TrainPlan) -> anyhow::Result<Option<Launch>> {
         let (local_rank, local_size) = world.local();
         let ranks_per_server = plan.ranks_per_server.unwrap_or(local_size);
         let groups = grinnder_dist::Groups::new(Box::new(world), ranks_per_server);
-        Ok(Some(Launch { groups, local_rank, _mpi: mpi }))
+        Ok(Some(Launch { groups, local_rank, local_size, _mpi: mpi }))
     }
     #[cfg(not(feature = "mpi"))]
     {
@@ -98,6 +100,44 @@ fn launch(plan: &TrainPlan) -> anyhow::Result<Option<Launch>> {
             "started as one of {ranks} MPI ranks, but this grinnder was built without MPI: build it with `cargo build --release --features mpi` (needs Open MPI: libopenmpi-dev)"
         )
     }
+}
+
+/// NCCL communicators over the global and server groups, where `transport` asks for them
+/// (auto: every rank of every machine has a GPU of its own and NCCL loads). The choice is
+/// agreed by every rank, since making communicators is collective.
+fn nccl_groups(
+    gpu: &grinnder_cuda::Cuda,
+    l: &Launch,
+    transport: TransportArg,
+) -> anyhow::Result<Option<DeviceGroups<grinnder_cuda::Cuda>>> {
+    let gpus = grinnder_cuda::device_count();
+    let own_gpu = l.local_size <= gpus;
+    let usable = own_gpu && grinnder_cuda::nccl_present();
+    match transport {
+        TransportArg::Mpi => return Ok(None),
+        TransportArg::Nccl => {
+            anyhow::ensure!(
+                own_gpu,
+                "--transport nccl needs a GPU per rank: {} ranks share this machine's {gpus} GPU(s)",
+                l.local_size
+            );
+            anyhow::ensure!(grinnder_cuda::nccl_present(), "--transport nccl: libnccl.so was not found");
+        }
+        TransportArg::Auto => {
+            let all = l.groups.global.all_gather(&[usable as u8]);
+            if all.iter().any(|b| b[0] == 0) {
+                tracing::info!("halo rows and gradient sums through MPI (NCCL needs one GPU per rank)");
+                return Ok(None);
+            }
+        }
+    }
+    let global =
+        grinnder_cuda::Nccl::new(gpu, l.groups.global.as_ref()).context("NCCL did not initialise")?;
+    let server =
+        grinnder_cuda::Nccl::new(gpu, l.groups.server.as_ref()).context("NCCL did not initialise")?;
+    use grinnder_tensor::MatComm;
+    tracing::info!("halo rows and gradient sums over {}", global.describe());
+    Ok(Some(DeviceGroups { global: Box::new(global), server: Box::new(server) }))
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
@@ -174,8 +214,18 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     };
     let mut history = Vec::new();
     macro_rules! run_on {
-        ($backend:expr, $features:expr) => {
-            run_on($backend, &ds, &plan, $features, groups, ckpt.as_ref(), &mut metrics_file, &mut history)?
+        ($backend:expr, $features:expr, $device:expr) => {
+            run_on(
+                $backend,
+                &ds,
+                &plan,
+                $features,
+                groups,
+                $device,
+                ckpt.as_ref(),
+                &mut metrics_file,
+                &mut history,
+            )?
         };
     }
     let summary = match (plan.device, plan.precision) {
@@ -191,10 +241,14 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
                 FeatureAccessArg::Copy => None,
             };
             let source = zero_copy.as_ref().map(|z| z as &dyn FeatureSource<grinnder_cuda::Cuda>);
-            run_on!(&gpu, source)
+            let device = match &launch {
+                Some(l) if plan.minibatch.is_none() => nccl_groups(&gpu, l, plan.transport)?,
+                _ => None,
+            };
+            run_on!(&gpu, source, device.as_ref())
         }
-        (Device::Cpu, PrecisionArg::F32) => run_on!(&Cpu::<f32>::new(), None),
-        (Device::Cpu, PrecisionArg::F64) => run_on!(&Cpu::<f64>::new(), None),
+        (Device::Cpu, PrecisionArg::F32) => run_on!(&Cpu::<f32>::new(), None, None),
+        (Device::Cpu, PrecisionArg::F64) => run_on!(&Cpu::<f64>::new(), None, None),
     };
     if let Some(f) = metrics_file.as_mut() {
         let mut v = serde_json::to_value(&summary)?;
@@ -235,6 +289,7 @@ fn run_on<B: Backend>(
     plan: &TrainPlan,
     features: Option<&dyn FeatureSource<B>>,
     groups: Option<&grinnder_dist::Groups>,
+    device: Option<&DeviceGroups<B>>,
     ckpt: Option<&CheckpointConfig>,
     file: &mut Option<std::fs::File>,
     history: &mut Vec<EpochMetrics>,
@@ -319,7 +374,9 @@ fn run_on<B: Backend>(
                 device_cache_bytes: None,
             };
             match groups {
-                Some(g) => train_servers(b, ds, &plan.config, &tc, g, plan.expansion, ckpt, &mut on_epoch)?,
+                Some(g) => {
+                    train_servers(b, ds, &plan.config, &tc, g, device, plan.expansion, ckpt, &mut on_epoch)?
+                }
                 None => train_tiered_with(b, ds, &plan.config, &tc, ckpt, &mut on_epoch)?,
             }
         }

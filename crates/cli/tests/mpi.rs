@@ -94,17 +94,21 @@ fn emulated_servers_count_inter_server_bytes() {
     let o = single(&["-q", "train", "--epochs", "2", "--parts", "4", "--metrics-out", one.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let want = epochs(&one);
-    for expansion in ["none", "preload", "eas"] {
-        let m = dir.path().join(format!("{expansion}.jsonl"));
+    // two servers of two ranks; and of one rank each (a server's halo exchange is then among
+    // one rank: nothing to send)
+    for (ranks, per_server, expansion) in
+        [(4, "2", "none"), (4, "2", "preload"), (4, "2", "eas"), (2, "1", "preload")]
+    {
+        let m = dir.path().join(format!("{expansion}-{ranks}.jsonl"));
         let o = mpirun(
-            4,
+            ranks,
             &[
                 "-q",
                 "train",
                 "--epochs",
                 "2",
                 "--ranks-per-server",
-                "2",
+                per_server,
                 "--expansion",
                 expansion,
                 "--metrics-out",

@@ -21,8 +21,10 @@ use grinnder_tensor::{Backend, Binary, DeviceMemory, MaskKey, Mat, Rows, SparseM
 
 mod cusparse;
 mod host;
+mod nccl;
 
 pub use host::{DeviceIndex, HostLabels, HostTable};
+pub use nccl::{nccl_present, Nccl};
 
 const SOURCE: &str = include_str!("kernels.cu");
 

@@ -502,3 +502,85 @@ fn models_give_the_cpu_gradients() {
         }
     }
 }
+
+/// NCCL between two GPUs (ranks as threads, one GPU each): the matrix all-to-all delivers each
+/// rank's rows and the all-reduce gives the sum on both; the partition-parallel executor over
+/// NCCL gives the CPU's one-process gradients, the same bits on both ranks, with its blocks in
+/// host memory and on the GPUs. Skipped with fewer than two GPUs.
+#[test]
+fn nccl_partition_parallel_on_two_gpus_gives_the_cpu_gradients() {
+    use grinnder_dist::{Comm, ThreadComm};
+    use grinnder_engine::tiered::{DeviceComms, DistConfig, Executor, TieredConfig};
+    use grinnder_engine::FeatureNorm;
+    use grinnder_partition::Method;
+    use grinnder_tensor::MatComm;
+    if grinnder_cuda::device_count() < 2 || !grinnder_cuda::nccl_present() {
+        eprintln!("skipped: needs two GPUs and NCCL ({} GPU(s))", grinnder_cuda::device_count());
+        return;
+    }
+    let c = Cpu::<f32>::new();
+    let ds =
+        generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
+    // the collectives themselves
+    let sums = ThreadComm::run(2, |comm| {
+        let g = Cuda::new(comm.rank()).unwrap();
+        let nccl = grinnder_cuda::Nccl::new(&g, comm).unwrap();
+        let me = comm.rank();
+        let send = (0..2).map(|r| g.upload(&random(3 + r + me, 5, (10 * me + r) as u64))).collect();
+        let got = nccl.all_to_all(&g, send, &[3 + me, 4 + me], 5);
+        for (r, m) in got.iter().enumerate() {
+            let want = random(3 + me + r, 5, (10 * r + me) as u64);
+            assert_eq!(g.download(m).data, want.data, "rank {me}: rows from rank {r}");
+        }
+        let mut m = g.upload(&random(7, 9, 100 + me as u64));
+        nccl.all_reduce_sum(&g, &mut [&mut m]);
+        g.download(&m)
+    });
+    let want: Vec<f32> =
+        random(7, 9, 100).data.iter().zip(&random(7, 9, 101).data).map(|(a, b)| a + b).collect();
+    for s in &sums {
+        assert_eq!(s.data, want, "all-reduce of two ranks");
+    }
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+        let cfg = ModelConfig { input_dropout: 0.0, norm: Norm::None, residual: false, ..model_cfg(kind) };
+        let tc0 = TieredConfig::in_ram(4, Method::Metis { seed: 0 });
+        let mut ex_c = Executor::new(&c, &ds, &cfg, FeatureNorm::Row, &tc0).unwrap();
+        ex_c.model.zero_grad(&c);
+        let (loss_c, _) = ex_c.forward_backward(2).unwrap();
+        let want: Vec<Mat<f32>> = ex_c.model.params_mut().into_iter().map(|p| p.grad.clone()).collect();
+        for device in [Some(0), Some(u64::MAX)] {
+            let tc = TieredConfig { device_cache_bytes: device, ..tc0.clone() };
+            let got = ThreadComm::run(2, |comm| {
+                let g = Cuda::new(comm.rank()).unwrap();
+                let nccl = grinnder_cuda::Nccl::new(&g, comm).unwrap();
+                let dist = DistConfig {
+                    comm,
+                    ranks_per_server: 2,
+                    reduce: None,
+                    subgraph: None,
+                    device: Some(DeviceComms { comm: &nccl, reduce: &nccl }),
+                };
+                let mut ex = Executor::new_dist(&g, &ds, &cfg, FeatureNorm::Row, &tc, Some(dist)).unwrap();
+                ex.model.zero_grad(&g);
+                let (loss, _) = ex.forward_backward(2).unwrap();
+                let mut loss = [loss];
+                ex.reduce(&mut loss);
+                ex.reduce_gradients();
+                let comm_stats = ex.take_stats().comm.unwrap();
+                let grads: Vec<Mat<f32>> =
+                    ex.model.params_mut().iter().map(|p| g.download(&p.grad)).collect();
+                (loss[0], grads, comm_stats.halo_intra_bytes)
+            });
+            for (r, (loss, grads, halo)) in got.iter().enumerate() {
+                let what = format!("{kind:?} device blocks {device:?}, rank {r} of 2 over NCCL");
+                assert!((loss - loss_c).abs() <= 1e-5 * loss_c, "{what}: loss {loss} vs {loss_c}");
+                assert!(*halo > 0, "{what}: halo rows travelled");
+                for (i, (a, b)) in grads.iter().zip(&want).enumerate() {
+                    let e = rel(a, b);
+                    assert!(e <= 1e-4, "{what}: parameter {i} relative error {e:.3e}");
+                    assert!(a.data == got[0].1[i].data, "{what}: parameter {i} differs from rank 0's");
+                }
+            }
+        }
+    }
+}

@@ -75,16 +75,21 @@ impl Comm for MpiComm {
 
     fn all_to_all(&self, send: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
         assert_eq!(send.len(), self.size(), "one buffer per rank");
+        if self.size() == 1 {
+            return send;
+        }
         let sc = counts(&send);
         let mut rc = vec![0 as Count; sc.len()];
         self.comm.all_to_all_into(&sc[..], &mut rc[..]);
         let (sd, rd) = (displs(&sc), displs(&rc));
         let flat: Vec<u8> = send.concat();
         let total: usize = rc.iter().map(|&c| c as usize).sum();
-        let mut recv = vec![0u8; total];
+        // never an empty allocation: two empty vectors share one dangling address, and MPI
+        // refuses a send buffer that is the receive buffer (MPI_ERR_ARG)
+        let mut recv = vec![0u8; total.max(1)];
         {
             let s = Partition::new(&flat[..], &sc[..], &sd[..]);
-            let mut r = PartitionMut::new(&mut recv[..], &rc[..], &rd[..]);
+            let mut r = PartitionMut::new(&mut recv[..total], &rc[..], &rd[..]);
             self.comm.all_to_all_varcount_into(&s, &mut r);
         }
         unflatten(&recv, &rc, &rd)
@@ -96,9 +101,10 @@ impl Comm for MpiComm {
         self.comm.all_gather_into(&n, &mut rc[..]);
         let rd = displs(&rc);
         let total: usize = rc.iter().map(|&c| c as usize).sum();
-        let mut recv = vec![0u8; total];
+        // as in `all_to_all`: the receive buffer is a real allocation
+        let mut recv = vec![0u8; total.max(1)];
         {
-            let mut r = PartitionMut::new(&mut recv[..], &rc[..], &rd[..]);
+            let mut r = PartitionMut::new(&mut recv[..total], &rc[..], &rd[..]);
             self.comm.all_gather_varcount_into(data, &mut r);
         }
         unflatten(&recv, &rc, &rd)

@@ -294,6 +294,7 @@ pub fn train_coop<B: Backend>(
         ranks_per_server: groups.layout.ranks_per_server,
         reduce: None,
         subgraph: None,
+        device: None,
     };
     let mut evaluator = ExactEval::new(b, ds, cfg, groups.global.size(), Some(dist));
     let mut eval = |epoch: u64| evaluator.run(&mut model.borrow_mut(), epoch);

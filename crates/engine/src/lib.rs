@@ -19,5 +19,7 @@ pub use metrics::{EpochMetrics, Summary};
 pub use minibatch::{
     train_minibatch, train_minibatch_from, FeatureSource, HostFeatures, MiniBatchConfig, Sampler,
 };
-pub use preload::{train_servers, Expansion};
-pub use tiered::{CacheMode, CommStats, DistConfig, Executor, SubgraphOf, TierDtype, TieredConfig};
+pub use preload::{train_servers, DeviceGroups, Expansion};
+pub use tiered::{
+    CacheMode, CommStats, DeviceComms, DistConfig, Executor, HostMats, SubgraphOf, TierDtype, TieredConfig,
+};

@@ -328,7 +328,7 @@ pub fn train_tiered_on<B: Backend>(
     share: &Dataset,
     cfg: &TrainConfig,
     tc: &TieredConfig,
-    dist: Option<DistConfig<'_>>,
+    dist: Option<DistConfig<'_, B>>,
     ckpt: Option<&CheckpointConfig>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {

@@ -230,7 +230,7 @@ pub(crate) struct ExactEval<'a, B: Backend> {
     model: grinnder_nn::ModelConfig,
     norm: FeatureNorm,
     tc: TieredConfig,
-    dist: Option<crate::tiered::DistConfig<'a>>,
+    dist: Option<crate::tiered::DistConfig<'a, B>>,
     ex: Option<Executor<'a, B>>,
 }
 
@@ -240,7 +240,7 @@ impl<'a, B: Backend> ExactEval<'a, B> {
         ds: &'a Dataset,
         cfg: &TrainConfig,
         parts: usize,
-        dist: Option<crate::tiered::DistConfig<'a>>,
+        dist: Option<crate::tiered::DistConfig<'a, B>>,
     ) -> Self {
         ExactEval {
             b,

@@ -17,12 +17,12 @@
 use grinnder_dist::Groups;
 use grinnder_graph::subgraph::{closure, induced, sampled_closure};
 use grinnder_graph::Dataset;
-use grinnder_tensor::Backend;
+use grinnder_tensor::{Backend, MatComm};
 
 use crate::checkpoint::CheckpointConfig;
 use crate::memory::{feature_shift, train_tiered_on, TrainConfig, TrainError};
 use crate::metrics::{EpochMetrics, Summary};
-use crate::tiered::{shared_partitioning, DistConfig, SubgraphOf, TieredConfig};
+use crate::tiered::{shared_partitioning, DeviceComms, DistConfig, SubgraphOf, TieredConfig};
 
 /// How each server extends the nodes it owns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +39,13 @@ pub enum Expansion {
     /// Expansion-aware sampling: from the server's boundary, at most `hops` hops out, up to
     /// `fanout` outside neighbours per node; every edge among the kept nodes.
     Sampled { hops: usize, fanout: usize },
+}
+
+/// Device transports over the ranks of [`Groups`]' global and server groups (NCCL between
+/// GPUs), for the halo exchange and the gradient sum.
+pub struct DeviceGroups<B: Backend> {
+    pub global: Box<dyn MatComm<B>>,
+    pub server: Box<dyn MatComm<B>>,
 }
 
 /// A server's share: its dataset and how it sits in the whole.
@@ -92,7 +99,8 @@ fn node_bytes(ds: &Dataset, cfg: &TrainConfig) -> u64 {
 
 /// Trains `cfg` over `groups`' ranks: plain partition-parallel for [`Expansion::Plain`],
 /// otherwise each server on its share (see the module docs). `tc.parts` counts partitions over
-/// every rank (at least one per rank); every rank sees the whole graph's figures.
+/// every rank (at least one per rank); every rank sees the whole graph's figures. With
+/// `device`, halo rows and gradient sums move between the backend's matrices over it.
 #[allow(clippy::too_many_arguments)]
 pub fn train_servers<B: Backend>(
     b: &B,
@@ -100,6 +108,7 @@ pub fn train_servers<B: Backend>(
     cfg: &TrainConfig,
     tc: &TieredConfig,
     groups: &Groups,
+    device: Option<&DeviceGroups<B>>,
     expansion: Expansion,
     ckpt: Option<&CheckpointConfig>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
@@ -111,6 +120,7 @@ pub fn train_servers<B: Backend>(
             ranks_per_server: layout.ranks_per_server,
             reduce: None,
             subgraph: None,
+            device: device.map(|d| DeviceComms { comm: d.global.as_ref(), reduce: d.global.as_ref() }),
         };
         return train_tiered_on(b, ds, ds, cfg, tc, Some(dist), ckpt, on_epoch);
     }
@@ -134,6 +144,7 @@ pub fn train_servers<B: Backend>(
         ranks_per_server: layout.ranks_per_server,
         reduce: Some(groups.global.as_ref()),
         subgraph: Some(&sh.of),
+        device: device.map(|d| DeviceComms { comm: d.server.as_ref(), reduce: d.global.as_ref() }),
     };
     train_tiered_on(b, ds, &sh.ds, cfg, &tc_server, Some(dist), ckpt, on_epoch)
 }

@@ -14,7 +14,7 @@ use grinnder_engine::memory::feature_shift;
 use grinnder_engine::minibatch::{batch_forward_backward, HostFeatures};
 use grinnder_engine::preload::{share, Expansion};
 use grinnder_engine::tiered::{
-    feature_rows, shared_partitioning, CommStats, DistConfig, Executor, TieredConfig,
+    feature_rows, shared_partitioning, CommStats, DeviceComms, DistConfig, Executor, HostMats, TieredConfig,
 };
 use grinnder_engine::{FeatureNorm, TrainConfig};
 use grinnder_graph::generate::{generate, preset, GenConfig};
@@ -57,8 +57,19 @@ struct Outcome {
 /// One training pass and one evaluation at epoch 3 on this rank (`comm`: `None` is one process).
 fn pass(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, comm: Option<&dyn Comm>) -> Outcome {
     let b = Cpu::<f32>::new();
-    let dist = comm.map(|comm| DistConfig { comm, ranks_per_server: 2, reduce: None, subgraph: None });
+    let dist =
+        comm.map(|comm| DistConfig { comm, ranks_per_server: 2, reduce: None, subgraph: None, device: None });
     run(&b, ds, cfg, tc, dist)
+}
+
+/// [`pass`] with the executor's matrix transport (the path NCCL takes between GPUs), here
+/// through the host.
+fn pass_on_device(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, comm: &dyn Comm) -> Outcome {
+    let b = Cpu::<f32>::new();
+    let mats = HostMats(comm);
+    let device = Some(DeviceComms { comm: &mats, reduce: &mats });
+    let dist = DistConfig { comm, ranks_per_server: 2, reduce: None, subgraph: None, device };
+    run(&b, ds, cfg, tc, Some(dist))
 }
 
 fn run(
@@ -66,7 +77,7 @@ fn run(
     ds: &Dataset,
     cfg: &ModelConfig,
     tc: &TieredConfig,
-    dist: Option<DistConfig<'_>>,
+    dist: Option<DistConfig<'_, Cpu<f32>>>,
 ) -> Outcome {
     let mut ex = Executor::new_dist(b, ds, cfg, FeatureNorm::Row, tc, dist).unwrap();
     ex.model.zero_grad(b);
@@ -140,6 +151,44 @@ fn partition_parallel_gradients_equal_one_process() {
     for ranks in [2, 3, 4] {
         for (cfg, tc, what) in cases(ranks) {
             check(&ds, &cfg, &tc, ranks, &what);
+        }
+    }
+}
+
+/// The executor's matrix transport (the NCCL path between GPUs) moves the same rows and sums
+/// in the same order as the byte path: the same bits, with the blocks in host memory and with
+/// them in the backend's ("device") memory, where halo gradients are added by the backend.
+#[test]
+fn the_matrix_transport_gives_the_byte_transport_results() {
+    let ds = dataset();
+    for ranks in [2, 3] {
+        for (cfg, tc, what) in cases(ranks) {
+            let want = pass(&ds, &cfg, &tc, None);
+            let host = ThreadComm::run(ranks, |c| pass(&ds, &cfg, &tc, Some(c)));
+            let got = ThreadComm::run(ranks, |c| pass_on_device(&ds, &cfg, &tc, c));
+            for (r, (o, h)) in got.iter().zip(&host).enumerate() {
+                let what = format!("{what}, rank {r} of {ranks}, matrix transport");
+                verify(&what, o, &want, &got[0].grads, ranks);
+                assert_eq!(o.loss, h.loss, "{what}: loss bits");
+                for ((name, a), (_, b)) in o.grads.iter().zip(&h.grads) {
+                    assert!(a.data == b.data, "{what}: {name} differs from the byte transport's");
+                }
+                let bytes = |c: &CommStats| {
+                    [c.halo_intra_bytes, c.halo_inter_bytes, c.grad_intra_bytes, c.grad_inter_bytes]
+                };
+                assert_eq!(o.comm.as_ref().map(bytes), h.comm.as_ref().map(bytes), "{what}: bytes");
+            }
+            let on_dev = TieredConfig { device_cache_bytes: Some(u64::MAX), ..tc.clone() };
+            let got = ThreadComm::run(ranks, |c| pass_on_device(&ds, &cfg, &on_dev, c));
+            for (r, o) in got.iter().enumerate() {
+                verify(
+                    &format!("{what}, rank {r} of {ranks}, device blocks"),
+                    o,
+                    &want,
+                    &got[0].grads,
+                    ranks,
+                );
+            }
         }
     }
 }
@@ -232,7 +281,8 @@ fn more_ranks_than_partitions_is_refused() {
     let errs = ThreadComm::run(3, |c| {
         let b = Cpu::<f32>::new();
         let tc = TieredConfig::in_ram(2, Method::Random { seed: 1 });
-        let dist = Some(DistConfig { comm: c, ranks_per_server: 1, reduce: None, subgraph: None });
+        let dist =
+            Some(DistConfig { comm: c, ranks_per_server: 1, reduce: None, subgraph: None, device: None });
         Executor::new_dist(&b, &ds, &cfg, FeatureNorm::Row, &tc, dist).err().map(|e| e.to_string())
     });
     for e in errs {
@@ -271,6 +321,7 @@ fn server_pass(
         ranks_per_server: 2,
         reduce: Some(groups.global.as_ref()),
         subgraph: Some(&sh.of),
+        device: None,
     };
     run(&b, &sh.ds, cfg, tc, Some(dist))
 }

@@ -5,6 +5,7 @@
 //! a [`SparseMatrix`] with value sets.
 
 pub mod backend;
+pub mod collective;
 pub mod cpu;
 pub mod dropout;
 pub mod mat;
@@ -12,6 +13,7 @@ pub mod scalar;
 pub mod sparse;
 
 pub use backend::{Backend, Binary, DeviceMemory, MaskKey, Rows, Side, StepRule, Unary};
+pub use collective::MatComm;
 pub use cpu::Cpu;
 pub use mat::Mat;
 pub use scalar::Scalar;

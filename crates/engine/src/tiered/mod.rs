@@ -27,7 +27,7 @@ use grinnder_graph::{norm, Csr, Dataset};
 use grinnder_nn::graph::Adjacency;
 use grinnder_nn::{Graph, Kind as ModelKind, Model, ModelConfig};
 use grinnder_partition::{partition_cached, Method, PartitionedGraph, Partitioning};
-use grinnder_tensor::{Backend, Mat, Rows, Scalar, SparseMatrix};
+use grinnder_tensor::{Backend, Mat, MatComm, Rows, Scalar, SparseMatrix};
 use serde::Serialize;
 
 pub use files::Faults;
@@ -84,8 +84,7 @@ impl TieredConfig {
 /// computes a contiguous share of the partitions; rows of the others' partitions that its
 /// partitions read (the halo) arrive by all-to-all before each layer, and halo gradients go back
 /// to their owners, so the result equals one process computing every partition.
-#[derive(Clone, Copy)]
-pub struct DistConfig<'c> {
+pub struct DistConfig<'c, B: Backend> {
     /// The ranks that share the partitions and exchange halo rows.
     pub comm: &'c dyn Comm,
     /// Consecutive ranks of `reduce` that share a server (which links the byte counters charge).
@@ -96,6 +95,72 @@ pub struct DistConfig<'c> {
     pub reduce: Option<&'c dyn Comm>,
     /// The dataset given to the executor is a part of the whole (a server's share).
     pub subgraph: Option<&'c SubgraphOf>,
+    /// A transport between the backend's own matrices (NCCL between GPUs) over the same
+    /// ranks: halo rows, halo gradients and parameter gradients then move device to device;
+    /// `None`: through the host over `comm` and `reduce`.
+    pub device: Option<DeviceComms<'c, B>>,
+}
+
+impl<B: Backend> Clone for DistConfig<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for DistConfig<'_, B> {}
+
+/// [`MatComm`]s over the ranks of [`DistConfig::comm`] and [`DistConfig::reduce`].
+pub struct DeviceComms<'c, B: Backend> {
+    pub comm: &'c dyn MatComm<B>,
+    pub reduce: &'c dyn MatComm<B>,
+}
+
+impl<B: Backend> Clone for DeviceComms<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for DeviceComms<'_, B> {}
+
+/// A [`MatComm`] through the host over a byte communicator: matrices are downloaded, sent as
+/// bytes and uploaded; sums are added in rank order. For backends without a device transport,
+/// and to run the executor's device path on the CPU (tests).
+pub struct HostMats<'c>(pub &'c dyn Comm);
+
+impl<B: Backend> MatComm<B> for HostMats<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+
+    fn all_to_all(&self, b: &B, send: Vec<B::Mat>, recv_rows: &[usize], cols: usize) -> Vec<B::Mat> {
+        let bytes = send.iter().map(|m| to_bytes(&b.download(m).data)).collect();
+        let got = self.0.all_to_all(bytes);
+        got.iter()
+            .zip(recv_rows)
+            .map(|(g, &r)| b.upload_owned(Mat::from_vec(r, cols, from_bytes(g))))
+            .collect()
+    }
+
+    fn all_reduce_sum(&self, b: &B, mats: &mut [&mut B::Mat]) {
+        let host: Vec<Mat<B::T>> = mats.iter().map(|m| b.download(m)).collect();
+        let mut flat: Vec<B::T> = host.iter().flat_map(|m| m.data.iter().copied()).collect();
+        grinnder_dist::all_reduce_sum(self.0, &mut flat);
+        let mut at = 0;
+        for (m, h) in mats.iter_mut().zip(host) {
+            let n = h.data.len();
+            **m = b.upload_owned(Mat::from_vec(h.rows, h.cols, flat[at..at + n].to_vec()));
+            at += n;
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (through the host)", self.0.describe())
+    }
 }
 
 /// How a dataset given to the executor sits in the whole one: node ids there (dropout masks
@@ -144,8 +209,10 @@ impl CommStats {
 }
 
 /// What a rank needs to exchange halo rows.
-struct DistState<'a> {
+struct DistState<'a, B: Backend> {
     comm: &'a dyn Comm,
+    /// The device transport, if any ([`DistConfig::device`]).
+    device: Option<DeviceComms<'a, B>>,
     /// Where reductions go (`comm` unless a server trains on its own share).
     reduce: &'a dyn Comm,
     /// Servers among `reduce`'s ranks; `comm`'s ranks share one server when `reduce` differs.
@@ -167,22 +234,48 @@ enum Phase {
     Grad,
 }
 
-impl DistState<'_> {
-    /// All-to-all of `send` among the ranks sharing the partitions, charging the bytes to `phase`.
-    fn exchange(&mut self, send: Vec<Vec<u8>>, phase: Phase) -> Vec<Vec<u8>> {
-        let t = Instant::now();
+impl<B: Backend> DistState<'_, B> {
+    /// Charges `bytes[r]` sent to rank `r` to `phase`, by link class.
+    fn count(&mut self, bytes: impl Iterator<Item = u64>, phase: Phase) {
         let me = self.comm.rank();
         // halo exchanges within one server's ranks never leave it
         let server_only = !std::ptr::addr_eq(self.reduce, self.comm);
-        for (r, b) in send.iter().enumerate().filter(|(r, _)| *r != me) {
+        for (r, n) in bytes.enumerate().filter(|(r, _)| *r != me) {
             let intra = server_only || self.layout.same_server(me, r);
             let (a, e) = match phase {
                 Phase::Halo => (&mut self.stats.halo_intra_bytes, &mut self.stats.halo_inter_bytes),
                 Phase::Grad => (&mut self.stats.grad_intra_bytes, &mut self.stats.grad_inter_bytes),
             };
-            *(if intra { a } else { e }) += b.len() as u64;
+            *(if intra { a } else { e }) += n;
         }
+    }
+
+    /// All-to-all of `send` among the ranks sharing the partitions, charging the bytes to `phase`.
+    fn exchange(&mut self, send: Vec<Vec<u8>>, phase: Phase) -> Vec<Vec<u8>> {
+        let t = Instant::now();
+        self.count(send.iter().map(|b| b.len() as u64), phase);
         let out = self.comm.all_to_all(send);
+        self.stats.comm_s += t.elapsed().as_secs_f64();
+        out
+    }
+
+    /// [`DistState::exchange`] of matrices over the device transport (`cols` columns; rank
+    /// `r`'s with `recv_rows[r]` rows); timed between device synchronisations.
+    fn exchange_mats(
+        &mut self,
+        b: &B,
+        send: Vec<B::Mat>,
+        recv_rows: &[usize],
+        cols: usize,
+        phase: Phase,
+    ) -> Vec<B::Mat> {
+        let device = self.device.expect("a device transport");
+        b.synchronize();
+        let t = Instant::now();
+        let elem = std::mem::size_of::<B::T>() as u64;
+        self.count(send.iter().map(|m| b.dims(m)).map(|(r, c)| (r * c) as u64 * elem), phase);
+        let out = device.comm.all_to_all(b, send, recv_rows, cols);
+        b.synchronize();
         self.stats.comm_s += t.elapsed().as_secs_f64();
         out
     }
@@ -233,6 +326,34 @@ pub(crate) fn sum_gradients<B: Backend>(
         p.grad = b.upload_owned(Mat::from_vec(m.rows, m.cols, flat[at..at + n].to_vec()));
         at += n;
     }
+}
+
+/// [`sum_gradients`] over a device transport: one grouped all-reduce of the gradients where
+/// they are (every rank gets the same bits; the order of additions is the transport's).
+pub(crate) fn sum_gradients_on<B: Backend>(
+    b: &B,
+    model: &mut Model<B>,
+    comm: &dyn MatComm<B>,
+    layout: Layout,
+    stats: &mut CommStats,
+) {
+    b.synchronize();
+    let t = Instant::now();
+    let mut params = model.params_mut();
+    let elem = std::mem::size_of::<B::T>() as u64;
+    let bytes: u64 = params.iter().map(|p| b.dims(&p.grad)).map(|(r, c)| (r * c) as u64 * elem).sum();
+    let me = comm.rank();
+    for r in (0..comm.size()).filter(|&r| r != me) {
+        *(if layout.same_server(me, r) {
+            &mut stats.reduce_intra_bytes
+        } else {
+            &mut stats.reduce_inter_bytes
+        }) += bytes;
+    }
+    let mut grads: Vec<&mut B::Mat> = params.iter_mut().map(|p| &mut p.grad).collect();
+    comm.all_reduce_sum(b, &mut grads);
+    b.synchronize();
+    stats.comm_s += t.elapsed().as_secs_f64();
 }
 
 /// Seconds per phase of one epoch, with the store's counters.
@@ -335,7 +456,7 @@ pub struct Executor<'a, B: Backend> {
     stats: PhaseStats,
     /// The partitions this rank computes (all of them in one process).
     local: std::ops::Range<usize>,
-    dist: Option<DistState<'a>>,
+    dist: Option<DistState<'a, B>>,
 }
 
 /// Features of `ids`, preprocessed (`shift` from [`feature_shift`]).
@@ -404,7 +525,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         model_cfg: &ModelConfig,
         feature_norm: FeatureNorm,
         tc: &TieredConfig,
-        dist: Option<DistConfig<'a>>,
+        dist: Option<DistConfig<'a, B>>,
     ) -> Result<Self, TrainError> {
         crate::memory::check_dataset(ds)?;
         let (rank, ranks) = dist.map_or((0, 1), |d| (d.comm.rank(), d.comm.size()));
@@ -639,6 +760,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             let layout = Layout { ranks: reduce.size(), ..layout };
             ex.dist = Some(DistState {
                 comm: d.comm,
+                device: d.device,
                 reduce,
                 layout,
                 owner,
@@ -1043,6 +1165,9 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// mirror go to them, and this rank's mirrors arrive (as blocks of the remote partitions).
     fn sync_mirrors(&mut self, kind: Kind, l: usize) -> Result<(), TrainError> {
         let Some(dist) = self.dist.as_ref() else { return Ok(()) };
+        if dist.device.is_some() {
+            return self.sync_mirrors_on_device(kind, l);
+        }
         let d = self.width(kind, l);
         let sends: Vec<Vec<(usize, Vec<u32>)>> = dist.sends.clone();
         let mut out = Vec::with_capacity(sends.len());
@@ -1073,18 +1198,19 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// their blocks; the mirrors are dropped.
     fn flush_mirrors(&mut self, kind: Kind, l: usize) -> Result<(), TrainError> {
         let Some(dist) = self.dist.as_ref() else { return Ok(()) };
+        if dist.device.is_some() {
+            return self.flush_mirrors_on_device(kind, l);
+        }
         let d = self.width(kind, l);
         let (mirrors, owner, sends) = (dist.mirrors.clone(), dist.owner.clone(), dist.sends.clone());
         let mut out: Vec<Vec<B::T>> = vec![Vec::new(); sends.len()];
         for (s, rows) in &mirrors {
             let id = BlockId { kind, layer: l, part: *s };
             let all: Vec<u32> = (0..rows.len() as u32).collect();
-            let g = if self.on_dev.contains(&id) && !self.dev.contains_key(&id)
-                || !self.on_dev.contains(&id) && self.store.shape(id).is_none()
-            {
-                vec![B::T::of(0.0); rows.len() * d]
-            } else {
+            let g = if self.written(id) {
                 self.read_rows(id, &all, d)?
+            } else {
+                vec![B::T::of(0.0); rows.len() * d]
             };
             out[owner[*s]].extend(g);
             self.remove(id)?;
@@ -1100,6 +1226,118 @@ impl<'a, B: Backend> Executor<'a, B> {
                 at += n;
             }
         }
+        Ok(())
+    }
+
+    /// [`Executor::sync_mirrors`] over the device transport: each rank's rows gathered into one
+    /// matrix where the blocks are, exchanged, and cut into the mirror blocks.
+    fn sync_mirrors_on_device(&mut self, kind: Kind, l: usize) -> Result<(), TrainError> {
+        let (b, d) = (self.b, self.width(kind, l));
+        let dist = self.dist.as_ref().expect("distributed");
+        let (mirrors, owner, sends) = (dist.mirrors.clone(), dist.owner.clone(), dist.sends.clone());
+        let mut send = Vec::with_capacity(sends.len());
+        for list in &sends {
+            let mut m = b.output(list.iter().map(|(_, r)| r.len()).sum(), d);
+            let mut at = 0;
+            for (p, rows) in list {
+                self.rows_into(BlockId { kind, layer: l, part: *p }, Rows::Index(rows), d, &mut m, at)?;
+                at += rows.len();
+            }
+            send.push(m);
+        }
+        let mut recv_rows = vec![0; sends.len()];
+        for (s, rows) in &mirrors {
+            recv_rows[owner[*s]] += rows.len();
+        }
+        let got = self.dist.as_mut().expect("distributed").exchange_mats(b, send, &recv_rows, d, Phase::Halo);
+        let mut at = vec![0; got.len()];
+        for (s, rows) in &mirrors {
+            let r = owner[*s];
+            let mut m = b.output(rows.len(), d);
+            b.gather_rows(&got[r], Rows::Range(at[r], rows.len()), &mut m, 0);
+            at[r] += rows.len();
+            self.put(kind, l, *s, m)?;
+        }
+        Ok(())
+    }
+
+    /// [`Executor::flush_mirrors`] over the device transport: the mirrors' gradients packed
+    /// per owner, exchanged, and added (in rank order) where the owners' blocks are.
+    fn flush_mirrors_on_device(&mut self, kind: Kind, l: usize) -> Result<(), TrainError> {
+        let (b, d) = (self.b, self.width(kind, l));
+        let dist = self.dist.as_ref().expect("distributed");
+        let (mirrors, owner, sends) = (dist.mirrors.clone(), dist.owner.clone(), dist.sends.clone());
+        let mut rows_to = vec![0; sends.len()];
+        for (s, rows) in &mirrors {
+            rows_to[owner[*s]] += rows.len();
+        }
+        let mut send: Vec<B::Mat> = rows_to.iter().map(|&n| b.zeros(n, d)).collect();
+        let mut at = vec![0; sends.len()];
+        for (s, rows) in &mirrors {
+            let (id, r) = (BlockId { kind, layer: l, part: *s }, owner[*s]);
+            if self.written(id) {
+                self.rows_into(id, Rows::Range(0, rows.len()), d, &mut send[r], at[r])?;
+            }
+            at[r] += rows.len();
+            self.remove(id)?;
+        }
+        let recv_rows: Vec<usize> = sends.iter().map(|l| l.iter().map(|(_, r)| r.len()).sum()).collect();
+        let got = self.dist.as_mut().expect("distributed").exchange_mats(b, send, &recv_rows, d, Phase::Grad);
+        for (r, g) in got.iter().enumerate() {
+            let mut at = 0;
+            for (p, rows) in &sends[r] {
+                let id = BlockId { kind, layer: l, part: *p };
+                let own = self.parts[*p].own;
+                if self.on_dev.contains(&id) {
+                    let block = self.dev.entry(id).or_insert_with(|| b.zeros(own, d));
+                    b.scatter_add_rows(g, at, Rows::Index(rows), block);
+                } else {
+                    let mut m = b.output(rows.len(), d);
+                    b.gather_rows(g, Rows::Range(at, rows.len()), &mut m, 0);
+                    let h = b.download(&m);
+                    self.stats.download_bytes += (h.data.len() * std::mem::size_of::<B::T>()) as u64;
+                    self.store.add_rows(id, own, d, Some(rows), &h.data).map_err(io_err)?;
+                }
+                at += rows.len();
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether block `id` has been written (a gradient block no partition added to is not).
+    fn written(&self, id: BlockId) -> bool {
+        if self.on_dev.contains(&id) {
+            self.dev.contains_key(&id)
+        } else {
+            self.store.shape(id).is_some()
+        }
+    }
+
+    /// Rows `rows` of block `id` (either tier) into `out` from row `at` on.
+    fn rows_into(
+        &mut self,
+        id: BlockId,
+        rows: Rows<'_>,
+        d: usize,
+        out: &mut B::Mat,
+        at: usize,
+    ) -> Result<(), TrainError> {
+        let b = self.b;
+        if self.on_dev.contains(&id) {
+            let block =
+                self.dev.get(&id).unwrap_or_else(|| panic!("block {id:?} read before it was written"));
+            b.gather_rows(block, rows, out, at);
+            return Ok(());
+        }
+        let idx = match rows {
+            Rows::Index(i) => Some(i),
+            Rows::Range(..) => None,
+        };
+        let mut h = vec![B::T::of(0.0); rows.len() * d];
+        self.store.read_rows(id, idx, &mut h).map_err(io_err)?;
+        self.stats.upload_bytes += std::mem::size_of_val(h.as_slice()) as u64;
+        let m = b.upload_owned(Mat::from_vec(rows.len(), d, h));
+        b.gather_rows(&m, Rows::Range(0, rows.len()), out, at);
         Ok(())
     }
 
@@ -1429,7 +1667,10 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// (the same bits on every rank, so parameters stay identical).
     pub fn reduce_gradients(&mut self) {
         let Some(d) = self.dist.as_mut() else { return };
-        sum_gradients(self.b, &mut self.model, d.reduce, d.layout, &mut d.stats);
+        match d.device {
+            Some(dev) => sum_gradients_on(self.b, &mut self.model, dev.reduce, d.layout, &mut d.stats),
+            None => sum_gradients(self.b, &mut self.model, d.reduce, d.layout, &mut d.stats),
+        }
     }
 
     /// The rank and the number of ranks (0 and 1 in one process).

@@ -149,28 +149,29 @@ pub fn head_dots_backward<T: Scalar>(
             }
         }
     });
-    let acc = z
+    // partial sums over fixed blocks of rows, added in block order: the same bits every run
+    // (a fold/reduce would add in an order that depends on work stealing)
+    const ROWS: usize = 1024;
+    let partial: Vec<Vec<T>> = z
         .data
-        .par_chunks(k * f)
-        .zip(ds.data.par_chunks(k))
-        .fold(
-            || vec![T::zero(); k * f],
-            |mut acc, (zr, dsr)| {
+        .par_chunks(ROWS * k * f)
+        .zip(ds.data.par_chunks(ROWS * k))
+        .map(|(zb, dsb)| {
+            let mut acc = vec![T::zero(); k * f];
+            for (zr, dsr) in zb.chunks(k * f).zip(dsb.chunks(k)) {
                 for h in 0..k {
                     for j in 0..f {
                         acc[h * f + j] += dsr[h] * zr[h * f + j];
                     }
                 }
-                acc
-            },
-        )
-        .reduce(
-            || vec![T::zero(); k * f],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, &y)| *x += y);
-                a
-            },
-        );
+            }
+            acc
+        })
+        .collect();
+    let mut acc = vec![T::zero(); k * f];
+    for p in partial {
+        acc.iter_mut().zip(&p).for_each(|(x, &y)| *x += y);
+    }
     datt.data.iter_mut().zip(acc).for_each(|(d, a)| *d += a);
 }
 
