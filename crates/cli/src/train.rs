@@ -150,10 +150,6 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     );
     if let Some(l) = &launch {
         let ranks = l.groups.global.size();
-        anyhow::ensure!(
-            ckpt.is_none(),
-            "checkpoints of runs over several ranks are not supported yet: drop --checkpoint-dir"
-        );
         // full-graph: one partition per rank unless --parts says more; mini-batch: cooperative
         // batches, evaluated over one partition per rank
         let parts = if plan.minibatch.is_some() {
@@ -353,7 +349,7 @@ fn run_on<B: Backend>(
     };
     let summary = match (&plan.tiered, &plan.minibatch) {
         (_, Some(mb)) => match (groups, features) {
-            (Some(g), f) => train_coop(b, ds, &plan.config, mb, g, f, &mut on_epoch)?,
+            (Some(g), f) => train_coop(b, ds, &plan.config, mb, g, f, ckpt, &mut on_epoch)?,
             (None, Some(f)) => train_minibatch_from(b, ds, &plan.config, mb, f, ckpt, &mut on_epoch)?,
             (None, None) => train_minibatch(b, ds, &plan.config, mb, ckpt, &mut on_epoch)?,
         },

@@ -192,3 +192,46 @@ fn cooperative_batches_train_like_one_process_on_their_union() {
         );
     }
 }
+
+/// Checkpoints under mpirun: rank 0 alone writes them; a run stopped after 2 epochs and resumed
+/// for 4 gives the losses of 4 epochs in one go, bit for bit (every rank restores rank 0's
+/// parameters and optimizer state), for full-graph ranks and for cooperative batches.
+#[test]
+fn runs_over_ranks_checkpoint_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    for (mode, extra) in
+        [("full", &["--parts", "4"][..]), ("minibatch", &["--fanout", "5,5", "--batch-size", "35"][..])]
+    {
+        let run = |epochs: &str, ckpt: &Path, out: &Path, resume: bool| {
+            let mut args = vec!["-q", "train", "--mode", mode, "--epochs", epochs, "--eval-every", "1"];
+            args.extend(extra);
+            args.extend(["--checkpoint-dir", ckpt.to_str().unwrap(), "--metrics-out", out.to_str().unwrap()]);
+            if resume {
+                args.push("--resume");
+            }
+            let o = mpirun(2, &args);
+            assert!(o.status.success(), "{mode}: {}", String::from_utf8_lossy(&o.stderr));
+        };
+        let (straight, stopped) =
+            (dir.path().join(format!("{mode}-a")), dir.path().join(format!("{mode}-b")));
+        let whole = dir.path().join(format!("{mode}-whole.jsonl"));
+        run("4", &straight, &whole, false);
+        let first = dir.path().join(format!("{mode}-first.jsonl"));
+        run("2", &stopped, &first, false);
+        let files: Vec<_> = std::fs::read_dir(&stopped).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(files.len(), 2, "{mode}: a checkpoint per epoch: {files:?}");
+        let rest = dir.path().join(format!("{mode}-rest.jsonl"));
+        run("4", &stopped, &rest, true);
+        let (want, got) = (epochs(&whole), epochs(&rest));
+        assert_eq!(got.len(), 2, "{mode}: the resumed run trains epochs 2 and 3");
+        for (w, g) in want[2..].iter().zip(&got) {
+            assert_eq!(w["epoch"], g["epoch"]);
+            assert_eq!(
+                w["loss"], g["loss"],
+                "{mode} epoch {}: the same bits as a run never stopped",
+                w["epoch"]
+            );
+            assert_eq!(w["valid_acc"], g["valid_acc"], "{mode} epoch {}", w["epoch"]);
+        }
+    }
+}

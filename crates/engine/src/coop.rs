@@ -16,6 +16,7 @@ use grinnder_graph::Dataset;
 use grinnder_nn::{Graph, Model, Optimizer};
 use grinnder_tensor::{Backend, Mat};
 
+use crate::checkpoint::CheckpointConfig;
 use crate::memory::{run_epochs, Cells, TrainConfig, TrainError};
 use crate::metrics::{EpochMetrics, Summary};
 use crate::minibatch::{
@@ -213,7 +214,8 @@ pub fn coop_step<B: Backend>(
 
 /// Trains `cfg` by cooperative batches over `groups`' ranks; `mb.batch_size` seeds per rank (a
 /// server's batch has that many per rank). Evaluation is the exact full-graph forward, partition
-/// by partition over every rank.
+/// by partition over every rank. Checkpoints: rank 0 writes them (see [`run_epochs`]).
+#[allow(clippy::too_many_arguments)]
 pub fn train_coop<B: Backend>(
     b: &B,
     ds: &Dataset,
@@ -221,6 +223,7 @@ pub fn train_coop<B: Backend>(
     mb: &MiniBatchConfig,
     groups: &Groups,
     features: Option<&dyn FeatureSource<B>>,
+    ckpt: Option<&CheckpointConfig>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
     crate::memory::check_dataset(ds)?;
@@ -299,5 +302,5 @@ pub fn train_coop<B: Backend>(
     let mut evaluator = ExactEval::new(b, ds, cfg, groups.global.size(), Some(dist));
     let mut eval = |epoch: u64| evaluator.run(&mut model.borrow_mut(), epoch);
     let mut state = Cells { b, model: &model, opt: &opt };
-    run_epochs(ds, cfg, None, &mut state, on_epoch, &mut step, &mut eval)
+    run_epochs(ds, cfg, ckpt, Some(groups.global.as_ref()), &mut state, on_epoch, &mut step, &mut eval)
 }

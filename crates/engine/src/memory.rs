@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use grinnder_dist::Comm;
 use grinnder_graph::{Dataset, NO_LABEL};
 use grinnder_nn::{Graph, Model, ModelConfig, OptimConfig, Optimizer};
 use grinnder_tensor::{Backend, Mat, Scalar};
@@ -143,12 +144,14 @@ pub fn check_dataset(ds: &Dataset) -> Result<(), TrainError> {
 /// The epoch loop both trainers share: `step` trains one epoch and returns the summed training
 /// loss (and the executor's phase figures); `eval` returns correct counts on train, valid and
 /// test. `on_epoch` sees every epoch (accuracies on evaluated ones). Keeps the test accuracy at
-/// the best validation epoch.
+/// the best validation epoch. Over several ranks (`group`, whose parameters are identical),
+/// rank 0 writes the checkpoints and reads the one to resume from, which every rank restores.
 #[allow(clippy::too_many_arguments)]
 pub fn run_epochs(
     ds: &Dataset,
     cfg: &TrainConfig,
     ckpt: Option<&CheckpointConfig>,
+    group: Option<&dyn Comm>,
     state: &mut dyn TrainerState,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
     step: &mut dyn FnMut(u64) -> Result<(f64, Option<PhaseStats>), TrainError>,
@@ -163,8 +166,25 @@ pub fn run_epochs(
     let config_json = serde_json::to_value(cfg).expect("a training configuration serialises");
     let fingerprint = if ckpt.is_some() { checkpoint::dataset_fingerprint(ds) } else { String::new() };
     let mut first = 0;
+    let lead = group.is_none_or(|g| g.rank() == 0);
     if let Some(c) = ckpt.filter(|c| c.resume) {
-        if let Some((path, ck)) = checkpoint::latest(&c.dir).map_err(ck_err)? {
+        let found = match group.filter(|g| g.size() > 1) {
+            None => checkpoint::latest(&c.dir).map_err(ck_err)?,
+            Some(g) => {
+                // rank 0 reads; every rank gets its reading (or its error)
+                let mine = if lead {
+                    let r = checkpoint::latest(&c.dir).map_err(|e| e.to_string());
+                    serde_json::to_vec(&r).expect("a checkpoint serialises")
+                } else {
+                    Vec::new()
+                };
+                let all = g.all_gather(&mine);
+                let r: Result<Option<(std::path::PathBuf, checkpoint::Checkpoint)>, String> =
+                    serde_json::from_slice(&all[0]).expect("rank 0's checkpoint deserialises");
+                r.map_err(TrainError::Checkpoint)?
+            }
+        };
+        if let Some((path, ck)) = found {
             checkpoint::check_compatible(&path, &ck, &config_json, &fingerprint).map_err(ck_err)?;
             state
                 .restore(&ck.params, ck.optimizer_steps)
@@ -215,7 +235,9 @@ pub fn run_epochs(
         }
         on_epoch(&m);
         last = Some(m);
-        if let Some(c) = ckpt.filter(|c| (epoch + 1) % c.every.max(1) == 0 || epoch + 1 == cfg.epochs) {
+        if let Some(c) =
+            ckpt.filter(|c| lead && ((epoch + 1) % c.every.max(1) == 0 || epoch + 1 == cfg.epochs))
+        {
             let (params, optimizer_steps) = state.capture();
             let ck = checkpoint::Checkpoint {
                 epoch: epoch + 1,
@@ -290,7 +312,7 @@ pub fn train_with<B: Backend>(
         Ok(ds.splits.named().map(|(_, ids)| b.count_correct(&eval, labels, ids)))
     };
     let mut state = Cells { b, model: &model, opt: &opt };
-    run_epochs(ds, cfg, ckpt, &mut state, on_epoch, &mut step, &mut eval)
+    run_epochs(ds, cfg, ckpt, None, &mut state, on_epoch, &mut step, &mut eval)
 }
 
 /// Trains `cfg` on `ds` with the layer-wise, partition-wise executor over the tiered store.
@@ -332,11 +354,6 @@ pub fn train_tiered_on<B: Backend>(
     ckpt: Option<&CheckpointConfig>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
-    if dist.is_some_and(|d| d.reduce.unwrap_or(d.comm).size() > 1) && ckpt.is_some() {
-        return Err(TrainError::Config(
-            "checkpoints of partition-parallel runs are not supported yet: drop --checkpoint-dir".into(),
-        ));
-    }
     let ex = std::cell::RefCell::new(Executor::new_dist(b, share, &cfg.model, cfg.feature_norm, tc, dist)?);
     {
         let e = ex.borrow();
@@ -377,7 +394,8 @@ pub fn train_tiered_on<B: Backend>(
         Ok(c.map(|n| n as usize))
     };
     let mut state = ExecutorCells { b, ex: &ex, opt: &opt };
-    run_epochs(ds, cfg, ckpt, &mut state, on_epoch, &mut step, &mut eval)
+    let group = dist.map(|d| d.reduce.unwrap_or(d.comm));
+    run_epochs(ds, cfg, ckpt, group, &mut state, on_epoch, &mut step, &mut eval)
 }
 
 /// The tiered executor's model and the optimizer, for checkpoints.

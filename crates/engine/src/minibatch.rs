@@ -390,5 +390,5 @@ pub fn train_minibatch_from<B: Backend>(
     let mut evaluator = ExactEval::new(b, ds, cfg, mb.eval_parts, None);
     let mut eval = |epoch: u64| evaluator.run(&mut model.borrow_mut(), epoch);
     let mut state = Cells { b, model: &model, opt: &opt };
-    run_epochs(ds, cfg, ckpt, &mut state, on_epoch, &mut step, &mut eval)
+    run_epochs(ds, cfg, ckpt, None, &mut state, on_epoch, &mut step, &mut eval)
 }
