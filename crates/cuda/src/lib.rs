@@ -133,23 +133,24 @@ pub type SpmmShapeInfo = SpmmShape;
 
 /// Device copies of small host arrays that are passed again and again (labels, split rows):
 /// an array is uploaded once and found again by comparing its contents with a host copy (exact;
-/// the comparison runs on the host while the device computes).
+/// the comparison runs on the host while the device computes). Besides the transfer, a hit
+/// saves a stream synchronisation: a copy from pageable memory waits for the stream to drain.
 struct UploadCache<T> {
     entries: std::sync::Mutex<Vec<Cached<T>>>,
+    /// Arrays kept (most recently used first).
+    keep: usize,
 }
 
 /// A host array and its device copy.
 type Cached<T> = (Vec<T>, Arc<CudaSlice<T>>);
 
-impl<T> Default for UploadCache<T> {
-    fn default() -> Self {
-        UploadCache { entries: std::sync::Mutex::new(Vec::new()) }
+impl<T> UploadCache<T> {
+    fn new(keep: usize) -> Self {
+        UploadCache { entries: std::sync::Mutex::new(Vec::new()), keep }
     }
 }
 
 impl<T: cudarc::driver::DeviceRepr + PartialEq + Clone> UploadCache<T> {
-    const KEEP: usize = 8;
-
     fn get(&self, cuda: &Cuda, v: &[T]) -> Arc<CudaSlice<T>> {
         let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = e.iter().position(|(h, _)| h.as_slice() == v) {
@@ -160,7 +161,7 @@ impl<T: cudarc::driver::DeviceRepr + PartialEq + Clone> UploadCache<T> {
         }
         let d = Arc::new(cuda.upload_slice(v));
         e.insert(0, (v.to_vec(), d.clone()));
-        e.truncate(Self::KEEP);
+        e.truncate(self.keep);
         d
     }
 }
@@ -178,6 +179,9 @@ pub struct Cuda {
     prof: Option<Profile>,
     labels: UploadCache<i32>,
     rows: UploadCache<u32>,
+    /// Row lists of gathers and scatter-adds (the executor's halo and mirror lists recur every
+    /// layer and epoch).
+    row_lists: UploadCache<u32>,
     spmm_kernel: SpmmKernel,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -297,8 +301,9 @@ impl Cuda {
             pool,
             budget: None,
             prof,
-            labels: UploadCache::default(),
-            rows: UploadCache::default(),
+            labels: UploadCache::new(8),
+            rows: UploadCache::new(8),
+            row_lists: UploadCache::new(64),
             spmm_kernel,
             ctx,
             stream,
@@ -448,10 +453,10 @@ impl Cuda {
         cfg: LaunchConfig,
     ) {
         let (idx, start) = match rows {
-            Rows::Index(i) => (Some(self.upload_slice(i)), 0i64),
+            Rows::Index(i) => (Some(self.row_lists.get(self, i)), 0i64),
             Rows::Range(s, _) => (None, s as i64),
         };
-        self.launch_rows_at(&self.stream, name, src, idx.as_ref(), start, rows.len(), d, dst, cfg);
+        self.launch_rows_at(&self.stream, name, src, idx.as_deref(), start, rows.len(), d, dst, cfg);
     }
 
     /// [`Cuda::launch_rows`] with the row list given as device indices, or a range from `start`.

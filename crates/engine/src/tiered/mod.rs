@@ -414,13 +414,31 @@ pub struct DevicePlan {
 /// A layer's gathered inputs: its input rows (`None`: the layer reads `pre` instead) and the
 /// precomputed aggregation.
 struct Inputs<B: Backend> {
-    x: Option<B::Mat>,
-    pre: Option<B::Mat>,
+    x: Option<Own<B>>,
+    pre: Option<Own<B>>,
 }
 
 impl<B: Backend> Inputs<B> {
     fn x(&self) -> &B::Mat {
-        self.x.as_ref().or(self.pre.as_ref()).expect("an input")
+        self.x.as_deref().or(self.pre.as_deref()).expect("an input")
+    }
+}
+
+/// A partition's own rows of a block, for reading: the device block itself, lent without a
+/// copy (the executor takes it back with [`Executor::give_back`] before anything else reads
+/// the block), or a gathered copy.
+enum Own<B: Backend> {
+    Lent(BlockId, B::Mat),
+    Copy(B::Mat),
+}
+
+impl<B: Backend> std::ops::Deref for Own<B> {
+    type Target = B::Mat;
+
+    fn deref(&self) -> &B::Mat {
+        match self {
+            Own::Lent(_, m) | Own::Copy(m) => m,
+        }
     }
 }
 
@@ -1061,11 +1079,35 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// the input's place too where the layer does not read its input beside it).
     fn inputs(&mut self, l: usize, q: usize) -> Result<Inputs<B>, TrainError> {
         if l == 0 && self.pre {
-            let pre = self.gather_kind(Kind::Pre, 0, q, false)?;
-            let x = if self.model.reads_input_beside_pre() { Some(self.gather(0, q, false)?) } else { None };
+            let pre = self.own(Kind::Pre, 0, q)?;
+            let x = if self.model.reads_input_beside_pre() { Some(self.own(Kind::Act, 0, q)?) } else { None };
             return Ok(Inputs { x, pre: Some(pre) });
         }
-        Ok(Inputs { x: Some(self.gather(l, q, true)?), pre: None })
+        Ok(Inputs { x: Some(Own::Copy(self.gather(l, q, true)?)), pre: None })
+    }
+
+    /// Partition `q`'s own rows of the `kind` block of layer `l` (see [`Own`]).
+    fn own(&mut self, kind: Kind, l: usize, q: usize) -> Result<Own<B>, TrainError> {
+        let id = BlockId { kind, layer: l, part: q };
+        if self.on_dev.contains(&id) {
+            if let Some(m) = self.dev.remove(&id) {
+                return Ok(Own::Lent(id, m));
+            }
+        }
+        Ok(Own::Copy(self.gather_kind(kind, l, q, false)?))
+    }
+
+    /// Returns a lent block to the device tier (a copy is dropped).
+    fn give_back(&mut self, own: Option<Own<B>>) {
+        if let Some(Own::Lent(id, m)) = own {
+            self.dev.insert(id, m);
+        }
+    }
+
+    /// [`Executor::give_back`] of both inputs.
+    fn give_back_inputs(&mut self, inp: Inputs<B>) {
+        self.give_back(inp.x);
+        self.give_back(inp.pre);
     }
 
     /// Whether layer `l` runs split (transform on own rows, then aggregate the narrower rows).
@@ -1074,9 +1116,9 @@ impl<'a, B: Backend> Executor<'a, B> {
     }
 
     /// Own input rows a split layer needs besides `h` (SAGE's root term).
-    fn split_own_input(&mut self, l: usize, q: usize) -> Result<Option<B::Mat>, TrainError> {
+    fn split_own_input(&mut self, l: usize, q: usize) -> Result<Option<Own<B>>, TrainError> {
         if self.model.config.kind == ModelKind::Sage {
-            Ok(Some(self.gather(l, q, false)?))
+            Ok(Some(self.own(Kind::Act, l, q)?))
         } else {
             Ok(None)
         }
@@ -1108,11 +1150,11 @@ impl<'a, B: Backend> Executor<'a, B> {
             let top = l + 1 == layers;
             if self.split(l) {
                 for q in self.local.clone() {
-                    let x = self.gather(l, q, false)?;
+                    let x = self.own(Kind::Act, l, q)?;
                     self.prefetch(Kind::Act, l, q + 1, false, &[])?;
                     let t = Instant::now();
                     let h = self.model.split_transform(b, l, &x);
-                    drop(x);
+                    self.give_back(Some(x));
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     self.put(Kind::Xw, l, q, h)?;
                 }
@@ -1126,8 +1168,9 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.prefetch(Kind::Xw, l, q + 1, true, &[])?;
                     let t = Instant::now();
                     let (y, _) =
-                        self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_ref(), train, epoch);
-                    drop((h, x));
+                        self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_deref(), train, epoch);
+                    drop(h);
+                    self.give_back(x);
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     self.put(Kind::Act, l + 1, q, y)?;
                 }
@@ -1142,8 +1185,9 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
                 let t = Instant::now();
                 let g = &self.parts[q].graph;
-                let (y, tape) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_ref(), train, epoch);
-                drop((tape, inp));
+                let (y, tape) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), train, epoch);
+                drop(tape);
+                self.give_back_inputs(inp);
                 self.stats.compute_s += t.elapsed().as_secs_f64();
                 self.put(Kind::Act, l + 1, q, y)?;
             }
@@ -1423,15 +1467,16 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.prefetch(Kind::Xw, l, q + 1, true, next_grad)?;
                     let t = Instant::now();
                     let g = &self.parts[q].graph;
-                    let (y, tape) = self.model.split_forward(b, g, l, &h, x.as_ref(), true, epoch);
+                    let (y, tape) = self.model.split_forward(b, g, l, &h, x.as_deref(), true, epoch);
                     drop(h);
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     let dy = self.output_grad(l, q, &y, &mut loss, &mut correct)?;
                     drop(y);
                     let t = Instant::now();
                     let g = &self.parts[q].graph;
-                    let (dh, dx_root) = self.model.split_backward(b, g, l, x.as_ref(), tape, &dy, l > 0);
-                    drop((dy, x));
+                    let (dh, dx_root) = self.model.split_backward(b, g, l, x.as_deref(), tape, &dy, l > 0);
+                    drop(dy);
+                    self.give_back(x);
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     let t = Instant::now();
                     self.write_back(Kind::GradXw, l, q, dh)?;
@@ -1443,12 +1488,13 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.flush_mirrors(Kind::GradXw, l)?;
                 // transform backward, once every dh row is complete
                 for q in self.local.clone() {
-                    let x = self.gather(l, q, false)?;
-                    let dh = self.gather_kind(Kind::GradXw, l, q, false)?;
+                    let x = self.own(Kind::Act, l, q)?;
+                    let dh = self.own(Kind::GradXw, l, q)?;
                     self.prefetch(Kind::Act, l, q + 1, false, &[Kind::GradXw])?;
                     let t = Instant::now();
                     let dx = self.model.split_transform_backward(b, l, &x, &dh, l > 0);
-                    drop((x, dh));
+                    self.give_back(Some(x));
+                    self.give_back(Some(dh));
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     if let Some(dx) = dx {
                         let t = Instant::now();
@@ -1464,19 +1510,21 @@ impl<'a, B: Backend> Executor<'a, B> {
                 let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
                 for q in self.local.clone() {
                     let inp = self.inputs(l, q)?;
-                    let (x, pre) = (inp.x(), inp.pre.as_ref());
+                    let (x, pre) = (inp.x(), inp.pre.as_deref());
                     let next: &[Kind] = if from_output { &[Kind::Act, Kind::Grad] } else { next_grad };
                     self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), next)?;
                     let dx = if from_output {
                         // the stored output is the ReLU/dropout mask: no recomputation
-                        let out = self.gather(l + 1, q, false)?;
-                        let dy = self.gather_kind(Kind::Grad, l + 1, q, false)?;
+                        let out = self.own(Kind::Act, l + 1, q)?;
+                        let dy = self.own(Kind::Grad, l + 1, q)?;
                         let t = Instant::now();
                         let tape =
                             self.model.tape_from_output(l, l == 0 && self.pre, epoch).expect("allowed");
                         let g = &self.parts[q].graph;
                         let dx = self.model.layer_backward(b, g, l, x, pre, tape, &dy, l > 0, Some(&out));
                         self.stats.compute_s += t.elapsed().as_secs_f64();
+                        self.give_back(Some(out));
+                        self.give_back(Some(dy));
                         dx
                     } else {
                         let t = Instant::now();
@@ -1491,7 +1539,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                         self.stats.compute_s += t.elapsed().as_secs_f64();
                         dx
                     };
-                    drop(inp);
+                    self.give_back_inputs(inp);
                     if let Some(dx) = dx {
                         let t = Instant::now();
                         self.write_back(Kind::Grad, l, q, dx)?;
@@ -1557,6 +1605,11 @@ impl<'a, B: Backend> Executor<'a, B> {
         let (n, d) = b.dims(&dx);
         let part = &self.parts[q];
         let id = |p: usize| BlockId { kind, layer: l, part: p };
+        if n == part.own && self.on_dev.contains(&id(q)) && !self.dev.contains_key(&id(q)) {
+            // own rows only, into a device block nothing has added to yet: it becomes the block
+            self.dev.insert(id(q), dx);
+            return Ok(());
+        }
         let own = (q, Rows::Range(0, part.own));
         let targets: Vec<(usize, Rows<'_>)> = std::iter::once(own)
             .chain(part.fetch.iter().take_while(|_| n > part.own).map(|(s, idx)| (*s, Rows::Index(idx))))
@@ -1610,16 +1663,18 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.prefetch(Kind::Xw, l, q + 1, true, &[])?;
                 let t = Instant::now();
                 let (y, _) =
-                    self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_ref(), false, epoch);
+                    self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_deref(), false, epoch);
                 self.stats.compute_s += t.elapsed().as_secs_f64();
+                self.give_back(x);
                 y
             } else {
                 let inp = self.inputs(l, q)?;
                 self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
                 let t = Instant::now();
                 let g = &self.parts[q].graph;
-                let (y, _) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_ref(), false, epoch);
+                let (y, _) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), false, epoch);
                 self.stats.compute_s += t.elapsed().as_secs_f64();
+                self.give_back_inputs(inp);
                 y
             };
             let part = &self.parts[q];
