@@ -12,12 +12,14 @@
 #   EXPANSIONS=""         also emulated servers of one rank each: e.g. "none preload eas"
 #   SKIP_ONE=1            leave out the one-GPU runs
 # Per run: seconds per epoch (median), the loss after each epoch, bytes exchanged, peak GPU memory
-# (rank 0's). Logs and metrics under $OUT (or /tmp/gpu-out).
+# (rank 0's). Logs and metrics under /tmp/gpu-multi; the scaling plot (speed-up of R GPUs with
+# NCCL over the one-GPU run, per model) as $OUT/scaling-PRESET.png.
 set -uo pipefail
 preset=${1:-products-like}
 epochs=${2:-5}
-out=${OUT:-/tmp/gpu-out}
-mkdir -p "$out"
+out=/tmp/gpu-multi
+mkdir -p "$out" "${OUT:-/tmp/gpu-out}"
+plot=()
 bin=.gpu/bin/grinnder
 # NVLink multicast stays off (KINDS.md)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -67,6 +69,7 @@ for spec in ${MODELS:-gcn gat:24GiB}; do
     --feature-norm none --epochs "$epochs" --eval-every "$epochs")
   echo "== $preset $model, 2 layers, hidden 256${mem:+, --gpu-mem $mem per GPU}"
   [ -n "${SKIP_ONE:-}" ] || run "$model-1gpu" 1 "${flags[@]}" ${mem:+--gpu-mem "$mem"}
+  plot+=("$model:1=$out/$preset-$model-1gpu.jsonl")
   for r in ${RANKS:-2}; do
     [ "$r" -le "$gpus" ] || continue
     tiered=("${flags[@]}" --parts "$r" --gpu-mem "${mem:-120GiB}")
@@ -74,8 +77,11 @@ for spec in ${MODELS:-gcn gat:24GiB}; do
     for t in ${TRANSPORTS:-nccl mpi}; do
       run "$model-${r}gpu-$t" "$r" "${tiered[@]}" --transport "$t"
     done
+    plot+=("$model:$r=$out/$preset-$model-${r}gpu-nccl.jsonl")
     for e in ${EXPANSIONS:-}; do
       run "$model-${r}gpu-servers-$e" "$r" "${tiered[@]}" --ranks-per-server 1 --expansion "$e"
     done
   done
 done
+[ -n "${SKIP_ONE:-}" ] || $bin plot-scaling "${plot[@]}" --title "$preset: GPUs with NCCL vs one GPU" \
+  --out "${OUT:-/tmp/gpu-out}/scaling-$preset.png" > /dev/null || true

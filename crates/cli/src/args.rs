@@ -37,6 +37,23 @@ pub enum Command {
     Generate(GenerateArgs),
     /// GPU microbenchmarks (gather, transfer, SpMM); each prints one JSON object.
     Bench(BenchArgs),
+    /// Draw the speed-up of runs on several GPUs (or ranks) over one, from their metrics files.
+    PlotScaling(PlotScalingArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PlotScalingArgs {
+    /// Runs as SERIES:GPUS=METRICS, where METRICS is a run's --metrics-out file (its median
+    /// epoch time is used); each series needs its one-GPU run, e.g.
+    /// gcn:1=gcn-1gpu.jsonl gcn:2=gcn-2gpu.jsonl
+    #[arg(required = true)]
+    pub runs: Vec<String>,
+    /// The PNG to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The figure's title.
+    #[arg(long, default_value = "speed-up over one GPU")]
+    pub title: String,
 }
 
 #[derive(Args, Debug)]

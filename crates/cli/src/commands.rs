@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::args::{
     Command, ConvertArgs, ExportArgs, ExportFormat, GenFormat, GenerateArgs, InfoArgs, Input, PartitionArgs,
+    PlotScalingArgs,
 };
 
 pub fn run(cmd: Command) -> anyhow::Result<()> {
@@ -22,6 +23,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Export(a) => export(a),
         Command::Generate(a) => generate(a),
         Command::Bench(a) => crate::bench::run(a),
+        Command::PlotScaling(a) => plot_scaling(a),
     }
 }
 
@@ -259,6 +261,37 @@ fn partition(a: PartitionArgs) -> anyhow::Result<()> {
                 if cached { "  (cached)" } else { "" }
             );
         }
+    }
+    Ok(())
+}
+
+fn plot_scaling(a: PlotScalingArgs) -> anyhow::Result<()> {
+    let mut points = Vec::new();
+    for run in &a.runs {
+        let parse = || -> Option<(&str, usize, &str)> {
+            let (head, file) = run.split_once('=')?;
+            let (series, gpus) = head.rsplit_once(':')?;
+            Some((series, gpus.parse().ok()?, file))
+        };
+        let (series, gpus, file) = parse()
+            .with_context(|| format!("{run:?}: expected SERIES:GPUS=METRICS, e.g. gcn:2=gcn-2gpu.jsonl"))?;
+        anyhow::ensure!(gpus > 0, "{run:?}: at least one GPU");
+        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {file}"))?;
+        let summary = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .rfind(|v| v.get("final").is_some())
+            .with_context(|| format!("{file}: no final summary line (did the run finish?)"))?;
+        let epoch_s = summary["epoch_s_median"]
+            .as_f64()
+            .filter(|&t| t > 0.0)
+            .with_context(|| format!("{file}: no median epoch time"))?;
+        points.push(crate::plot::ScalingPoint { series: series.to_string(), gpus, epoch_s });
+    }
+    crate::plot::scaling(&a.out, &a.title, &points)
+        .with_context(|| format!("cannot draw {}", a.out.display()))?;
+    for p in &points {
+        println!("{} on {}: {:.4} s per epoch", p.series, p.gpus, p.epoch_s);
     }
     Ok(())
 }

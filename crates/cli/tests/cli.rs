@@ -475,9 +475,40 @@ fn server_share_flags_are_checked() {
         (&["train", "--expansion", "eas", "--preload-hops", "1"][..], "is for --expansion preload"),
         (&["train", "--expansion", "eas", "--eas-hops", "0"][..], "at least 1"),
         (&["train", "--expansion", "eas"][..], "start several ranks with mpirun"),
+        (&["train", "--transport", "nccl"][..], "--transport nccl needs --device cuda"),
     ] {
         let o = grinnder(args);
         assert!(!o.status.success(), "{args:?}");
         assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn plot_scaling_draws_speed_ups_from_metrics_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    // two real one-epoch runs give the metrics files their shape
+    for name in ["one", "two"] {
+        let o = grinnder(&["-q", "train", "--epochs", "1", "--metrics-out", &path(&format!("{name}.jsonl"))]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let png = path("scaling.png");
+    let runs = [format!("gcn:1={}", path("one.jsonl")), format!("gcn:2={}", path("two.jsonl"))];
+    let o = grinnder(&["plot-scaling", &runs[0], &runs[1], "--out", &png]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("gcn on 2:"), "{}", stdout(&o));
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
+    for (args, want) in [
+        (vec![runs[1].clone()], "has no one-GPU run"),
+        (vec!["gcn2".to_string()], "expected SERIES:GPUS=METRICS"),
+        (vec![format!("gcn:1={}", path("missing.jsonl"))], "cannot read"),
+    ] {
+        let mut a = vec!["plot-scaling".to_string()];
+        a.extend(args);
+        a.extend(["--out".to_string(), path("x.png")]);
+        let o = grinnder(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(!o.status.success(), "{a:?}");
+        assert!(stderr(&o).contains(want), "{a:?}: {}", stderr(&o));
     }
 }
