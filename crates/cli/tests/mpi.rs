@@ -235,3 +235,66 @@ fn runs_over_ranks_checkpoint_and_resume() {
         }
     }
 }
+
+/// The test accuracy (at the best validation epoch) of one run, from its metrics file.
+fn test_acc(path: &Path) -> f64 {
+    let text = std::fs::read_to_string(path).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    last["test_acc"].as_f64().unwrap()
+}
+
+/// Issue 9's accuracy bar with real ranks: expansion-aware sampling and cooperative batches
+/// (4 ranks as 2 servers × 2) keep Cora's and PubMed's test accuracy within 1 point of
+/// full-graph training (GCN, Kipf & Welling settings, 200 epochs), on the mean over seeds 0, 1
+/// and 2 (one seed alone moves by 2 points). Slow in a debug build (≈ 40 minutes): CI runs it
+/// in release (`.ci/run`, ≈ 6 minutes).
+#[test]
+#[ignore = "slow: run in release with --ignored (.ci/run does)"]
+fn sampling_and_cooperative_batches_keep_accuracy_within_a_point() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: String| dir.path().join(name);
+    for ds in ["data/cora", "data/pubmed"] {
+        let mut sums = [0.0f64; 3];
+        for seed in ["0", "1", "2"] {
+            let common = ["-q", "train", ds, "--model", "gcn", "--epochs", "200", "--seed", seed];
+            let full = out(format!("full-{seed}.jsonl"));
+            let args: Vec<&str> = common.iter().copied().chain(["--parts", "4", "--metrics-out"]).collect();
+            let o = single(&[&args[..], &[full.to_str().unwrap()]].concat());
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let eas = out(format!("eas-{seed}.jsonl"));
+            let args: Vec<&str> = common
+                .iter()
+                .copied()
+                .chain(["--parts", "4", "--ranks-per-server", "2", "--expansion", "eas", "--metrics-out"])
+                .chain([eas.to_str().unwrap()])
+                .collect();
+            let o = mpirun(4, &args);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let coop = out(format!("coop-{seed}.jsonl"));
+            let args: Vec<&str> = common
+                .iter()
+                .copied()
+                .chain([
+                    "--mode",
+                    "minibatch",
+                    "--fanout",
+                    "25,10",
+                    "--batch-size",
+                    "8",
+                    "--ranks-per-server",
+                    "2",
+                ])
+                .chain(["--metrics-out", coop.to_str().unwrap()])
+                .collect();
+            let o = mpirun(4, &args);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            for (s, f) in sums.iter_mut().zip([&full, &eas, &coop]) {
+                *s += test_acc(f) * 100.0 / 3.0;
+            }
+        }
+        let [full, eas, coop] = sums;
+        eprintln!("{ds}: full-graph {full:.2} %, expansion-aware sampling {eas:.2} %, cooperative batches {coop:.2} %");
+        assert!(eas >= full - 1.0, "{ds}: expansion-aware sampling {eas:.2} % vs full-graph {full:.2} %");
+        assert!(coop >= full - 1.0, "{ds}: cooperative batches {coop:.2} % vs full-graph {full:.2} %");
+    }
+}
