@@ -34,14 +34,16 @@ fn main() -> std::process::ExitCode {
     // ranks sharing a machine share its cores unless --threads says otherwise
     let threads = cli.threads.or_else(|| {
         let local = grinnder_dist::launched_local_ranks().filter(|&n| n > 1)?;
-        // the cores this process may run on (the launcher may have bound it to fewer)
+        // the cores this process may use (affinity and any CPU quota), and those its affinity
+        // allows: a launcher may have bound it to fewer than its share
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let online = online_cpus().unwrap_or(cores);
-        if cores < online / local {
+        let online = cpu_list("/sys/devices/system/cpu/online", None).unwrap_or(cores);
+        let allowed = cpu_list("/proc/self/status", Some("Cpus_allowed_list:")).unwrap_or(online);
+        if allowed < online / local {
             tracing::warn!(
-                "this rank may run on {cores} of the machine's {online} cores (the launcher bound it): `mpirun --bind-to none` lets the {local} ranks here share them"
+                "this rank may run on {allowed} of the machine's {online} cores (the launcher bound it): `mpirun --bind-to none` lets the {local} ranks here share them"
             );
-            return Some(cores);
+            return Some(cores.min(allowed));
         }
         Some((cores / local).max(1))
     });
@@ -82,11 +84,15 @@ fn budget_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
     m.starts_with("GPU memory budget exceeded").then(|| m.clone())
 }
 
-/// The machine's online CPUs (Linux), whatever this process's affinity.
-fn online_cpus() -> Option<usize> {
-    // "0-31" or "0-3,8-11"
-    let list = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
-    list.trim().split(',').try_fold(0, |n, r| {
+/// The number of CPUs in a Linux CPU list ("0-31", "0-3,8-11"): the whole file, or the line
+/// starting with `key`.
+fn cpu_list(path: &str, key: Option<&str>) -> Option<usize> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let list = match key {
+        None => text.trim().to_string(),
+        Some(k) => text.lines().find_map(|l| l.strip_prefix(k))?.trim().to_string(),
+    };
+    list.split(',').try_fold(0, |n, r| {
         let (a, b) = r.split_once('-').unwrap_or((r, r));
         Some(n + b.parse::<usize>().ok()? + 1 - a.parse::<usize>().ok()?)
     })

@@ -113,22 +113,23 @@ fn nccl_groups(
     let gpus = grinnder_cuda::device_count();
     let own_gpu = l.local_size <= gpus;
     let usable = own_gpu && grinnder_cuda::nccl_present();
-    match transport {
-        TransportArg::Mpi => return Ok(None),
-        TransportArg::Nccl => {
-            anyhow::ensure!(
-                own_gpu,
-                "--transport nccl needs a GPU per rank: {} ranks share this machine's {gpus} GPU(s)",
-                l.local_size
-            );
-            anyhow::ensure!(grinnder_cuda::nccl_present(), "--transport nccl: libnccl.so was not found");
-        }
-        TransportArg::Auto => {
-            let all = l.groups.global.all_gather(&[usable as u8]);
-            if all.iter().any(|b| b[0] == 0) {
-                tracing::info!("halo rows and gradient sums through MPI (NCCL needs one GPU per rank)");
-                return Ok(None);
-            }
+    if transport == TransportArg::Mpi {
+        return Ok(None);
+    }
+    // every rank learns whether every rank can (a rank that stopped alone would leave the
+    // others waiting)
+    let all = l.groups.global.all_gather(&[usable as u8]);
+    let failing = all.iter().position(|b| b[0] == 0);
+    match (transport, failing) {
+        (_, None) => {}
+        (TransportArg::Nccl, Some(r)) => anyhow::bail!(
+            "--transport nccl needs a GPU per rank and libnccl.so: rank {r} has not (here: {} ranks, {gpus} GPU(s), NCCL {})",
+            l.local_size,
+            if grinnder_cuda::nccl_present() { "found" } else { "not found" }
+        ),
+        (_, Some(_)) => {
+            tracing::info!("halo rows and gradient sums through MPI (NCCL needs one GPU per rank)");
+            return Ok(None);
         }
     }
     let global =

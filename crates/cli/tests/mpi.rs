@@ -224,6 +224,37 @@ fn runs_over_ranks_checkpoint_and_resume() {
         run("4", &stopped, &rest, true);
         let (want, got) = (epochs(&whole), epochs(&rest));
         assert_eq!(got.len(), 2, "{mode}: the resumed run trains epochs 2 and 3");
+        if mode == "full" {
+            // rank 0 alone writes: when it cannot, every rank stops with its error (none waits
+            // for it in the next epoch's exchange); `timeout` turns a hang into a failure
+            let file = dir.path().join("a-file");
+            std::fs::write(&file, b"").unwrap();
+            let bad = file.join("checkpoints");
+            let mut cmd = Command::new("timeout");
+            cmd.args(["300", "mpirun", "-n", "2", "--oversubscribe"]);
+            if is_root() {
+                cmd.arg("--allow-run-as-root");
+            }
+            let o = cmd
+                .arg(env!("CARGO_BIN_EXE_grinnder"))
+                .args([
+                    "-q",
+                    "train",
+                    "--parts",
+                    "2",
+                    "--epochs",
+                    "2",
+                    "--checkpoint-dir",
+                    bad.to_str().unwrap(),
+                ])
+                .current_dir(root())
+                .output()
+                .unwrap();
+            assert_ne!(o.status.code(), Some(124), "the ranks waited for a rank that had stopped");
+            assert!(!o.status.success());
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains("checkpoint directory"), "{err}");
+        }
         for (w, g) in want[2..].iter().zip(&got) {
             assert_eq!(w["epoch"], g["epoch"]);
             assert_eq!(

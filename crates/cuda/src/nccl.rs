@@ -28,15 +28,21 @@ impl Nccl {
         if !nccl_present() {
             return Err(CudaError::NoLibrary("libnccl"));
         }
-        let id = if group.rank() == 0 {
-            let id = nccl::Id::new().map_err(err)?;
-            id.internal().iter().map(|&c| c as u8).collect()
-        } else {
-            Vec::new()
+        // rank 0 sends the id, or nothing if it could not make one (the others must not wait
+        // for it)
+        let made = if group.rank() == 0 { Some(nccl::Id::new().map_err(err)) } else { None };
+        let id: Vec<u8> = match &made {
+            Some(Ok(id)) => id.internal().iter().map(|&c| c as u8).collect(),
+            _ => Vec::new(),
         };
         let all = group.all_gather(&id);
+        if let Some(Err(e)) = made {
+            return Err(e);
+        }
         let mut internal = [0 as std::ffi::c_char; 128];
-        assert_eq!(all[0].len(), internal.len(), "NCCL's unique id is 128 bytes");
+        if all[0].len() != internal.len() {
+            return Err(CudaError::Driver("rank 0 could not make NCCL's unique id".into()));
+        }
         for (d, &s) in internal.iter_mut().zip(&all[0]) {
             *d = s as std::ffi::c_char;
         }

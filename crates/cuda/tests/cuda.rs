@@ -559,6 +559,7 @@ fn nccl_partition_parallel_on_two_gpus_gives_the_cpu_gradients() {
                     reduce: None,
                     subgraph: None,
                     device: Some(DeviceComms { comm: &nccl, reduce: &nccl }),
+                    groups: None,
                 };
                 let mut ex = Executor::new_dist(&g, &ds, &cfg, FeatureNorm::Row, &tc, Some(dist)).unwrap();
                 ex.model.zero_grad(&g);

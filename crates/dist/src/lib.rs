@@ -151,6 +151,29 @@ impl Groups {
         let heads = global.split(if is_head { 0 } else { 1 + me });
         Groups { global, server, heads: is_head.then_some(heads), layout }
     }
+
+    /// Element-wise sum over every rank, by the hierarchy: summed within each server (rank
+    /// order), then among the servers' heads (server order), then handed down from each head
+    /// to its server — each server's sum crosses between servers once. Every rank gets the same
+    /// bits. Returns the bytes this rank sent within its server and to other servers.
+    pub fn all_reduce_sum<T: Pod + std::ops::AddAssign>(&self, v: &mut [T]) -> (u64, u64) {
+        let bytes = std::mem::size_of_val(v) as u64;
+        let peers = self.server.size() as u64 - 1;
+        all_reduce_sum(self.server.as_ref(), v);
+        let (mut intra, mut inter) = (bytes * peers, 0);
+        if let Some(h) = &self.heads {
+            all_reduce_sum(h.as_ref(), v);
+            inter += bytes * (h.size() as u64 - 1);
+            intra += bytes * peers;
+        }
+        if peers > 0 {
+            // the head's sum to the others of its server
+            let mine = if self.heads.is_some() { bytemuck::cast_slice(v).to_vec() } else { Vec::new() };
+            let all = self.server.all_gather(&mine);
+            v.copy_from_slice(&from_bytes::<T>(&all[0]));
+        }
+        (intra, inter)
+    }
 }
 
 #[cfg(test)]
@@ -219,5 +242,30 @@ mod tests {
         assert_eq!(out[1], (1, 2, None, 1));
         assert_eq!(out[2], (0, 2, Some((1, 2)), 5));
         assert_eq!(out[3], (1, 2, None, 5));
+    }
+
+    #[test]
+    fn hierarchical_sums_are_identical_on_every_rank() {
+        for (ranks, per_server) in [(4, 2), (5, 2), (3, 1), (3, 3)] {
+            let out = ThreadComm::run(ranks, |c| {
+                let g = Groups::new(Box::new(c.clone()), per_server);
+                let mut v: Vec<f32> = (0..7).map(|i| 0.1 * (i * 3 + c.rank()) as f32 + 1e-3).collect();
+                let bytes = g.all_reduce_sum(&mut v);
+                (v, bytes)
+            });
+            let want: Vec<f64> =
+                (0..7).map(|i| (0..ranks).map(|r| (0.1 * (i * 3 + r) as f32 + 1e-3) as f64).sum()).collect();
+            let servers = ranks.div_ceil(per_server);
+            for (r, (v, (intra, inter))) in out.iter().enumerate() {
+                assert_eq!(v, &out[0].0, "{ranks} ranks, {per_server} per server: rank {r}'s bits");
+                for (a, b) in v.iter().zip(&want) {
+                    assert!((*a as f64 - b).abs() <= 1e-5 * b, "{a} vs {b}");
+                }
+                let head = r % per_server == 0;
+                let peers = (ranks - r / per_server * per_server).min(per_server) as u64 - 1;
+                assert_eq!(*intra, 28 * peers * if head { 2 } else { 1 }, "rank {r}");
+                assert_eq!(*inter, if head { 28 * (servers as u64 - 1) } else { 0 }, "rank {r}");
+            }
+        }
     }
 }

@@ -22,7 +22,7 @@ use crate::metrics::{EpochMetrics, Summary};
 use crate::minibatch::{
     batches, block_graph, block_matrix, ExactEval, FeatureSource, HostFeatures, MiniBatchConfig, Sampler,
 };
-use crate::tiered::{sum_gradients, CommStats, DistConfig, PhaseStats};
+use crate::tiered::{sum_gradients, CommStats, DistConfig, PhaseStats, Reducer};
 
 /// Rows `n·r/size .. n·(r+1)/size`: rank `r`'s share of `n` rows.
 fn share(n: usize, r: usize, size: usize) -> (usize, usize) {
@@ -272,7 +272,9 @@ pub fn train_coop<B: Backend>(
                 *st.batches.as_mut().expect("set") += 1;
             }
             // a server without a batch this step adds zeros
-            sum_gradients(b, &mut model, groups.global.as_ref(), groups.layout, &mut comm);
+            let reducer =
+                Reducer { comm: groups.global.as_ref(), layout: groups.layout, groups: Some(groups) };
+            sum_gradients(b, &mut model, reducer, &mut comm);
             opt.borrow_mut().step(b, model.params_mut());
         }
         let mut v = [loss];
@@ -298,6 +300,7 @@ pub fn train_coop<B: Backend>(
         reduce: None,
         subgraph: None,
         device: None,
+        groups: Some(groups),
     };
     let mut evaluator = ExactEval::new(b, ds, cfg, groups.global.size(), Some(dist));
     let mut eval = |epoch: u64| evaluator.run(&mut model.borrow_mut(), epoch);

@@ -163,8 +163,10 @@ pub fn run_epochs(
     let mut last_loss = f64::NAN;
     let mut last: Option<EpochMetrics> = None;
     let ck_err = |e: checkpoint::CheckpointError| TrainError::Checkpoint(e.to_string());
-    let config_json = serde_json::to_value(cfg).expect("a training configuration serialises");
-    let fingerprint = if ckpt.is_some() { checkpoint::dataset_fingerprint(ds) } else { String::new() };
+    let base = CheckpointBase {
+        config: serde_json::to_value(cfg).expect("a training configuration serialises"),
+        dataset: if ckpt.is_some() { checkpoint::dataset_fingerprint(ds) } else { String::new() },
+    };
     let mut first = 0;
     let lead = group.is_none_or(|g| g.rank() == 0);
     if let Some(c) = ckpt.filter(|c| c.resume) {
@@ -185,7 +187,7 @@ pub fn run_epochs(
             }
         };
         if let Some((path, ck)) = found {
-            checkpoint::check_compatible(&path, &ck, &config_json, &fingerprint).map_err(ck_err)?;
+            checkpoint::check_compatible(&path, &ck, &base.config, &base.dataset).map_err(ck_err)?;
             state
                 .restore(&ck.params, ck.optimizer_steps)
                 .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
@@ -235,21 +237,22 @@ pub fn run_epochs(
         }
         on_epoch(&m);
         last = Some(m);
-        if let Some(c) =
-            ckpt.filter(|c| lead && ((epoch + 1) % c.every.max(1) == 0 || epoch + 1 == cfg.epochs))
-        {
-            let (params, optimizer_steps) = state.capture();
-            let ck = checkpoint::Checkpoint {
-                epoch: epoch + 1,
-                config: config_json.clone(),
-                dataset: fingerprint.clone(),
-                optimizer_steps,
-                params,
-                best,
-                epoch_times: times.clone(),
-                last_loss,
-            };
-            checkpoint::save(c, &ck).map_err(ck_err)?;
+        let due = |c: &&CheckpointConfig| (epoch + 1) % c.every.max(1) == 0 || epoch + 1 == cfg.epochs;
+        if let Some(c) = ckpt.filter(due) {
+            let saved =
+                if lead { save_checkpoint(c, state, &base, epoch, best, &times, last_loss) } else { Ok(()) };
+            // over several ranks every rank learns rank 0's outcome (a rank 0 that failed alone
+            // would leave the others waiting in the next epoch's exchanges)
+            match group.filter(|g| g.size() > 1) {
+                None => saved.map_err(TrainError::Checkpoint)?,
+                Some(g) => {
+                    let mine = if lead { saved.err().unwrap_or_default() } else { String::new() };
+                    let all = g.all_gather(mine.as_bytes());
+                    if !all[0].is_empty() {
+                        return Err(TrainError::Checkpoint(String::from_utf8_lossy(&all[0]).into_owned()));
+                    }
+                }
+            }
         }
     }
     let (best_epoch, best_valid_acc, test_acc) = best.unwrap_or((0, 0.0, 0.0));
@@ -264,6 +267,37 @@ pub fn run_epochs(
         peak_host_bytes: peak_rss_bytes(),
         peak_device_bytes: state.peak_device_bytes(),
     })
+}
+
+/// The configuration and dataset fingerprint every checkpoint of a run carries.
+struct CheckpointBase {
+    config: serde_json::Value,
+    dataset: String,
+}
+
+/// Writes the checkpoint after `epoch`.
+fn save_checkpoint(
+    c: &CheckpointConfig,
+    state: &mut dyn TrainerState,
+    base: &CheckpointBase,
+    epoch: usize,
+    best: Option<(usize, f64, f64)>,
+    times: &[f64],
+    last_loss: f64,
+) -> Result<(), String> {
+    let (params, optimizer_steps) = state.capture();
+    let ck = checkpoint::Checkpoint {
+        epoch: epoch + 1,
+        config: base.config.clone(),
+        dataset: base.dataset.clone(),
+        optimizer_steps,
+        params,
+        best,
+        epoch_times: times.to_vec(),
+        last_loss,
+    };
+    checkpoint::save(c, &ck).map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// Trains `cfg` on `ds`; `on_epoch` sees every epoch's figures as they are made.

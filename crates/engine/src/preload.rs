@@ -121,6 +121,7 @@ pub fn train_servers<B: Backend>(
             reduce: None,
             subgraph: None,
             device: device.map(|d| DeviceComms { comm: d.global.as_ref(), reduce: d.global.as_ref() }),
+            groups: Some(groups),
         };
         return train_tiered_on(b, ds, ds, cfg, tc, Some(dist), ckpt, on_epoch);
     }
@@ -145,6 +146,7 @@ pub fn train_servers<B: Backend>(
         reduce: Some(groups.global.as_ref()),
         subgraph: Some(&sh.of),
         device: device.map(|d| DeviceComms { comm: d.server.as_ref(), reduce: d.global.as_ref() }),
+        groups: Some(groups),
     };
     train_tiered_on(b, ds, &sh.ds, cfg, &tc_server, Some(dist), ckpt, on_epoch)
 }

@@ -57,8 +57,14 @@ struct Outcome {
 /// One training pass and one evaluation at epoch 3 on this rank (`comm`: `None` is one process).
 fn pass(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, comm: Option<&dyn Comm>) -> Outcome {
     let b = Cpu::<f32>::new();
-    let dist =
-        comm.map(|comm| DistConfig { comm, ranks_per_server: 2, reduce: None, subgraph: None, device: None });
+    let dist = comm.map(|comm| DistConfig {
+        comm,
+        ranks_per_server: 2,
+        reduce: None,
+        subgraph: None,
+        device: None,
+        groups: None,
+    });
     run(&b, ds, cfg, tc, dist)
 }
 
@@ -68,7 +74,7 @@ fn pass_on_device(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, comm: &dyn
     let b = Cpu::<f32>::new();
     let mats = HostMats(comm);
     let device = Some(DeviceComms { comm: &mats, reduce: &mats });
-    let dist = DistConfig { comm, ranks_per_server: 2, reduce: None, subgraph: None, device };
+    let dist = DistConfig { comm, ranks_per_server: 2, reduce: None, subgraph: None, device, groups: None };
     run(&b, ds, cfg, tc, Some(dist))
 }
 
@@ -281,8 +287,14 @@ fn more_ranks_than_partitions_is_refused() {
     let errs = ThreadComm::run(3, |c| {
         let b = Cpu::<f32>::new();
         let tc = TieredConfig::in_ram(2, Method::Random { seed: 1 });
-        let dist =
-            Some(DistConfig { comm: c, ranks_per_server: 1, reduce: None, subgraph: None, device: None });
+        let dist = Some(DistConfig {
+            comm: c,
+            ranks_per_server: 1,
+            reduce: None,
+            subgraph: None,
+            device: None,
+            groups: None,
+        });
         Executor::new_dist(&b, &ds, &cfg, FeatureNorm::Row, &tc, dist).err().map(|e| e.to_string())
     });
     for e in errs {
@@ -322,6 +334,7 @@ fn server_pass(
         reduce: Some(groups.global.as_ref()),
         subgraph: Some(&sh.of),
         device: None,
+        groups: Some(&groups),
     };
     run(&b, &sh.ds, cfg, tc, Some(dist))
 }

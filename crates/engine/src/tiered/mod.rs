@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use grinnder_dist::{from_bytes, to_bytes, Comm, Layout};
+use grinnder_dist::{from_bytes, to_bytes, Comm, Groups, Layout};
 use grinnder_graph::{norm, Csr, Dataset};
 use grinnder_nn::graph::Adjacency;
 use grinnder_nn::{Graph, Kind as ModelKind, Model, ModelConfig};
@@ -99,6 +99,10 @@ pub struct DistConfig<'c, B: Backend> {
     /// ranks: halo rows, halo gradients and parameter gradients then move device to device;
     /// `None`: through the host over `comm` and `reduce`.
     pub device: Option<DeviceComms<'c, B>>,
+    /// The server hierarchy of `reduce`'s ranks (its `global` is those ranks): host sums are
+    /// then taken within servers, among their heads and handed back down, so each server's sum
+    /// crosses between servers once; `None`: every rank sends to every other.
+    pub groups: Option<&'c Groups>,
 }
 
 impl<B: Backend> Clone for DistConfig<'_, B> {
@@ -211,6 +215,8 @@ impl CommStats {
 /// What a rank needs to exchange halo rows.
 struct DistState<'a, B: Backend> {
     comm: &'a dyn Comm,
+    /// The server hierarchy of `reduce`'s ranks, if given ([`DistConfig::groups`]).
+    groups: Option<&'a Groups>,
     /// The device transport, if any ([`DistConfig::device`]).
     device: Option<DeviceComms<'a, B>>,
     /// Where reductions go (`comm` unless a server trains on its own share).
@@ -234,7 +240,7 @@ enum Phase {
     Grad,
 }
 
-impl<B: Backend> DistState<'_, B> {
+impl<'a, B: Backend> DistState<'a, B> {
     /// Charges `bytes[r]` sent to rank `r` to `phase`, by link class.
     fn count(&mut self, bytes: impl Iterator<Item = u64>, phase: Phase) {
         let me = self.comm.rank();
@@ -280,46 +286,63 @@ impl<B: Backend> DistState<'_, B> {
         out
     }
 
-    /// Element-wise sum over the ranks, in rank order (the same bits on every rank).
+    /// Element-wise sum over the ranks (the same bits on every rank).
     fn all_reduce<T: grinnder_dist::Pod + std::ops::AddAssign>(&mut self, v: &mut [T]) {
-        all_reduce_counted(self.reduce, self.layout, v, &mut self.stats);
+        self.reducer().sum(v, &mut self.stats);
+    }
+
+    fn reducer(&self) -> Reducer<'a> {
+        Reducer { comm: self.reduce, layout: self.layout, groups: self.groups }
     }
 }
 
-/// [`grinnder_dist::all_reduce_sum`] over `comm`, its bytes charged to `stats`' reduction
-/// counters by link class (`v` goes to every other rank).
-pub(crate) fn all_reduce_counted<T: grinnder_dist::Pod + std::ops::AddAssign>(
-    comm: &dyn Comm,
-    layout: Layout,
-    v: &mut [T],
-    stats: &mut CommStats,
-) {
-    let t = Instant::now();
-    let (me, bytes) = (comm.rank(), std::mem::size_of_val(v) as u64);
-    for r in (0..comm.size()).filter(|&r| r != me) {
-        *(if layout.same_server(me, r) {
-            &mut stats.reduce_intra_bytes
+/// How sums over the ranks are taken on the host: over `comm` in rank order, or through the
+/// server hierarchy of the same ranks (`groups`: within servers, among their heads, back down).
+/// Either way every rank gets the same bits.
+#[derive(Clone, Copy)]
+pub(crate) struct Reducer<'a> {
+    pub comm: &'a dyn Comm,
+    pub layout: Layout,
+    pub groups: Option<&'a Groups>,
+}
+
+impl Reducer<'_> {
+    /// The element-wise sum of `v` over the ranks, its bytes charged to `stats`' reduction
+    /// counters by link class.
+    pub fn sum<T: grinnder_dist::Pod + std::ops::AddAssign>(&self, v: &mut [T], stats: &mut CommStats) {
+        let t = Instant::now();
+        if let Some(g) = self.groups {
+            let (intra, inter) = g.all_reduce_sum(v);
+            stats.reduce_intra_bytes += intra;
+            stats.reduce_inter_bytes += inter;
         } else {
-            &mut stats.reduce_inter_bytes
-        }) += bytes;
+            // `v` goes to every other rank
+            let (me, bytes) = (self.comm.rank(), std::mem::size_of_val(v) as u64);
+            for r in (0..self.comm.size()).filter(|&r| r != me) {
+                *(if self.layout.same_server(me, r) {
+                    &mut stats.reduce_intra_bytes
+                } else {
+                    &mut stats.reduce_inter_bytes
+                }) += bytes;
+            }
+            grinnder_dist::all_reduce_sum(self.comm, v);
+        }
+        stats.comm_s += t.elapsed().as_secs_f64();
     }
-    grinnder_dist::all_reduce_sum(comm, v);
-    stats.comm_s += t.elapsed().as_secs_f64();
 }
 
-/// Every parameter gradient of `model` summed over `comm`'s ranks in one reduction, in rank
-/// order (the same bits on every rank, so parameters stay identical).
+/// Every parameter gradient of `model` summed over the ranks in one reduction (the same bits
+/// on every rank, so parameters stay identical).
 pub(crate) fn sum_gradients<B: Backend>(
     b: &B,
     model: &mut Model<B>,
-    comm: &dyn Comm,
-    layout: Layout,
+    reducer: Reducer<'_>,
     stats: &mut CommStats,
 ) {
     let mut params = model.params_mut();
     let host: Vec<Mat<B::T>> = params.iter().map(|p| b.download(&p.grad)).collect();
     let mut flat: Vec<B::T> = host.iter().flat_map(|m| m.data.iter().copied()).collect();
-    all_reduce_counted(comm, layout, &mut flat, stats);
+    reducer.sum(&mut flat, stats);
     let mut at = 0;
     for (p, m) in params.iter_mut().zip(host) {
         let n = m.data.len();
@@ -778,6 +801,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             let layout = Layout { ranks: reduce.size(), ..layout };
             ex.dist = Some(DistState {
                 comm: d.comm,
+                groups: d.groups,
                 device: d.device,
                 reduce,
                 layout,
@@ -1724,7 +1748,10 @@ impl<'a, B: Backend> Executor<'a, B> {
         let Some(d) = self.dist.as_mut() else { return };
         match d.device {
             Some(dev) => sum_gradients_on(self.b, &mut self.model, dev.reduce, d.layout, &mut d.stats),
-            None => sum_gradients(self.b, &mut self.model, d.reduce, d.layout, &mut d.stats),
+            None => {
+                let reducer = Reducer { comm: d.reduce, layout: d.layout, groups: d.groups };
+                sum_gradients(self.b, &mut self.model, reducer, &mut d.stats)
+            }
         }
     }
 
