@@ -1742,8 +1742,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
     }
 
-    /// Partition-parallel runs: every parameter gradient summed over the ranks, in rank order
-    /// (the same bits on every rank, so parameters stay identical).
+    /// Partition-parallel runs: every parameter gradient summed over the ranks (in a fixed
+    /// order on the host, by the transport on the device; the same bits on every rank, so
+    /// parameters stay identical).
     pub fn reduce_gradients(&mut self) {
         let Some(d) = self.dist.as_mut() else { return };
         match d.device {
