@@ -136,8 +136,7 @@ fn nccl_groups(
         grinnder_cuda::Nccl::new(gpu, l.groups.global.as_ref()).context("NCCL did not initialise")?;
     let server =
         grinnder_cuda::Nccl::new(gpu, l.groups.server.as_ref()).context("NCCL did not initialise")?;
-    use grinnder_tensor::MatComm;
-    tracing::info!("halo rows and gradient sums over {}", global.describe());
+    tracing::info!("halo rows and gradient sums over {}", grinnder_tensor::MatComm::describe(&global));
     Ok(Some(DeviceGroups { global: Box::new(global), server: Box::new(server) }))
 }
 

@@ -151,19 +151,37 @@ impl<B: Backend> MatComm<B> for HostMats<'_> {
     }
 
     fn all_reduce_sum(&self, b: &B, mats: &mut [&mut B::Mat]) {
-        let host: Vec<Mat<B::T>> = mats.iter().map(|m| b.download(m)).collect();
-        let mut flat: Vec<B::T> = host.iter().flat_map(|m| m.data.iter().copied()).collect();
-        grinnder_dist::all_reduce_sum(self.0, &mut flat);
-        let mut at = 0;
-        for (m, h) in mats.iter_mut().zip(host) {
-            let n = h.data.len();
-            **m = b.upload_owned(Mat::from_vec(h.rows, h.cols, flat[at..at + n].to_vec()));
-            at += n;
-        }
+        sum_on_host(b, mats, |flat| grinnder_dist::all_reduce_sum(self.0, flat));
     }
 
     fn describe(&self) -> String {
         format!("{} (through the host)", self.0.describe())
+    }
+}
+
+/// `mats` downloaded into one flat host vector, summed over the ranks by `sum`, and uploaded
+/// back in place.
+fn sum_on_host<B: Backend>(b: &B, mats: &mut [&mut B::Mat], sum: impl FnOnce(&mut [B::T])) {
+    let host: Vec<Mat<B::T>> = mats.iter().map(|m| b.download(m)).collect();
+    let mut flat: Vec<B::T> = host.iter().flat_map(|m| m.data.iter().copied()).collect();
+    sum(&mut flat);
+    let mut at = 0;
+    for (m, h) in mats.iter_mut().zip(host) {
+        let n = h.data.len();
+        **m = b.upload_owned(Mat::from_vec(h.rows, h.cols, flat[at..at + n].to_vec()));
+        at += n;
+    }
+}
+
+/// Charges `bytes` sent by rank `me` of `ranks` to every other rank to `stats`' reduction
+/// counters, by link class.
+fn charge_reduce(stats: &mut CommStats, layout: Layout, me: usize, ranks: usize, bytes: u64) {
+    for r in (0..ranks).filter(|&r| r != me) {
+        *(if layout.same_server(me, r) {
+            &mut stats.reduce_intra_bytes
+        } else {
+            &mut stats.reduce_inter_bytes
+        }) += bytes;
     }
 }
 
@@ -317,14 +335,8 @@ impl Reducer<'_> {
             stats.reduce_inter_bytes += inter;
         } else {
             // `v` goes to every other rank
-            let (me, bytes) = (self.comm.rank(), std::mem::size_of_val(v) as u64);
-            for r in (0..self.comm.size()).filter(|&r| r != me) {
-                *(if self.layout.same_server(me, r) {
-                    &mut stats.reduce_intra_bytes
-                } else {
-                    &mut stats.reduce_inter_bytes
-                }) += bytes;
-            }
+            let bytes = std::mem::size_of_val(v) as u64;
+            charge_reduce(stats, self.layout, self.comm.rank(), self.comm.size(), bytes);
             grinnder_dist::all_reduce_sum(self.comm, v);
         }
         stats.comm_s += t.elapsed().as_secs_f64();
@@ -340,15 +352,8 @@ pub(crate) fn sum_gradients<B: Backend>(
     stats: &mut CommStats,
 ) {
     let mut params = model.params_mut();
-    let host: Vec<Mat<B::T>> = params.iter().map(|p| b.download(&p.grad)).collect();
-    let mut flat: Vec<B::T> = host.iter().flat_map(|m| m.data.iter().copied()).collect();
-    reducer.sum(&mut flat, stats);
-    let mut at = 0;
-    for (p, m) in params.iter_mut().zip(host) {
-        let n = m.data.len();
-        p.grad = b.upload_owned(Mat::from_vec(m.rows, m.cols, flat[at..at + n].to_vec()));
-        at += n;
-    }
+    let mut grads: Vec<&mut B::Mat> = params.iter_mut().map(|p| &mut p.grad).collect();
+    sum_on_host(b, &mut grads, |flat| reducer.sum(flat, stats));
 }
 
 /// [`sum_gradients`] over a device transport: one grouped all-reduce of the gradients where
@@ -365,14 +370,7 @@ pub(crate) fn sum_gradients_on<B: Backend>(
     let mut params = model.params_mut();
     let elem = std::mem::size_of::<B::T>() as u64;
     let bytes: u64 = params.iter().map(|p| b.dims(&p.grad)).map(|(r, c)| (r * c) as u64 * elem).sum();
-    let me = comm.rank();
-    for r in (0..comm.size()).filter(|&r| r != me) {
-        *(if layout.same_server(me, r) {
-            &mut stats.reduce_intra_bytes
-        } else {
-            &mut stats.reduce_inter_bytes
-        }) += bytes;
-    }
+    charge_reduce(stats, layout, comm.rank(), comm.size(), bytes);
     let mut grads: Vec<&mut B::Mat> = params.iter_mut().map(|p| &mut p.grad).collect();
     comm.all_reduce_sum(b, &mut grads);
     b.synchronize();
