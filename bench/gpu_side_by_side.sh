@@ -5,7 +5,8 @@
 # and their ratio. Then the runs under a GPU memory budget (PyG has no such mode).
 #
 #   bench/gpu_side_by_side.sh [PRESET] [EPOCHS]
-#   MODELS="gcn sage gat"              models run all in GPU memory, both tools
+#   MODELS="gcn sage gat"              models run all in GPU memory, both tools (MODELS= : none,
+#                                      and no npy export: igb-medium-like's would not fit the disk)
 #   BUDGETS="gcn:8GiB gat:24GiB"       grinnder runs with --gpu-mem (model:bytes[:parts])
 #   SEED=0 SCALE=1                     generator seed and scale
 # Results (JSON lines) under $OUT (or /tmp/gpu-out).
@@ -20,7 +21,8 @@ echo "date: $(date -u +%F)   commit: $(cat .gpu/COMMIT 2>/dev/null)   preset: $p
 data=/tmp/gpu-data/$preset
 mkdir -p "$data"
 [ -f "$data/g.grnd" ] || $bin -q generate --preset "$preset" --seed "${SEED:-0}" --scale "${SCALE:-1}" --out "$data/g.grnd"
-[ -d "$data/npy" ] || $bin -q export "$data/g.grnd" --format npy --out "$data/npy"
+models=${MODELS-gcn sage gat}
+[ -z "$models" ] || [ -d "$data/npy" ] || $bin -q export "$data/g.grnd" --format npy --out "$data/npy"
 # the baseline's settings: raw features, no dropout or weight decay, lr 0.01, one GAT head
 common=(--layers 2 --hidden 256 --heads 1 --dropout 0 --input-dropout 0 --weight-decay 0
   --feature-norm none --epochs "$epochs" --eval-every "$epochs")
@@ -39,7 +41,7 @@ print(json.dumps({"tool": "grinnder", "epoch_s_median": s["epoch_s_median"],
   "final_loss": s["final_loss"]}))
 PY
 }
-for model in ${MODELS:-gcn sage gat}; do
+for model in $models; do
   echo "== $preset $model, 2 layers, hidden 256, $epochs epochs"
   timeout 400 python3 .gpu/shared/bench/pyg_baseline.py "$data/npy" --model "$model" --layers 2 --hidden 256 \
     --epochs "$epochs" > "$out/$preset-$model-pyg.json" 2> "$out/$preset-$model-pyg.err"
@@ -60,5 +62,7 @@ done
 for b in ${BUDGETS:-}; do
   IFS=: read -r model mem parts <<< "$b"
   echo "== $preset $model with --gpu-mem $mem ${parts:+--parts $parts}"
-  grinnder "$model" "$model-$mem${parts:+-p$parts}" --gpu-mem "$mem" ${parts:+--parts "$parts"} | tail -1
+  tag="$model-$mem${parts:+-p$parts}"
+  grinnder "$model" "$tag" --gpu-mem "$mem" ${parts:+--parts "$parts"} | tail -1
+  grep -E "GPU tier|epoch +[0-9]+:|peak host" "$out/$preset-$tag.log" | head -20
 done

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaEvent, DevicePtr, DevicePtrMut, PinnedHostSlice};
-use grinnder_tensor::Rows;
+use grinnder_tensor::{Mat, Rows};
 
 use crate::{err, Cuda, CudaError, DMat};
 
@@ -174,12 +174,45 @@ impl Cuda {
         DMat { rows: n, cols: d, data }
     }
 
+    /// `m` in a new mapped, page-locked table; `m` back when none can be allocated.
+    pub fn table_of(&self, m: Mat<f32>) -> Result<HostTable, Mat<f32>> {
+        let Ok(mut t) = self.host_table(m.rows, m.cols) else { return Err(m) };
+        t.as_mut_slice()[..m.data.len()].copy_from_slice(&m.data);
+        Ok(t)
+    }
+
+    /// The whole table as a device matrix, copied on the second stream so that the copy
+    /// overlaps the work already queued on the main stream (whose first use of the result waits
+    /// for it). The host first waits until the main stream has reached the upload made
+    /// [`UPLOADS_AHEAD`] calls ago, which bounds the device memory copies hold ahead.
+    pub fn upload_table_async(&self, t: &HostTable) -> DMat {
+        let n = t.rows * t.cols;
+        let side = self.side.get_or_init(|| self.ctx.new_stream().expect("a second CUDA stream"));
+        {
+            let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+            ahead.push_back(self.stream.record_event(None).expect("CUDA event"));
+            while ahead.len() > UPLOADS_AHEAD {
+                ahead.pop_front().expect("an event").synchronize().expect("CUDA event");
+            }
+        }
+        self.charge(n * 4);
+        // SAFETY: the copy below writes every element before any use.
+        let mut data = unsafe { side.alloc::<f32>(n.max(1)) }.expect("CUDA alloc");
+        if n > 0 {
+            side.memcpy_htod(&t.buf, &mut data).expect("CUDA upload");
+        }
+        DMat { rows: t.rows, cols: t.cols, data }
+    }
+
     /// `out = t` over the bus with one asynchronous copy from page-locked memory.
     pub fn upload_table(&self, t: &HostTable, out: &mut DMat) {
         assert_eq!((out.rows, out.cols), (t.rows, t.cols), "upload: shapes");
         self.stream.memcpy_htod(&t.buf, &mut out.data).expect("CUDA upload");
     }
 }
+
+/// Host-block uploads that may be queued on the second stream beyond the main stream's work.
+pub(crate) const UPLOADS_AHEAD: usize = 2;
 
 /// Warps of a gather on the second stream: 2,048 rows in flight (≈ 0.8 MB of 100-float rows,
 /// beyond the bus's bandwidth-latency product), 256 blocks of 8 warps.

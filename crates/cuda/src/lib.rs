@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaViewMut, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaViewMut, DevicePtr,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use grinnder_tensor::{Backend, Binary, DeviceMemory, MaskKey, Mat, Rows, SparseMatrix, StepRule, Unary};
@@ -188,6 +188,10 @@ pub struct Cuda {
     /// A second stream for work that overlaps the main one (`gather_host_async`), made on
     /// first use; cudarc's per-allocation events order every use across the two.
     side: std::sync::OnceLock<Arc<CudaStream>>,
+    /// Main-stream events recorded at each host-block upload on `side`: the host waits on the
+    /// oldest so that those copies run at most [`host::UPLOADS_AHEAD`] uploads ahead of the
+    /// work that reads them (their device memory stays bounded).
+    ahead: std::sync::Mutex<std::collections::VecDeque<CudaEvent>>,
     blas: CudaBlas,
     k: Kernels,
     /// placeholders for absent optional pointer arguments
@@ -311,6 +315,7 @@ impl Cuda {
             k: Kernels { _module: module, f },
             dummy_u32,
             side: std::sync::OnceLock::new(),
+            ahead: Default::default(),
         })
     }
 
@@ -700,6 +705,7 @@ impl Backend for Cuda {
     type T = f32;
     type Mat = DMat;
     type Sparse = DSparse;
+    type HostBlock = host::HostTable;
 
     fn device_memory(&self) -> Option<DeviceMemory> {
         let p = self.pool.as_ref()?;
@@ -757,6 +763,24 @@ impl Backend for Cuda {
     fn download_with(&self, m: &DMat, read: &mut dyn FnMut(&[f32])) {
         let _p = self.span("download (staged)");
         self.staged_download(m, read)
+    }
+
+    fn host_block(&self, m: Mat<f32>) -> Result<host::HostTable, Mat<f32>> {
+        self.table_of(m)
+    }
+
+    fn host_block_dims(&self, h: &host::HostTable) -> (usize, usize) {
+        (h.rows, h.cols)
+    }
+
+    fn upload_host_block(&self, h: &host::HostTable) -> DMat {
+        let _p = self.span("upload (host block)");
+        self.upload_table_async(h)
+    }
+
+    fn gather_host_block(&self, h: &host::HostTable, rows: Rows<'_>, out: &mut DMat, at: usize) {
+        let _p = self.span("gather (host block)");
+        self.gather_host(h, rows, out, at)
     }
 
     fn download(&self, m: &DMat) -> Mat<f32> {

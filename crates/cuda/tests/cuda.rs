@@ -377,8 +377,19 @@ fn the_tiered_executor_on_the_gpu_gives_the_cpu_gradients() {
     let c = Cpu::<f32>::new();
     let ds =
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
-        let cfg = ModelConfig { input_dropout: 0.0, norm: Norm::None, residual: false, ..model_cfg(kind) };
+    // two GCN layers with hidden wider than the classes: layer 0 runs inside layer 1's transform;
+    // with every layer, layer 0's aggregation (host blocks: page-locked, uploaded ahead)
+    for (kind, layers, hidden) in
+        [(Kind::Gcn, 3, 32), (Kind::Sage, 3, 32), (Kind::Gat, 3, 32), (Kind::Gcn, 2, 64)]
+    {
+        let cfg = ModelConfig {
+            input_dropout: 0.0,
+            norm: Norm::None,
+            residual: false,
+            layers,
+            hidden,
+            ..model_cfg(kind)
+        };
         let grads = |p: &mut Vec<&mut grinnder_nn::Param<Cuda>>| -> Vec<Mat<f32>> {
             p.iter().map(|p| g.download(&p.grad)).collect()
         };
@@ -409,7 +420,7 @@ fn the_tiered_executor_on_the_gpu_gives_the_cpu_gradients() {
             for (epoch, (loss_c, want)) in [2, 3].into_iter().zip(&want) {
                 ex.model.zero_grad(&g);
                 let (loss, _) = ex.forward_backward(epoch).unwrap();
-                let what = format!("{kind:?} {device:?} {gpu_mem:?} epoch {epoch}");
+                let what = format!("{kind:?} {layers} layers {device:?} {gpu_mem:?} epoch {epoch}");
                 assert!((loss - loss_c).abs() <= 1e-5 * loss_c, "{what}: loss {loss} vs {loss_c}");
                 let got = grads(&mut ex.model.params_mut());
                 for (a, b) in got.iter().zip(want) {

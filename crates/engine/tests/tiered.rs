@@ -125,6 +125,37 @@ fn layers_backpropagated_from_their_stored_output_are_exact() {
 }
 
 #[test]
+fn gcn_layer_0_inside_layer_1s_transform_is_exact_and_stores_neither_its_output_nor_its_gradient() {
+    // two GCN layers, hidden wider than the classes: layer 1 runs split and reads only its own
+    // input rows, so layer 0 (on its precomputed aggregation) runs inside layer 1's transform,
+    // forward and backward
+    let ds = dataset();
+    let cfg = ModelConfig { layers: 2, hidden: 64, ..model(Kind::Gcn, 0.0) };
+    assert!(cfg.hidden > ds.num_classes as usize);
+    let dir = tempfile::tempdir().unwrap();
+    for parts in [1, 3, 8] {
+        let base = TieredConfig::in_ram(parts, Method::Random { seed: 1 });
+        check(&ds, &cfg, &base, &format!("P={parts}"));
+        // with room for everything, the device tier holds every block an epoch makes: layer 0's
+        // aggregation, layer 1's narrow rows and their gradient (no layer-1 activation or
+        // gradient blocks)
+        let all = TieredConfig { device_cache_bytes: Some(u64::MAX), ..base.clone() };
+        let b = Cpu::<f32>::new();
+        let ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &all).unwrap();
+        assert_eq!(ex.plan.device.clone().unwrap().blocks, 3 * parts, "P={parts}");
+        check(&ds, &cfg, &all, &format!("P={parts}, all on the device"));
+        // part on the device, the rest in a host cache that spills to storage
+        let spill = TieredConfig {
+            device_cache_bytes: Some(30_000),
+            cache_bytes: Some(40_000),
+            storage_dir: Some(dir.path().to_path_buf()),
+            ..base.clone()
+        };
+        check(&ds, &cfg, &spill, &format!("P={parts}, device tier over storage"));
+    }
+}
+
+#[test]
 fn gradients_do_not_depend_on_the_partitioner_or_cache_mode() {
     let ds = dataset();
     let cfg = model(Kind::Gcn, 0.0);

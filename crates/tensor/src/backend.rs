@@ -100,6 +100,10 @@ pub trait Backend: Send + Sync + 'static {
     type T: Scalar;
     type Mat: Send + Sync;
     type Sparse: Send + Sync;
+    /// Host memory for blocks written once and read many times (input features, layer 0's
+    /// aggregation): page-locked on a GPU, so they reach the device by DMA or by device
+    /// threads, with no staging copy on the host; a host matrix on the CPU.
+    type HostBlock: Send + Sync;
 
     /// Moves a sparse structure into the backend.
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse;
@@ -129,6 +133,15 @@ pub trait Backend: Send + Sync + 'static {
     fn download_owned(&self, m: Self::Mat) -> Mat<Self::T> {
         self.download(&m)
     }
+    /// `m` as a [`Backend::HostBlock`]; `m` back where the backend cannot have one now (page-locked
+    /// memory exhausted), for the caller to keep it elsewhere.
+    fn host_block(&self, m: Mat<Self::T>) -> Result<Self::HostBlock, Mat<Self::T>>;
+    fn host_block_dims(&self, h: &Self::HostBlock) -> (usize, usize);
+    /// A whole host block as a backend matrix. On a GPU the copy is queued on a second stream:
+    /// it overlaps the work queued before it, and work on the result waits for it.
+    fn upload_host_block(&self, h: &Self::HostBlock) -> Self::Mat;
+    /// `out[at + i] = h[rows[i]]` (on a GPU: device threads read the rows from host memory).
+    fn gather_host_block(&self, h: &Self::HostBlock, rows: Rows<'_>, out: &mut Self::Mat, at: usize);
     /// Bytes the backend holds in its own memory (a GPU's); `None` where matrices live in host
     /// memory (counted in the process's resident set).
     fn device_memory(&self) -> Option<DeviceMemory> {

@@ -483,12 +483,22 @@ pub struct Executor<'a, B: Backend> {
     /// The GPU tier: blocks the plan placed in the backend's memory, and those present now.
     on_dev: HashSet<BlockId>,
     dev: HashMap<BlockId, B::Mat>,
+    /// Fixed blocks (features, layer 0's aggregation) in the backend's host memory
+    /// ([`Backend::HostBlock`]: page-locked on a GPU) instead of the store, when nothing bounds
+    /// host memory (`pin_fixed`).
+    pinned: HashMap<BlockId, B::HostBlock>,
+    pin_fixed: bool,
+    /// Whole pinned blocks of the next partition, uploaded while this one computes
+    /// ([`Executor::prefetch`]); taken by the gather that reads them.
+    ahead: Vec<(BlockId, B::Mat)>,
+    /// Layer 0 runs inside layer 1's transform (see [`Executor::fused`]).
+    fused: bool,
     /// `TieredConfig::gpu_mem`, and whether the first epoch's peak has refined the placement.
     gpu_mem: Option<u64>,
     calibrated: bool,
     n_train: usize,
-    /// Layer 0 runs on `Â x` precomputed per partition (GCN, SAGE without input dropout, input
-    /// no wider than layer 0's output).
+    /// Layer 0 runs on `Â x` precomputed per partition (GCN, SAGE without input dropout; see
+    /// `Executor::new_dist`).
     pre: bool,
     pub partitioning: Partitioning,
     pub plan: Plan,
@@ -692,11 +702,14 @@ impl<'a, B: Backend> Executor<'a, B> {
             parts.push(Part { graph, own: g.own, fetch: g.fetch, labels, split_rows });
         }
         // the fixed input's aggregation is kept where it is no wider than layer 0's output
-        // (aggregating the narrower side); wider inputs run layer 0 split (transform own rows,
-        // aggregate the narrow result), which also spares blocks as large as the features
+        // (aggregating the narrower side), or where layer 0 reads nothing else: then it
+        // replaces the features (computed from the dataset's rows, no feature blocks) and
+        // layer 0 needs no halo rows and no aggregation per epoch. Wider inputs of a layer that
+        // also reads them (SAGE's root term) run layer 0 split (transform own rows, aggregate
+        // the narrow result), which spares a second set of blocks as large as the features.
         let pre = model_cfg.kind != ModelKind::Gat
             && model_cfg.input_dropout == 0.0
-            && model.dim(0) <= model.dim(1);
+            && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
         let plan = make_plan(&model, &parts, tc, std::mem::size_of::<B::T>());
         if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
             let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
@@ -760,6 +773,10 @@ impl<'a, B: Backend> Executor<'a, B> {
             store,
             on_dev: HashSet::new(),
             dev: HashMap::new(),
+            pinned: HashMap::new(),
+            ahead: Vec::new(),
+            pin_fixed: tc.host_mem.is_none() && tc.cache_bytes.is_none() && tc.tier_dtype == TierDtype::F32,
+            fused: false,
             gpu_mem: tc.gpu_mem.filter(|_| tc.device_cache_bytes.is_none()),
             calibrated: false,
             n_train: sub.map_or(ds.splits.train.len(), |s| s.n_train),
@@ -809,6 +826,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 stats: CommStats::default(),
             });
         }
+        ex.fused = ex.fusible();
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
@@ -825,7 +843,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         let layers = self.model.layers();
         let elem = std::mem::size_of::<B::T>() as u64;
         let split: Vec<usize> = (0..layers).filter(|&l| self.split(l)).collect();
-        let mut kinds: Vec<(Kind, usize)> = (1..layers).map(|l| (Kind::Act, l)).collect();
+        let first_hidden = if self.fused { 2 } else { 1 };
+        let mut kinds: Vec<(Kind, usize)> = (first_hidden..layers).map(|l| (Kind::Act, l)).collect();
         kinds.extend(split.iter().map(|&l| (Kind::Xw, l)));
         kinds.extend(split.iter().map(|&l| (Kind::GradXw, l)));
         if self.pre {
@@ -834,7 +853,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         if self.keeps_features() {
             kinds.push((Kind::Act, 0));
         }
-        kinds.extend((1..layers).map(|l| (Kind::Grad, l)));
+        kinds.extend((first_hidden..layers).map(|l| (Kind::Grad, l)));
         let mut out = Vec::new();
         for (kind, layer) in kinds {
             let d = match kind {
@@ -852,6 +871,50 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// precomputed aggregation (their blocks are dropped once it is made).
     fn keeps_features(&self) -> bool {
         !self.pre || self.model.reads_input_beside_pre()
+    }
+
+    /// Whether layer 0 runs inside layer 1's transform, partition by partition: layer 0 reads
+    /// only its precomputed aggregation (no halo rows, no input gradient) and layer 1 runs split
+    /// reading nothing of its input but its own rows (GCN). Layer 1's input is then never
+    /// stored: the forward makes it where the transform reads it; the backward remakes it (layer
+    /// 0 again: one GEMM on rows read for layer 0's weight gradient anyway) where layer 1's
+    /// input gradient is made, and runs layer 0's backward right there. Neither that activation
+    /// nor its gradient becomes a block.
+    fn fusible(&self) -> bool {
+        self.pre
+            && !self.model.reads_input_beside_pre()
+            && self.model.layers() >= 2
+            && self.split(1)
+            && self.model.config.kind == ModelKind::Gcn
+    }
+
+    /// Whether a block is written once, before the first epoch, and only read after: the input
+    /// features and layer 0's aggregation.
+    fn fixed(id: BlockId) -> bool {
+        id.kind == Kind::Pre || (id.kind == Kind::Act && id.layer == 0)
+    }
+
+    /// Keeps a host block: a fixed one in the backend's host memory where the plan allows
+    /// (`pin_fixed`), everything else in the store.
+    fn keep_host(&mut self, id: BlockId, m: Mat<B::T>) -> Result<(), TrainError> {
+        let m = if self.pin_fixed && Self::fixed(id) {
+            match self.b.host_block(m) {
+                Ok(h) => {
+                    self.pinned.insert(id, h);
+                    return Ok(());
+                }
+                Err(m) => {
+                    tracing::warn!(
+                        "no page-locked host memory left: the remaining fixed blocks go to the store"
+                    );
+                    self.pin_fixed = false;
+                    m
+                }
+            }
+        } else {
+            m
+        };
+        self.store.put(id, m.rows, m.cols, m.data).map_err(io_err)
     }
 
     /// The GPU tier's share of the plan: what the backend holds now (graphs, parameters), the
@@ -930,11 +993,14 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// bytes placed.
     fn place_while_fits(&mut self, mut room: u64) -> Result<(usize, u64), TrainError> {
         let mut placed = (0usize, 0u64);
+        self.ahead.clear();
         for (id, bytes) in self.block_list() {
             if self.on_dev.contains(&id) || bytes > room {
                 continue;
             }
-            if let Some((rows, cols)) = self.store.shape(id) {
+            if let Some(h) = self.pinned.remove(&id) {
+                self.dev.insert(id, self.b.upload_host_block(&h));
+            } else if let Some((rows, cols)) = self.store.shape(id) {
                 let mut data = vec![B::T::of(0.0); rows * cols];
                 self.store.read_rows(id, None, &mut data).map_err(io_err)?;
                 self.store.remove(id).map_err(io_err)?;
@@ -954,13 +1020,20 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.dev.insert(id, self.b.upload_owned(m));
             return Ok(());
         }
-        self.store.put(id, m.rows, m.cols, m.data).map_err(io_err)
+        self.keep_host(id, m)
     }
 
     /// Drops a block from whichever tier holds it.
     fn remove(&mut self, id: BlockId) -> Result<(), TrainError> {
         if self.on_dev.contains(&id) {
             self.dev.remove(&id);
+            return Ok(());
+        }
+        self.ahead.retain(|(a, _)| *a != id);
+        if self.pinned.contains_key(&id) {
+            // device threads may still be reading it (zero-copy gathers)
+            self.b.synchronize();
+            self.pinned.remove(&id);
             return Ok(());
         }
         self.store.remove(id).map_err(io_err)
@@ -985,21 +1058,37 @@ impl<'a, B: Backend> Executor<'a, B> {
             let first = self.partitioning.ptr[*s] as usize;
             blocks.push((*s, rows.iter().map(|&r| self.partitioning.inv_perm[first + r as usize]).collect()));
         }
+        if self.pre && !self.keeps_features() {
+            // layer 0 reads only `Â x`: each partition's rows (own, then halo) come straight
+            // from the dataset and are aggregated; no feature block is made
+            let ids_of: HashMap<usize, Vec<u32>> = blocks.into_iter().collect();
+            for q in self.local.clone() {
+                let part = &self.parts[q];
+                let mut ids = ids_of[&q].clone();
+                for (s, idx) in &part.fetch {
+                    ids.extend(idx.iter().map(|&i| ids_of[s][i as usize]));
+                }
+                let rows = feature_rows::<B::T>(ds, norm, min, &ids);
+                let x = self.b.upload_owned(Mat::from_vec(ids.len(), d, rows));
+                let agg = self.model.aggregate_input(self.b, &self.parts[q].graph, &x).expect("GCN or SAGE");
+                drop(x);
+                self.put(Kind::Pre, 0, q, agg)?;
+            }
+            self.store.take_stats();
+            self.stats = PhaseStats::default();
+            return Ok(());
+        }
         for (q, ids) in blocks {
             let rows = feature_rows::<B::T>(ds, norm, min, &ids);
             self.put_host(act(0, q), Mat::from_vec(ids.len(), d, rows))?;
         }
         if self.pre {
+            // layer 0 reads the features beside their aggregation (SAGE's root term, a residual)
             for q in self.local.clone() {
                 let x = self.gather(0, q, true)?;
                 let agg = self.model.aggregate_input(self.b, &self.parts[q].graph, &x).expect("GCN or SAGE");
                 drop(x);
                 self.put(Kind::Pre, 0, q, agg)?;
-            }
-            if !self.keeps_features() {
-                for q in 0..self.parts.len() {
-                    self.remove(act(0, q))?;
-                }
             }
         }
         self.store.take_stats();
@@ -1035,8 +1124,26 @@ impl<'a, B: Backend> Executor<'a, B> {
             .chain(part.fetch.iter().filter(|_| halo).map(|(s, idx)| (id(*s), Rows::Index(idx))))
             .collect();
         let rows: usize = sources.iter().map(|(_, r)| r.len()).sum();
-        let host_sources: Vec<(BlockId, Rows<'_>)> =
-            sources.iter().filter(|(s, _)| !self.on_dev.contains(s)).copied().collect();
+        let elem = std::mem::size_of::<B::T>() as u64;
+        // a whole block of the backend's host memory alone: one copy (a DMA on a GPU), maybe
+        // started ahead
+        if let [(src, Rows::Range(0, n))] = sources[..] {
+            if let Some(i) = self.ahead.iter().position(|(a, _)| *a == src) {
+                self.stats.gather_s += t.elapsed().as_secs_f64();
+                return Ok(self.ahead.swap_remove(i).1);
+            }
+            if let Some(h) = self.pinned.get(&src).filter(|h| b.host_block_dims(h).0 == n) {
+                let m = b.upload_host_block(h);
+                self.stats.upload_bytes += (n * d) as u64 * elem;
+                self.stats.gather_s += t.elapsed().as_secs_f64();
+                return Ok(m);
+            }
+        }
+        let host_sources: Vec<(BlockId, Rows<'_>)> = sources
+            .iter()
+            .filter(|(s, _)| !self.on_dev.contains(s) && !self.pinned.contains_key(s))
+            .copied()
+            .collect();
         let host_rows: usize = host_sources.iter().map(|(_, r)| r.len()).sum();
         // host rows straight into the backend's staging memory
         let staged = if host_sources.is_empty() {
@@ -1063,7 +1170,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             if let Some(e) = failed {
                 return Err(io_err(e));
             }
-            self.stats.upload_bytes += (host_rows * d * std::mem::size_of::<B::T>()) as u64;
+            self.stats.upload_bytes += (host_rows * d) as u64 * elem;
             Some(staged)
         };
         let m = match staged {
@@ -1078,6 +1185,9 @@ impl<'a, B: Backend> Executor<'a, B> {
                             .get(src)
                             .unwrap_or_else(|| panic!("block {src:?} read before it was written"));
                         b.gather_rows(block, *r, &mut m, at);
+                    } else if let Some(h) = self.pinned.get(src) {
+                        b.gather_host_block(h, *r, &mut m, at);
+                        self.stats.upload_bytes += (r.len() * d) as u64 * elem;
                     } else {
                         let staged = staged.as_ref().expect("host rows were staged");
                         b.gather_rows(staged, Rows::Range(at_host, r.len()), &mut m, at);
@@ -1157,7 +1267,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.b.download_with(&m, &mut |h| data = par_to_vec(h));
             drop(m);
             self.stats.download_bytes += (data.len() * std::mem::size_of::<B::T>()) as u64;
-            self.store.put(id, rows, cols, data).map_err(io_err)?;
+            self.keep_host(id, Mat::from_vec(rows, cols, data))?;
         }
         self.stats.write_back_s += t.elapsed().as_secs_f64();
         Ok(())
@@ -1170,10 +1280,18 @@ impl<'a, B: Backend> Executor<'a, B> {
         let layers = self.model.layers();
         for l in 0..layers {
             let top = l + 1 == layers;
+            if l == 0 && self.fused {
+                continue;
+            }
             if self.split(l) {
                 for q in self.local.clone() {
-                    let x = self.own(Kind::Act, l, q)?;
-                    self.prefetch(Kind::Act, l, q + 1, false, &[])?;
+                    let x = if l == 1 && self.fused {
+                        Own::Copy(self.layer0(q, train, epoch)?)
+                    } else {
+                        let x = self.own(Kind::Act, l, q)?;
+                        self.prefetch(Kind::Act, l, q + 1, false, &[])?;
+                        x
+                    };
                     let t = Instant::now();
                     let h = self.model.split_transform(b, l, &x);
                     self.give_back(Some(x));
@@ -1216,6 +1334,20 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.sync_act(l + 1)?;
         }
         Ok(())
+    }
+
+    /// Layer 0's output rows of partition `q` (layer 1's input, never stored when
+    /// [`Executor::fused`]).
+    fn layer0(&mut self, q: usize, train: bool, epoch: u64) -> Result<B::Mat, TrainError> {
+        let inp = self.inputs(0, q)?;
+        self.prefetch(Kind::Act, 0, q + 1, false, &[])?;
+        let t = Instant::now();
+        let g = &self.parts[q].graph;
+        let (y, tape) = self.model.layer_forward(self.b, g, 0, inp.x(), inp.pre.as_deref(), train, epoch);
+        drop(tape);
+        self.give_back_inputs(inp);
+        self.stats.compute_s += t.elapsed().as_secs_f64();
+        Ok(y)
     }
 
     /// Mirrors of layer `l`'s activations where a layer reads their halo rows (not where it
@@ -1481,6 +1613,10 @@ impl<'a, B: Backend> Executor<'a, B> {
         for l in (0..layers).rev() {
             let top = l + 1 == layers;
             let next_grad: &[Kind] = if top { &[] } else { &[Kind::Grad] };
+            if l == 0 && self.fused {
+                // ran inside layer 1's transform backward
+                continue;
+            }
             if self.split(l) {
                 // aggregation backward: dh of own rows here, of halo rows to their owners
                 for q in self.local.clone() {
@@ -1510,6 +1646,10 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.flush_mirrors(Kind::GradXw, l)?;
                 // transform backward, once every dh row is complete
                 for q in self.local.clone() {
+                    if l == 1 && self.fused {
+                        self.fused_backward(q, epoch)?;
+                        continue;
+                    }
                     let x = self.own(Kind::Act, l, q)?;
                     let dh = self.own(Kind::GradXw, l, q)?;
                     self.prefetch(Kind::Act, l, q + 1, false, &[Kind::GradXw])?;
@@ -1588,6 +1728,29 @@ impl<'a, B: Backend> Executor<'a, B> {
         Ok((loss, correct))
     }
 
+    /// Layers 1 (its transform) and 0 backward on partition `q` when [`Executor::fused`]: layer
+    /// 0's output is remade from its inputs, layer 1's weight gradient and input gradient made
+    /// from it, and layer 0's backward run on that gradient at once.
+    fn fused_backward(&mut self, q: usize, epoch: u64) -> Result<(), TrainError> {
+        let b = self.b;
+        let inp = self.inputs(0, q)?;
+        let dh = self.own(Kind::GradXw, 1, q)?;
+        self.prefetch(Kind::Act, 0, q + 1, false, &[])?;
+        self.prefetch(Kind::GradXw, 1, q + 1, false, &[])?;
+        let t = Instant::now();
+        let g = &self.parts[q].graph;
+        let (x1, tape) = self.model.layer_forward(b, g, 0, inp.x(), inp.pre.as_deref(), true, epoch);
+        let dx1 = self.model.split_transform_backward(b, 1, &x1, &dh, true).expect("an input gradient");
+        drop(x1);
+        self.give_back(Some(dh));
+        let g = &self.parts[q].graph;
+        let dx0 = self.model.layer_backward(b, g, 0, inp.x(), inp.pre.as_deref(), tape, &dx1, false, None);
+        assert!(dx0.is_none(), "layer 0 makes no input gradient");
+        self.give_back_inputs(inp);
+        self.stats.compute_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
     /// Starts loading what partition `q` will gather from the `kind` blocks of layer `l` (own
     /// rows, halo rows with `halo`, layer 0's aggregation where used) and its `extra` blocks of
     /// layer `l + 1` (`GradXw`: of layer `l`), while the current partition computes.
@@ -1615,7 +1778,23 @@ impl<'a, B: Backend> Executor<'a, B> {
             let layer = if k == Kind::GradXw { l } else { l + 1 };
             BlockId { kind: k, layer, part: q }
         }));
-        ids.retain(|i| !self.on_dev.contains(i));
+        // whole pinned blocks the next partition reads alone (layer 0's aggregation, own rows
+        // without halo): their copies start now, beside this partition's work
+        for a in ids.iter().filter(|a| a.part == q && (a.kind == Kind::Pre || (!halo && a.kind == kind))) {
+            if self.ahead.iter().any(|(x, _)| x == a) {
+                continue;
+            }
+            if let Some(h) = self.pinned.get(a) {
+                let (r, c) = self.b.host_block_dims(h);
+                self.stats.upload_bytes += (r * c * std::mem::size_of::<B::T>()) as u64;
+                let m = self.b.upload_host_block(h);
+                if self.ahead.len() == 2 {
+                    self.ahead.remove(0);
+                }
+                self.ahead.push((*a, m));
+            }
+        }
+        ids.retain(|i| !self.on_dev.contains(i) && !self.pinned.contains_key(i));
         self.store.prefetch(ids).map_err(io_err)
     }
 

@@ -26,6 +26,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     type T = T;
     type Mat = Mat<T>;
     type Sparse = Arc<SparseMatrix>;
+    type HostBlock = Mat<T>;
 
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse {
         Arc::new(s.clone())
@@ -44,6 +45,18 @@ impl<T: Scalar> Backend for Cpu<T> {
     }
     fn download_with(&self, m: &Mat<T>, read: &mut dyn FnMut(&[T])) {
         read(&m.data)
+    }
+    fn host_block(&self, m: Mat<T>) -> Result<Mat<T>, Mat<T>> {
+        Ok(m)
+    }
+    fn host_block_dims(&self, h: &Mat<T>) -> (usize, usize) {
+        (h.rows, h.cols)
+    }
+    fn upload_host_block(&self, h: &Mat<T>) -> Mat<T> {
+        h.clone()
+    }
+    fn gather_host_block(&self, h: &Mat<T>, rows: Rows<'_>, out: &mut Mat<T>, at: usize) {
+        dense::gather_rows(h, rows, out, at)
     }
     fn output(&self, rows: usize, cols: usize) -> Mat<T> {
         if cfg!(debug_assertions) {
