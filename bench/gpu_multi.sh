@@ -11,6 +11,7 @@
 #   TRANSPORTS="nccl mpi" halo rows and gradient sums: NCCL between GPUs, or MPI through the host
 #   EXPANSIONS=""         also emulated servers of one rank each: e.g. "none preload eas"
 #   SKIP_ONE=1            leave out the one-GPU runs
+#   ONE_GPU="mem tiered"  which one-GPU runs: in-memory trainer, executor with R partitions
 # Per run: seconds per epoch (median), the loss after each epoch, bytes exchanged, peak GPU memory
 # (rank 0's). Logs and metrics under /tmp/gpu-multi; the scaling plot (speed-up of R GPUs with
 # NCCL over the one-GPU run, per model) as $OUT/scaling-PRESET.png.
@@ -68,12 +69,13 @@ for spec in ${MODELS:-gcn gat:24GiB}; do
   flags=(--model "$model" --layers 2 --hidden 256 --heads 1 --dropout 0 --input-dropout 0 --weight-decay 0
     --feature-norm none --epochs "$epochs" --eval-every "$epochs")
   echo "== $preset $model, 2 layers, hidden 256${mem:+, --gpu-mem $mem per GPU}"
-  [ -n "${SKIP_ONE:-}" ] || run "$model-1gpu" 1 "${flags[@]}" ${mem:+--gpu-mem "$mem"}
+  one=" ${ONE_GPU:-mem tiered} "; [ -z "${SKIP_ONE:-}" ] || one=" "
+  [[ "$one" != *" mem "* ]] || run "$model-1gpu" 1 "${flags[@]}" ${mem:+--gpu-mem "$mem"}
   plot+=("$model:1=$out/$preset-$model-1gpu.jsonl")
   for r in ${RANKS:-2}; do
     [ "$r" -le "$gpus" ] || continue
     tiered=("${flags[@]}" --parts "$r" --gpu-mem "${mem:-120GiB}")
-    [ -n "${SKIP_ONE:-}" ] || run "$model-1gpu-p$r" 1 "${tiered[@]}"
+    [[ "$one" != *" tiered "* ]] || run "$model-1gpu-p$r" 1 "${tiered[@]}"
     for t in ${TRANSPORTS:-nccl mpi}; do
       run "$model-${r}gpu-$t" "$r" "${tiered[@]}" --transport "$t"
     done

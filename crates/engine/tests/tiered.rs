@@ -125,7 +125,7 @@ fn layers_backpropagated_from_their_stored_output_are_exact() {
 }
 
 #[test]
-fn gcn_layer_0_inside_layer_1s_transform_is_exact_and_stores_neither_its_output_nor_its_gradient() {
+fn gcn_layer_0_inside_layer_1s_transform_is_exact_where_its_output_would_leave_the_gpu_tier() {
     // two GCN layers, hidden wider than the classes: layer 1 runs split and reads only its own
     // input rows, so layer 0 (on its precomputed aggregation) runs inside layer 1's transform,
     // forward and backward
@@ -135,14 +135,17 @@ fn gcn_layer_0_inside_layer_1s_transform_is_exact_and_stores_neither_its_output_
     let dir = tempfile::tempdir().unwrap();
     for parts in [1, 3, 8] {
         let base = TieredConfig::in_ram(parts, Method::Random { seed: 1 });
-        check(&ds, &cfg, &base, &format!("P={parts}"));
-        // with room for everything, the device tier holds every block an epoch makes: layer 0's
-        // aggregation, layer 1's narrow rows and their gradient (no layer-1 activation or
-        // gradient blocks)
-        let all = TieredConfig { device_cache_bytes: Some(u64::MAX), ..base.clone() };
         let b = Cpu::<f32>::new();
+        let fused = |tc: &TieredConfig| Executor::new(&b, &ds, &cfg, FeatureNorm::Row, tc).unwrap().fused();
+        assert!(fused(&base), "P={parts}: host blocks only");
+        check(&ds, &cfg, &base, &format!("P={parts}"));
+        // a GPU tier with room for every block keeps layer 1's input and its gradient there
+        // instead (no recomputation): layer 0's aggregation, layer 1's input, its narrow rows,
+        // their gradient and the input gradient, per partition
+        let all = TieredConfig { device_cache_bytes: Some(u64::MAX), ..base.clone() };
         let ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &all).unwrap();
-        assert_eq!(ex.plan.device.clone().unwrap().blocks, 3 * parts, "P={parts}");
+        assert!(!ex.fused(), "P={parts}: all on the device");
+        assert_eq!(ex.plan.device.clone().unwrap().blocks, 5 * parts, "P={parts}");
         check(&ds, &cfg, &all, &format!("P={parts}, all on the device"));
         // part on the device, the rest in a host cache that spills to storage
         let spill = TieredConfig {
@@ -151,6 +154,7 @@ fn gcn_layer_0_inside_layer_1s_transform_is_exact_and_stores_neither_its_output_
             storage_dir: Some(dir.path().to_path_buf()),
             ..base.clone()
         };
+        assert!(fused(&spill), "P={parts}: device tier over storage");
         check(&ds, &cfg, &spill, &format!("P={parts}, device tier over storage"));
     }
 }

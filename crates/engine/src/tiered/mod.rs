@@ -873,7 +873,13 @@ impl<'a, B: Backend> Executor<'a, B> {
         !self.pre || self.model.reads_input_beside_pre()
     }
 
-    /// Whether layer 0 runs inside layer 1's transform, partition by partition: layer 0 reads
+    /// Whether layer 0 runs inside layer 1's transform ([`Executor::fusible`], unless the GPU
+    /// tier holds every block without it).
+    pub fn fused(&self) -> bool {
+        self.fused
+    }
+
+    /// Whether layer 0 can run inside layer 1's transform, partition by partition: layer 0 reads
     /// only its precomputed aggregation (no halo rows, no input gradient) and layer 1 runs split
     /// reading nothing of its input but its own rows (GCN). Layer 1's input is then never
     /// stored: the forward makes it where the transform reads it; the backward remakes it (layer
@@ -941,6 +947,14 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
             (None, None) => return Ok(()),
         };
+        if self.fused {
+            // recomputing layer 0 only pays where its output and gradient would not stay in
+            // the GPU tier (on products-like with every block on an H200, the fused epoch
+            // took 0.0615 s against 0.0533 s)
+            self.fused = false;
+            let unfused: u64 = self.block_list().iter().map(|(_, b)| b).sum();
+            self.fused = unfused > cache_bytes;
+        }
         let (blocks, placed_bytes) = self.place_while_fits(cache_bytes)?;
         let dp =
             DevicePlan { resident_bytes, working_bytes, margin_bytes, cache_bytes, blocks, placed_bytes };
