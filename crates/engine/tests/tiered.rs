@@ -156,6 +156,24 @@ fn gcn_layer_0_inside_layer_1s_transform_is_exact_where_its_output_would_leave_t
         };
         assert!(fused(&spill), "P={parts}: device tier over storage");
         check(&ds, &cfg, &spill, &format!("P={parts}, device tier over storage"));
+        // a budget whose plan fuses, and whose measured peak then leaves room for every block:
+        // the next pass runs unfused, exact as well
+        let dp = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &all).unwrap().plan.device.unwrap();
+        let gpu_mem = ((dp.working_bytes + dp.placed_bytes / 3) as f64 / 0.95) as u64;
+        let tc = TieredConfig { gpu_mem: Some(gpu_mem), ..base.clone() };
+        let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
+        assert!(ex.fused(), "P={parts}: a third of the blocks fit");
+        let (loss_ref, g_ref) = reference(&ds, &cfg, 3);
+        for pass in 0..2 {
+            ex.model.zero_grad(&b);
+            let (loss, _) = ex.forward_backward(3).unwrap();
+            assert!((loss - loss_ref).abs() <= TOL * loss_ref.abs(), "P={parts} pass {pass}: loss {loss}");
+            assert_close(&format!("P={parts}, pass {pass}"), &grads(&b, &mut ex.model), &g_ref, TOL);
+            if pass == 0 {
+                ex.refine_placement(dp.working_bytes / 2).unwrap();
+                assert!(!ex.fused(), "P={parts}: every block fits after the first pass");
+            }
+        }
     }
 }
 

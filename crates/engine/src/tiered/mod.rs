@@ -710,7 +710,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let pre = model_cfg.kind != ModelKind::Gat
             && model_cfg.input_dropout == 0.0
             && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
-        let plan = make_plan(&model, &parts, tc, std::mem::size_of::<B::T>());
+        let plan = make_plan(&model, &parts, tc, std::mem::size_of::<B::T>(), pre);
         if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
             let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
             if need > h {
@@ -986,7 +986,15 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub fn refine_placement(&mut self, peak: u64) -> Result<usize, TrainError> {
         let margin = self.plan.device.as_ref().map(|d| d.margin_bytes);
         let (Some(g), Some(margin)) = (self.gpu_mem, margin) else { return Ok(0) };
-        let moved = self.place_while_fits(g.saturating_sub(margin).saturating_sub(peak))?;
+        let room = g.saturating_sub(margin).saturating_sub(peak);
+        if self.fused {
+            // room for layer 1's input and its gradient too: layer 0 is no longer recomputed
+            self.fused = false;
+            let missing: u64 =
+                self.block_list().iter().filter(|(id, _)| !self.on_dev.contains(id)).map(|(_, b)| b).sum();
+            self.fused = missing > room;
+        }
+        let moved = self.place_while_fits(room)?;
         if let Some(d) = self.plan.device.as_mut() {
             d.blocks += moved.0;
             d.placed_bytes += moved.1;
@@ -1959,23 +1967,35 @@ fn act(layer: usize, part: usize) -> BlockId {
 
 /// Splits the host budget: what is resident now, a working set for the largest partition, a
 /// margin, and the rest for the block cache; picks the cache mode for `Auto`.
-fn make_plan<B: Backend>(model: &Model<B>, parts: &[Part<B>], tc: &TieredConfig, elem: usize) -> Plan {
+fn make_plan<B: Backend>(
+    model: &Model<B>,
+    parts: &[Part<B>],
+    tc: &TieredConfig,
+    elem: usize,
+    pre: bool,
+) -> Plan {
     let elem_tier = match tc.tier_dtype {
         TierDtype::F32 => elem,
         TierDtype::Bf16 => 2,
     } as u64;
     let layers = model.layers();
-    let width = (0..=layers).map(|l| model.dim(l)).max().unwrap_or(1) as u64;
+    // layer 0 on its precomputed aggregation reads own rows only: its input width counts over
+    // the own rows, not over the columns
+    let first = usize::from(pre);
+    let width = (first..=layers).map(|l| model.dim(l)).max().unwrap_or(1) as u64;
+    let pre_width = if pre { model.dim(0) as u64 } else { 0 };
     let heads = if model.config.kind == ModelKind::Gat { model.config.heads.max(1) as u64 } else { 1 };
     let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
     // per partition: the gathered input, the layer's temporaries and its input gradient
     // (about six matrices of the widest layer over the partition's columns), plus GAT's
-    // per-edge attention arrays
+    // per-edge attention arrays; with `Â x`, its own rows and the next partition's (uploaded
+    // ahead)
     let working_bytes = parts
         .iter()
         .map(|p| {
             let nnz = p.graph.looped.as_ref().or(p.graph.plain.as_ref()).map_or(0, |a| a.nnz) as u64;
-            6 * p.graph.cols as u64 * width * elem as u64 + 4 * nnz * heads * elem as u64
+            let pre_bytes = 3 * p.own as u64 * pre_width * elem as u64;
+            6 * p.graph.cols as u64 * width * elem as u64 + 4 * nnz * heads * elem as u64 + pre_bytes
         })
         .max()
         .unwrap_or(0);
