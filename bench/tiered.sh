@@ -5,7 +5,7 @@
 #   (b) the same with a host budget that forces the storage tier: tier read and write
 #       throughput vs `dd` with O_DIRECT on the same directory;
 #   (c) peak RSS of every run (against --host-mem where given).
-# Usage: bench/tiered.sh [DATASET.grnd] [STORAGE_DIR] [HOST_MEM] [PARTS] [EPOCHS]
+# Usage: bench/tiered.sh [DATASET.grnd] [STORAGE_DIR] [HOST_MEM] [PARTS] [EPOCHS]   (SKIP_RAM=1: skip (a))
 set -euo pipefail
 file=${1:-/tmp/grinnder-bench/products-like.grnd}
 storage=${2:-/tmp/grinnder-bench/tier}
@@ -48,10 +48,12 @@ if "storage_read_bytes" in ep[-1]:
 print(line)
 PY
 }
-echo
-echo "== (a) in RAM"
-run memory
-run "tiered-P$parts" --parts "$parts"
+if [ -z "${SKIP_RAM:-}" ]; then  # SKIP_RAM=1: only (b) and dd
+  echo
+  echo "== (a) in RAM"
+  run memory
+  run "tiered-P$parts" --parts "$parts"
+fi
 echo
 echo "== (b) storage tier forced: --host-mem $host_mem"
 run "tiered-P$parts-storage" --parts "$parts" --host-mem "$host_mem" --storage-dir "$storage" --cache-mode partition_lru

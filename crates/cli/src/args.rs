@@ -450,9 +450,9 @@ pub struct TrainSettings {
     /// Seed nodes per mini-batch [default: 1024].
     #[arg(long)]
     pub batch_size: Option<usize>,
-    /// How mini-batch input rows reach the GPU: copy (CPU gather into page-locked staging,
-    /// then one transfer) or zero-copy (features in mapped page-locked host memory, gathered
-    /// by GPU threads) [default: copy].
+    /// How mini-batch input rows reach the GPU: copy (the sampling threads gather them into
+    /// page-locked blocks, uploaded beside the previous batch's compute) or zero-copy (features
+    /// in mapped page-locked host memory, gathered by GPU threads) [default: copy].
     #[arg(long, value_enum)]
     pub feature_access: Option<FeatureAccessArg>,
     /// Where to compute: cpu, or cuda / cuda:N for GPU N (f32 only) [default: cpu].

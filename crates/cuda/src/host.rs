@@ -6,7 +6,9 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
-use cudarc::driver::{CudaContext, CudaEvent, DevicePtr, DevicePtrMut, PinnedHostSlice};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, HostSlice, PinnedHostSlice, SyncOnDrop,
+};
 use grinnder_tensor::{Mat, Rows};
 
 use crate::{err, Cuda, CudaError, DMat};
@@ -181,12 +183,14 @@ impl Cuda {
         Ok(t)
     }
 
-    /// The whole table as a device matrix, copied on the second stream so that the copy
-    /// overlaps the work already queued on the main stream (whose first use of the result waits
-    /// for it). The host first waits until the main stream has reached the upload made
-    /// [`UPLOADS_AHEAD`] calls ago, which bounds the device memory copies hold ahead.
-    pub fn upload_table_async(&self, t: &HostTable) -> DMat {
-        let n = t.rows * t.cols;
+    /// The table's first `rows` rows as a device matrix, copied on the second stream so that
+    /// the copy overlaps the work already queued on the main stream (whose first use of the
+    /// result waits for it); the table's next host write waits for the copy. The host first
+    /// waits until the main stream has reached the upload made [`UPLOADS_AHEAD`] calls ago,
+    /// which bounds the device memory copies hold ahead.
+    pub fn upload_table_async(&self, t: &HostTable, rows: usize) -> DMat {
+        assert!(rows <= t.rows, "{rows} rows of a {}-row table", t.rows);
+        let n = rows * t.cols;
         let side = self.side.get_or_init(|| self.ctx.new_stream().expect("a second CUDA stream"));
         {
             let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
@@ -199,15 +203,38 @@ impl Cuda {
         // SAFETY: the copy below writes every element before any use.
         let mut data = unsafe { side.alloc::<f32>(n.max(1)) }.expect("CUDA alloc");
         if n > 0 {
-            side.memcpy_htod(&t.buf, &mut data).expect("CUDA upload");
+            side.memcpy_htod(&Prefix(&t.buf, n), &mut data).expect("CUDA upload");
         }
-        DMat { rows: t.rows, cols: t.cols, data }
+        DMat { rows, cols: t.cols, data }
     }
 
     /// `out = t` over the bus with one asynchronous copy from page-locked memory.
     pub fn upload_table(&self, t: &HostTable, out: &mut DMat) {
         assert_eq!((out.rows, out.cols), (t.rows, t.cols), "upload: shapes");
         self.stream.memcpy_htod(&t.buf, &mut out.data).expect("CUDA upload");
+    }
+}
+
+/// The first elements of a page-locked buffer, as the source of a copy (the buffer's event
+/// orders the copy after earlier ones and its next host access after it).
+struct Prefix<'a>(&'a PinnedHostSlice<f32>, usize);
+
+impl HostSlice<f32> for Prefix<'_> {
+    fn len(&self) -> usize {
+        self.1
+    }
+
+    unsafe fn stream_synced_slice<'b>(&'b self, stream: &'b CudaStream) -> (&'b [f32], SyncOnDrop<'b>) {
+        // SAFETY: the caller's contract, passed on; the prefix is within the buffer
+        let (s, sync) = unsafe { self.0.stream_synced_slice(stream) };
+        (&s[..self.1], sync)
+    }
+
+    unsafe fn stream_synced_mut_slice<'b>(
+        &'b mut self,
+        _stream: &'b CudaStream,
+    ) -> (&'b mut [f32], SyncOnDrop<'b>) {
+        unreachable!("a prefix is only ever copied from")
     }
 }
 

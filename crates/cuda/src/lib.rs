@@ -773,9 +773,13 @@ impl Backend for Cuda {
         (h.rows, h.cols)
     }
 
-    fn upload_host_block(&self, h: &host::HostTable) -> DMat {
+    fn host_block_mut<'h>(&self, h: &'h mut host::HostTable) -> &'h mut [f32] {
+        h.as_mut_slice()
+    }
+
+    fn upload_host_rows(&self, h: &host::HostTable, rows: usize) -> DMat {
         let _p = self.span("upload (host block)");
-        self.upload_table_async(h)
+        self.upload_table_async(h, rows)
     }
 
     fn gather_host_block(&self, h: &host::HostTable, rows: Rows<'_>, out: &mut DMat, at: usize) {

@@ -71,6 +71,12 @@ pub trait FeatureSource<B: Backend> {
     }
     /// How the rows travel (reported once).
     fn describe(&self) -> String;
+    /// Rows the sampling threads gather themselves, each batch's into a host block of the
+    /// backend that the trainer then uploads (see [`HostFeatures::staged`]); `None`: the
+    /// trainer calls `gather`.
+    fn stager(&self) -> Option<&HostFeatures<'_>> {
+        None
+    }
 }
 
 /// The conventional path: the CPU gathers the rows, preprocessed, into the backend's staging
@@ -79,11 +85,26 @@ pub struct HostFeatures<'a> {
     ds: &'a Dataset,
     norm: FeatureNorm,
     shift: f64,
+    staged: bool,
+    /// Batches whose rows a sampling thread staged.
+    staged_batches: std::sync::atomic::AtomicUsize,
 }
 
 impl<'a> HostFeatures<'a> {
     pub fn new(ds: &'a Dataset, norm: FeatureNorm) -> HostFeatures<'a> {
-        HostFeatures { ds, norm, shift: feature_shift(ds, norm) }
+        HostFeatures { ds, norm, shift: feature_shift(ds, norm), staged: false, staged_batches: 0.into() }
+    }
+
+    /// The same rows gathered by the sampling threads, as a framework's loader workers do:
+    /// each batch's into one of a few host blocks of the backend (page-locked on a GPU), whose
+    /// upload the trainer starts while the previous batch computes.
+    pub fn staged(self) -> HostFeatures<'a> {
+        HostFeatures { staged: true, ..self }
+    }
+
+    /// How many batches' rows the sampling threads have staged so far.
+    pub fn staged_batches(&self) -> usize {
+        self.staged_batches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn dim(&self) -> usize {
@@ -110,7 +131,90 @@ impl<B: Backend> FeatureSource<B> for HostFeatures<'_> {
     }
 
     fn describe(&self) -> String {
-        "copy (CPU gather into staging memory, then one transfer)".into()
+        if self.staged {
+            "copy (CPU gather on the sampling threads into page-locked blocks, then one transfer beside the previous batch's compute)".into()
+        } else {
+            "copy (CPU gather into staging memory, then one transfer)".into()
+        }
+    }
+
+    fn stager(&self) -> Option<&HostFeatures<'_>> {
+        self.staged.then_some(self)
+    }
+}
+
+/// The host blocks sampling threads gather batches' input rows into ([`HostFeatures::staged`]).
+/// Batch k waits for its turn until batch k − `blocks` has given its block back, so the
+/// threads, each running ahead on its own batches, never hold every block while the batch the
+/// trainer waits for has none; `close` releases every waiting thread (the trainer stopped).
+struct Staging<B: Backend> {
+    /// (batches given back, free blocks, closed)
+    state: std::sync::Mutex<(usize, Vec<B::HostBlock>, bool)>,
+    turn: std::sync::Condvar,
+    blocks: usize,
+}
+
+impl<B: Backend> Staging<B> {
+    fn new(blocks: usize) -> Self {
+        Staging { state: std::sync::Mutex::new((0, Vec::new(), false)), turn: Default::default(), blocks }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, Vec<B::HostBlock>, bool)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Batch `k`'s block with room for `rows × cols` (once its turn comes); `None` when closed
+    /// or when the backend has no host block to give.
+    fn take(&self, b: &B, k: usize, rows: usize, cols: usize) -> Option<B::HostBlock> {
+        let mut st = self.lock();
+        while !st.2 && k >= st.0 + self.blocks {
+            st = self.turn.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        if st.2 {
+            return None;
+        }
+        let free = st.1.pop();
+        drop(st);
+        match free {
+            Some(h) if b.host_block_dims(&h).0 >= rows && b.host_block_dims(&h).1 == cols => Some(h),
+            _ => {
+                // a quarter more than asked: later batches are about as large
+                let cap = rows + rows / 4 + 1;
+                b.host_block(grinnder_tensor::Mat::zeros(cap, cols)).ok()
+            }
+        }
+    }
+
+    /// The next batch in order is done with its block (uploads may still read it: the next
+    /// write waits for them).
+    fn give(&self, h: Option<B::HostBlock>) {
+        let mut st = self.lock();
+        st.0 += 1;
+        st.1.extend(h);
+        self.turn.notify_all();
+    }
+
+    fn close(&self) {
+        self.lock().2 = true;
+        self.turn.notify_all();
+    }
+}
+
+/// A batch from a sampling thread: its blocks, their host-side matrices, its rows in a staging
+/// block (`Some(None)`: staged, but no block could be had) and the thread's seconds.
+struct Sampled<B: Backend> {
+    batch: MiniBatch,
+    mats: Vec<(SparseMatrix, Vec<f64>)>,
+    staged: Option<Option<B::HostBlock>>,
+    secs: f64,
+}
+
+/// Closes a [`Staging`] when the trainer's loop ends, however it ends.
+struct CloseOnDrop<'s, B: Backend>(&'s Staging<B>);
+
+impl<B: Backend> Drop for CloseOnDrop<'_, B> {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
@@ -284,7 +388,12 @@ pub fn train_minibatch<B: Backend>(
     ckpt: Option<&CheckpointConfig>,
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
-    let features = HostFeatures::new(ds, cfg.feature_norm);
+    // a device's uploads overlap the compute when the sampling threads stage the rows; on the
+    // CPU staging would only add a copy
+    let mut features = HostFeatures::new(ds, cfg.feature_norm);
+    if b.device_memory().is_some() {
+        features = features.staged();
+    }
     train_minibatch_from(b, ds, cfg, mb, &features, ckpt, on_epoch)
 }
 
@@ -331,12 +440,16 @@ pub fn train_minibatch_from<B: Backend>(
         // batches and their order do not depend on n; gathers and compute stay on this thread
         let workers = (rayon::current_num_threads() / 2).clamp(1, 8);
         let pb = progress::counter(all.len() as u64, &format!("epoch {epoch}"), "batches");
+        let stager = features.stager();
+        // blocks for the batches queued (two per thread), the one uploading and the next
+        let staging = Staging::<B>::new(2 * workers + 2);
         std::thread::scope(|s| {
+            let _close = CloseOnDrop(&staging);
             let mut rxs = Vec::with_capacity(workers);
             for w in 0..workers {
                 let (tx, rx) = std::sync::mpsc::sync_channel(2);
                 rxs.push(rx);
-                let (all, neighbor, khop) = (&all, &neighbor, &khop);
+                let (all, neighbor, khop, staging) = (&all, &neighbor, &khop, &staging);
                 s.spawn(move || {
                     let mut scratch = Scratch::default();
                     for (k, seeds) in all.iter().enumerate().skip(w).step_by(workers) {
@@ -350,29 +463,54 @@ pub fn train_minibatch_from<B: Backend>(
                         };
                         let mats: Vec<_> =
                             batch.blocks.iter().map(|blk| block_matrix(ds, kind, blk)).collect();
-                        if tx.send((batch, mats, t.elapsed().as_secs_f64())).is_err() {
+                        let staged = stager.map(|f| {
+                            let (ids, d) = (batch.input_nodes(), f.dim());
+                            let h = staging.take(b, k, ids.len(), d);
+                            h.map(|mut h| {
+                                f.write_rows(Some(ids), &mut b.host_block_mut(&mut h)[..ids.len() * d]);
+                                f.staged_batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                h
+                            })
+                        });
+                        if tx.send(Sampled { batch, mats, staged, secs: t.elapsed().as_secs_f64() }).is_err()
+                        {
                             break;
                         }
                     }
                 });
             }
             let mut rx = (0..all.len()).map_while(|k| rxs[k % workers].recv().ok());
+            // a staged batch's rows start uploading (the block goes back: its next write waits
+            // for the copy); the others are prefetched where the source can
+            let start = |next: &mut Option<Sampled<B>>| {
+                let Sampled { batch, staged, .. } = next.as_mut()?;
+                match staged.take() {
+                    Some(h) => {
+                        let x = h.as_ref().map(|h| b.upload_host_rows(h, batch.input_nodes().len()));
+                        staging.give(h);
+                        x
+                    }
+                    None => {
+                        features.prefetch(b, batch.input_nodes());
+                        None
+                    }
+                }
+            };
             let mut next = rx.next();
-            if let Some((batch, ..)) = &next {
-                features.prefetch(b, batch.input_nodes());
-            }
-            while let Some((batch, mats, secs)) = next.take() {
+            let mut next_x = start(&mut next);
+            while let Some(Sampled { batch, mats, secs, .. }) = next.take() {
                 *st.sample_s.as_mut().expect("set") += secs;
-                // the rows of this batch (prefetched where the source can), then the next
-                // batch's rows start loading while this one computes; the input-row time is
-                // this thread's, the compute time ends when the backend has finished
+                // the rows of this batch (prefetched or uploading where the source can), then
+                // the next batch's rows start loading while this one computes; the input-row
+                // time is this thread's, the compute time ends when the backend has finished
                 let t = Instant::now();
-                let x = features.gather(b, batch.input_nodes());
+                let x = match next_x.take() {
+                    Some(x) => x,
+                    None => features.gather(b, batch.input_nodes()),
+                };
                 st.gather_s += t.elapsed().as_secs_f64();
                 next = rx.next();
-                if let Some((batch, ..)) = &next {
-                    features.prefetch(b, batch.input_nodes());
-                }
+                next_x = start(&mut next);
                 st.upload_bytes += (batch.input_nodes().len() * ds.features.dim) as u64 * elem;
                 let t = Instant::now();
                 model.zero_grad(b);

@@ -8,7 +8,8 @@
 
 use grinnder_engine::memory::features;
 use grinnder_engine::minibatch::{
-    batch_forward_backward, batches, train_minibatch, MiniBatchConfig, Sampler,
+    batch_forward_backward, batches, train_minibatch, train_minibatch_from, HostFeatures, MiniBatchConfig,
+    Sampler,
 };
 use grinnder_engine::tiered::feature_rows;
 use grinnder_engine::{train, FeatureNorm, TrainConfig};
@@ -164,4 +165,44 @@ fn sampled_batches_train_and_evaluate_exactly() {
     let mut seen = Vec::new();
     train_minibatch(&Cpu::<f32>::new(), &ds, &quiet, &few, None, &mut |m| seen.push(m.clone())).unwrap();
     assert!(seen.iter().all(|m| m.tier.as_ref().unwrap().batches == Some(2) && m.valid_acc.is_none()));
+}
+
+#[test]
+fn rows_staged_by_the_sampling_threads_train_exactly_like_rows_gathered_by_the_trainer() {
+    // the staged copy path (each batch's rows gathered by its sampling thread into one of a few
+    // host blocks, handed out in batch order; uploaded while the previous batch computes) gives
+    // the same bits, epoch after epoch, with several threads running ahead and blocks reused
+    let ds = dataset();
+    let cfg = TrainConfig {
+        model: model(Kind::Sage, 2),
+        optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
+        epochs: 3,
+        eval_every: 3,
+        feature_norm: FeatureNorm::Row,
+    };
+    let mb = MiniBatchConfig {
+        fanouts: vec![5, 5],
+        sampler: Sampler::Neighbor,
+        batch_size: 8,
+        eval_parts: 1,
+        max_batches: None,
+    };
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(8).build().unwrap();
+    let run = |staged: bool| {
+        let mut seen = Vec::new();
+        let f = HostFeatures::new(&ds, cfg.feature_norm);
+        let f = if staged { f.staged() } else { f };
+        let b = Cpu::<f32>::new();
+        let s = pool
+            .install(|| train_minibatch_from(&b, &ds, &cfg, &mb, &f, None, &mut |m| seen.push(m.loss)))
+            .unwrap();
+        (seen, s.test_acc, f.staged_batches())
+    };
+    let (plain, acc, none) = run(false);
+    let (staged, staged_acc, n) = run(true);
+    let per_epoch = ds.splits.train.len().div_ceil(8);
+    assert!(per_epoch > 2 * 4 + 2, "more batches than staging blocks");
+    assert_eq!((none, n), (0, 3 * per_epoch), "every batch staged");
+    assert_eq!(plain, staged);
+    assert_eq!(acc, staged_acc);
 }

@@ -137,9 +137,16 @@ pub trait Backend: Send + Sync + 'static {
     /// memory exhausted), for the caller to keep it elsewhere.
     fn host_block(&self, m: Mat<Self::T>) -> Result<Self::HostBlock, Mat<Self::T>>;
     fn host_block_dims(&self, h: &Self::HostBlock) -> (usize, usize);
-    /// A whole host block as a backend matrix. On a GPU the copy is queued on a second stream:
-    /// it overlaps the work queued before it, and work on the result waits for it.
-    fn upload_host_block(&self, h: &Self::HostBlock) -> Self::Mat;
+    /// A host block's elements, for writing; waits for copies still reading it.
+    fn host_block_mut<'h>(&self, h: &'h mut Self::HostBlock) -> &'h mut [Self::T];
+    /// The first `rows` rows of a host block as a backend matrix. On a GPU the copy is queued on
+    /// a second stream: it overlaps the work queued before it, and work on the result waits for
+    /// it; the block may be written again at once ([`Backend::host_block_mut`] waits).
+    fn upload_host_rows(&self, h: &Self::HostBlock, rows: usize) -> Self::Mat;
+    /// A whole host block as a backend matrix ([`Backend::upload_host_rows`] of every row).
+    fn upload_host_block(&self, h: &Self::HostBlock) -> Self::Mat {
+        self.upload_host_rows(h, self.host_block_dims(h).0)
+    }
     /// `out[at + i] = h[rows[i]]` (on a GPU: device threads read the rows from host memory).
     fn gather_host_block(&self, h: &Self::HostBlock, rows: Rows<'_>, out: &mut Self::Mat, at: usize);
     /// Bytes the backend holds in its own memory (a GPU's); `None` where matrices live in host

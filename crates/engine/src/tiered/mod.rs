@@ -840,37 +840,20 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// the features (read twice, never rewritten), then gradients (written once, read once);
     /// with each block's bytes at full precision.
     fn block_list(&self) -> Vec<(BlockId, u64)> {
-        let layers = self.model.layers();
         let elem = std::mem::size_of::<B::T>() as u64;
-        let split: Vec<usize> = (0..layers).filter(|&l| self.split(l)).collect();
-        let first_hidden = if self.fused { 2 } else { 1 };
-        let mut kinds: Vec<(Kind, usize)> = (first_hidden..layers).map(|l| (Kind::Act, l)).collect();
-        kinds.extend(split.iter().map(|&l| (Kind::Xw, l)));
-        kinds.extend(split.iter().map(|&l| (Kind::GradXw, l)));
-        if self.pre {
-            kinds.push((Kind::Pre, 0));
-        }
-        if self.keeps_features() {
-            kinds.push((Kind::Act, 0));
-        }
-        kinds.extend((first_hidden..layers).map(|l| (Kind::Grad, l)));
         let mut out = Vec::new();
-        for (kind, layer) in kinds {
-            let d = match kind {
-                Kind::Xw | Kind::GradXw => self.model.dim(layer + 1),
-                _ => self.model.dim(layer),
-            } as u64;
+        for (kind, layer, d) in block_kinds(&self.model, self.pre, self.fused) {
             for (part, p) in self.parts.iter().enumerate() {
-                out.push((BlockId { kind, layer, part }, p.own as u64 * d * elem));
+                out.push((BlockId { kind, layer, part }, p.own as u64 * d as u64 * elem));
             }
         }
         out
     }
 
     /// Whether the input features are read after setup: not where layer 0 reads only its
-    /// precomputed aggregation (their blocks are dropped once it is made).
+    /// precomputed aggregation (no feature block is made).
     fn keeps_features(&self) -> bool {
-        !self.pre || self.model.reads_input_beside_pre()
+        keeps_features(&self.model, self.pre)
     }
 
     /// Whether layer 0 runs inside layer 1's transform ([`Executor::fusible`], unless the GPU
@@ -887,11 +870,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// input gradient is made, and runs layer 0's backward right there. Neither that activation
     /// nor its gradient becomes a block.
     fn fusible(&self) -> bool {
-        self.pre
-            && !self.model.reads_input_beside_pre()
-            && self.model.layers() >= 2
-            && self.split(1)
-            && self.model.config.kind == ModelKind::Gcn
+        fusible(&self.model, self.pre)
     }
 
     /// Whether a block is written once, before the first epoch, and only read after: the input
@@ -1961,6 +1940,47 @@ impl<'a, B: Backend> Executor<'a, B> {
     }
 }
 
+/// See [`Executor::keeps_features`].
+fn keeps_features<B: Backend>(model: &Model<B>, pre: bool) -> bool {
+    !pre || model.reads_input_beside_pre()
+}
+
+/// See [`Executor::fusible`].
+fn fusible<B: Backend>(model: &Model<B>, pre: bool) -> bool {
+    pre && !model.reads_input_beside_pre()
+        && model.layers() >= 2
+        && model.split(1, false)
+        && model.config.kind == ModelKind::Gcn
+}
+
+/// The kinds of block an epoch makes, as (kind, layer, width), in [`Executor::block_list`]'s
+/// order.
+fn block_kinds<B: Backend>(model: &Model<B>, pre: bool, fused: bool) -> Vec<(Kind, usize, usize)> {
+    let layers = model.layers();
+    let split: Vec<usize> = (0..layers).filter(|&l| model.split(l, l == 0 && pre)).collect();
+    let first_hidden = if fused { 2 } else { 1 };
+    let mut kinds: Vec<(Kind, usize)> = (first_hidden..layers).map(|l| (Kind::Act, l)).collect();
+    kinds.extend(split.iter().map(|&l| (Kind::Xw, l)));
+    kinds.extend(split.iter().map(|&l| (Kind::GradXw, l)));
+    if pre {
+        kinds.push((Kind::Pre, 0));
+    }
+    if keeps_features(model, pre) {
+        kinds.push((Kind::Act, 0));
+    }
+    kinds.extend((first_hidden..layers).map(|l| (Kind::Grad, l)));
+    kinds
+        .into_iter()
+        .map(|(kind, layer)| {
+            let d = match kind {
+                Kind::Xw | Kind::GradXw => model.dim(layer + 1),
+                _ => model.dim(layer),
+            };
+            (kind, layer, d)
+        })
+        .collect()
+}
+
 fn act(layer: usize, part: usize) -> BlockId {
     BlockId { kind: Kind::Act, layer, part }
 }
@@ -1988,20 +2008,25 @@ fn make_plan<B: Backend>(
     let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
     // per partition: the gathered input, the layer's temporaries and its input gradient
     // (about six matrices of the widest layer over the partition's columns), plus GAT's
-    // per-edge attention arrays; with `Â x`, its own rows and the next partition's (uploaded
-    // ahead)
+    // per-edge attention arrays
     let working_bytes = parts
         .iter()
         .map(|p| {
             let nnz = p.graph.looped.as_ref().or(p.graph.plain.as_ref()).map_or(0, |a| a.nnz) as u64;
+            // layer 0 on `Â x` works on own rows: its `Â x` rows, the next partition's and
+            // the layer's output (layers run one at a time: the larger of the two counts)
             let pre_bytes = 3 * p.own as u64 * pre_width * elem as u64;
-            6 * p.graph.cols as u64 * width * elem as u64 + 4 * nnz * heads * elem as u64 + pre_bytes
+            (6 * p.graph.cols as u64 * width * elem as u64).max(pre_bytes) + 4 * nnz * heads * elem as u64
         })
         .max()
         .unwrap_or(0);
-    // activations of layers 0..L-1 plus one gradient layer and layer 0's aggregation
+    // every block an epoch makes, all at once (an upper bound: spent layers' blocks go), with
+    // layer 0 inside layer 1 where it can be (a GPU tier that undoes that holds those blocks)
     let layer_bytes = |l: usize| nodes * model.dim(l) as u64 * elem_tier;
-    let block_bytes: u64 = (0..layers).map(layer_bytes).sum::<u64>() * 2;
+    let block_bytes: u64 = block_kinds(model, pre, fusible(model, pre))
+        .iter()
+        .map(|&(_, _, d)| nodes * d as u64 * elem_tier)
+        .sum();
     let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
     let resident_bytes = crate::metrics::rss_bytes();
     let (cache_bytes, margin_bytes) = match tc.host_mem {

@@ -52,8 +52,12 @@ impl<T: Scalar> Backend for Cpu<T> {
     fn host_block_dims(&self, h: &Mat<T>) -> (usize, usize) {
         (h.rows, h.cols)
     }
-    fn upload_host_block(&self, h: &Mat<T>) -> Mat<T> {
-        h.clone()
+    fn host_block_mut<'h>(&self, h: &'h mut Mat<T>) -> &'h mut [T] {
+        &mut h.data
+    }
+    fn upload_host_rows(&self, h: &Mat<T>, rows: usize) -> Mat<T> {
+        assert!(rows <= h.rows, "{rows} rows of a {}-row block", h.rows);
+        Mat::from_vec(rows, h.cols, h.data[..rows * h.cols].to_vec())
     }
     fn gather_host_block(&self, h: &Mat<T>, rows: Rows<'_>, out: &mut Mat<T>, at: usize) {
         dense::gather_rows(h, rows, out, at)
