@@ -194,6 +194,13 @@ impl<B: Backend> Staging<B> {
         self.turn.notify_all();
     }
 
+    /// A new epoch: batches count from 0 again; the blocks stay.
+    fn reset(&self) {
+        let mut st = self.lock();
+        st.0 = 0;
+        st.2 = false;
+    }
+
     fn close(&self) {
         self.lock().2 = true;
         self.turn.notify_all();
@@ -428,6 +435,10 @@ pub fn train_minibatch_from<B: Backend>(
     tracing::info!("mini-batch input rows: {}", features.describe());
     let elem = std::mem::size_of::<B::T>() as u64;
     let kind = cfg.model.kind;
+    // staging blocks (page-locked on a GPU: kept from epoch to epoch), one per sampling thread
+    // and two for the batch uploading and the next; the threads block for one beyond that
+    let workers = (rayon::current_num_threads() / 2).clamp(1, 8);
+    let staging = Staging::<B>::new(workers + 2);
     let mut step = |epoch: u64| {
         let mut model = model.borrow_mut();
         let mut loss = 0.0;
@@ -438,11 +449,9 @@ pub fn train_minibatch_from<B: Backend>(
         // sampling threads run ahead of the backend by up to two batches each (sampling and the
         // blocks' host-side matrices); batch k comes from thread k mod n, taken in order, so the
         // batches and their order do not depend on n; gathers and compute stay on this thread
-        let workers = (rayon::current_num_threads() / 2).clamp(1, 8);
         let pb = progress::counter(all.len() as u64, &format!("epoch {epoch}"), "batches");
         let stager = features.stager();
-        // blocks for the batches queued (two per thread), the one uploading and the next
-        let staging = Staging::<B>::new(2 * workers + 2);
+        staging.reset();
         std::thread::scope(|s| {
             let _close = CloseOnDrop(&staging);
             let mut rxs = Vec::with_capacity(workers);
