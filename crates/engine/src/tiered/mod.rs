@@ -995,6 +995,11 @@ impl<'a, B: Backend> Executor<'a, B> {
     fn place_while_fits(&mut self, mut room: u64) -> Result<(usize, u64), TrainError> {
         let mut placed = (0usize, 0u64);
         self.ahead.clear();
+        if !self.pinned.is_empty() {
+            // device threads may still be reading host blocks that move below (zero-copy
+            // gathers record no event on them)
+            self.b.synchronize();
+        }
         for (id, bytes) in self.block_list() {
             if self.on_dev.contains(&id) || bytes > room {
                 continue;
@@ -2003,7 +2008,7 @@ fn make_plan<B: Backend>(
     // the own rows, not over the columns
     let first = usize::from(pre);
     let width = (first..=layers).map(|l| model.dim(l)).max().unwrap_or(1) as u64;
-    let pre_width = if pre { model.dim(0) as u64 } else { 0 };
+    let (pre_width, out_width) = if pre { (model.dim(0) as u64, model.dim(1) as u64) } else { (0, 0) };
     let heads = if model.config.kind == ModelKind::Gat { model.config.heads.max(1) as u64 } else { 1 };
     let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
     // per partition: the gathered input, the layer's temporaries and its input gradient
@@ -2013,10 +2018,15 @@ fn make_plan<B: Backend>(
         .iter()
         .map(|p| {
             let nnz = p.graph.looped.as_ref().or(p.graph.plain.as_ref()).map_or(0, |a| a.nnz) as u64;
-            // layer 0 on `Â x` works on own rows: its `Â x` rows, the next partition's and
-            // the layer's output (layers run one at a time: the larger of the two counts)
-            let pre_bytes = 3 * p.own as u64 * pre_width * elem as u64;
-            (6 * p.graph.cols as u64 * width * elem as u64).max(pre_bytes) + 4 * nnz * heads * elem as u64
+            // layer 0 on `Â x` works on own rows: this partition's `Â x` rows and the next's
+            // (uploaded ahead), and (run inside layer 1) its output, that output's gradient and
+            // their temporaries; making `Â x` reads the input rows of the columns. Layers run
+            // one at a time: the largest of these counts.
+            let (own, cols) = (p.own as u64, p.graph.cols as u64);
+            let layer0 = 3 * own * pre_width + 4 * own * out_width;
+            let setup = (cols + own) * pre_width;
+            let wide = (6 * cols * width).max(layer0).max(setup);
+            wide * elem as u64 + 4 * nnz * heads * elem as u64
         })
         .max()
         .unwrap_or(0);
