@@ -176,7 +176,7 @@ impl<B: Backend> Staging<B> {
         let free = st.1.pop();
         drop(st);
         match free {
-            Some(h) if b.host_block_dims(&h).0 >= rows && b.host_block_dims(&h).1 == cols => Some(h),
+            Some(h) if matches!(b.host_block_dims(&h), (r, c) if r >= rows && c == cols) => Some(h),
             _ => {
                 // a quarter more than asked: later batches are about as large
                 let cap = rows + rows / 4 + 1;
@@ -208,11 +208,11 @@ impl<B: Backend> Staging<B> {
 }
 
 /// A batch from a sampling thread: its blocks, their host-side matrices, its rows in a staging
-/// block (`Some(None)`: staged, but no block could be had) and the thread's seconds.
+/// block (where staged and a block could be had) and the thread's seconds.
 struct Sampled<B: Backend> {
     batch: MiniBatch,
     mats: Vec<(SparseMatrix, Vec<f64>)>,
-    staged: Option<Option<B::HostBlock>>,
+    staged: Option<B::HostBlock>,
     secs: f64,
 }
 
@@ -472,14 +472,12 @@ pub fn train_minibatch_from<B: Backend>(
                         };
                         let mats: Vec<_> =
                             batch.blocks.iter().map(|blk| block_matrix(ds, kind, blk)).collect();
-                        let staged = stager.map(|f| {
+                        let staged = stager.and_then(|f| {
                             let (ids, d) = (batch.input_nodes(), f.dim());
-                            let h = staging.take(b, k, ids.len(), d);
-                            h.map(|mut h| {
-                                f.write_rows(Some(ids), &mut b.host_block_mut(&mut h)[..ids.len() * d]);
-                                f.staged_batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                h
-                            })
+                            let mut h = staging.take(b, k, ids.len(), d)?;
+                            f.write_rows(Some(ids), &mut b.host_block_mut(&mut h)[..ids.len() * d]);
+                            f.staged_batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            Some(h)
                         });
                         if tx.send(Sampled { batch, mats, staged, secs: t.elapsed().as_secs_f64() }).is_err()
                         {
@@ -493,17 +491,15 @@ pub fn train_minibatch_from<B: Backend>(
             // for the copy); the others are prefetched where the source can
             let start = |next: &mut Option<Sampled<B>>| {
                 let Sampled { batch, staged, .. } = next.as_mut()?;
-                match staged.take() {
-                    Some(h) => {
-                        let x = h.as_ref().map(|h| b.upload_host_rows(h, batch.input_nodes().len()));
-                        staging.give(h);
-                        x
-                    }
-                    None => {
-                        features.prefetch(b, batch.input_nodes());
-                        None
-                    }
+                if stager.is_none() {
+                    features.prefetch(b, batch.input_nodes());
+                    return None;
                 }
+                // every batch gives its turn back, with its block or without one
+                let h = staged.take();
+                let x = h.as_ref().map(|h| b.upload_host_rows(h, batch.input_nodes().len()));
+                staging.give(h);
+                x
             };
             let mut next = rx.next();
             let mut next_x = start(&mut next);
