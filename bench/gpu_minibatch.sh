@@ -22,5 +22,5 @@ for access in copy zero-copy; do
   $bin train "$data/g.grnd" --device cuda --model sage --layers 3 --hidden 256 --mode minibatch \
     --fanout 15,10,5 --batch-size 1024 --dropout 0 --input-dropout 0 --weight-decay 0 \
     --feature-norm none --epochs "$epochs" --eval-every "${EVAL:-$epochs}" --feature-access "$access" "$@" \
-    --metrics-out "$out/mb-$preset-$access.jsonl" 2>&1 | grep -E "epoch [0-9]+:|accuracy|evaluated|error"
+    --metrics-out "$out/mb-$preset-$access.jsonl" 2>&1 | grep -E "epoch [0-9]+:|accuracy|evaluated|second stream|error"
 done

@@ -450,6 +450,11 @@ pub struct TrainSettings {
     /// Seed nodes per mini-batch [default: 1024].
     #[arg(long)]
     pub batch_size: Option<usize>,
+    /// Sampling threads of --mode minibatch, which run ahead of the trainer (PyG's
+    /// num_workers; with --feature-access copy they also gather the input rows) [default: half
+    /// the cores, at most 8].
+    #[arg(long)]
+    pub loader_threads: Option<usize>,
     /// How mini-batch input rows reach the GPU: copy (the sampling threads gather them into
     /// page-locked blocks, uploaded beside the previous batch's compute) or zero-copy (features
     /// in mapped page-locked host memory, gathered by GPU threads) [default: copy].
@@ -751,8 +756,9 @@ impl TrainArgs {
                             && file.fanout.is_none()
                             && f.batch_size.or(file.batch_size).is_none()
                             && f.sampler.or(file.sampler).is_none()
-                            && f.max_batches.or(file.max_batches).is_none(),
-                        "--fanout, --batch-size, --sampler and --max-batches are for --mode minibatch"
+                            && f.max_batches.or(file.max_batches).is_none()
+                            && f.loader_threads.or(file.loader_threads).is_none(),
+                        "--fanout, --batch-size, --sampler, --max-batches and --loader-threads are for --mode minibatch"
                     );
                     None
                 }
@@ -783,7 +789,16 @@ impl TrainArgs {
                     };
                     let max_batches = f.max_batches.or(file.max_batches);
                     anyhow::ensure!(max_batches != Some(0), "--max-batches must be at least 1");
-                    Some(grinnder_engine::MiniBatchConfig { fanouts, sampler, batch_size, eval_parts: 1, max_batches })
+                    let loader_threads = f.loader_threads.or(file.loader_threads);
+                    anyhow::ensure!(loader_threads != Some(0), "--loader-threads must be at least 1");
+                    Some(grinnder_engine::MiniBatchConfig {
+                        fanouts,
+                        sampler,
+                        batch_size,
+                        eval_parts: 1,
+                        max_batches,
+                        loader_threads,
+                    })
                 }
             },
             tf32: f.tf32.or(file.tf32).unwrap_or(false),

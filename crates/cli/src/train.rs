@@ -241,7 +241,16 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
                 Some(l) if plan.minibatch.is_none() => nccl_groups(&gpu, l, plan.transport)?,
                 _ => None,
             };
-            run_on!(&gpu, source, device.as_ref())
+            let summary = run_on!(&gpu, source, device.as_ref());
+            let (secs, bytes) = gpu.side_time();
+            if bytes > 0 {
+                tracing::info!(
+                    "second stream: {:.1} GB of host rows gathered or uploaded in {secs:.3} s of its time ({:.1} GB/s while busy)",
+                    bytes as f64 / 1e9,
+                    bytes as f64 / 1e9 / secs.max(1e-9)
+                );
+            }
+            summary
         }
         (Device::Cpu, PrecisionArg::F32) => run_on!(&Cpu::<f32>::new(), None, None),
         (Device::Cpu, PrecisionArg::F64) => run_on!(&Cpu::<f64>::new(), None, None),

@@ -161,7 +161,7 @@ impl Cuda {
     pub fn gather_host_async(&self, t: &HostTable, ids: &[u32]) -> DMat {
         let (d, n) = (t.cols, ids.len());
         assert!(ids.iter().all(|&i| (i as usize) < t.rows), "gather: row out of range");
-        let side = self.side.get_or_init(|| self.ctx.new_stream().expect("a second CUDA stream"));
+        let side = self.side_stream();
         self.charge((n * d + n) * 4);
         let idx = side.clone_htod(ids).expect("CUDA upload");
         // SAFETY: every element is written by the gather below before any use.
@@ -169,9 +169,11 @@ impl Cuda {
         if n > 0 && d > 0 {
             // a few thousand warps keep enough reads in flight to fill the bus (one row each
             // at a time) and leave most of the device to the main stream's kernels
-            let cfg = crate::warps(n.min(ASYNC_GATHER_WARPS));
+            let cfg = crate::warps(n.min(async_gather_warps()));
             let dst = data.slice_mut(0..n * d);
-            self.launch_rows_at(side, "gather_rows", t.dptr, Some(&idx), 0, n, d, dst, cfg);
+            self.timed_on_side(side, (n * d * 4) as u64, || {
+                self.launch_rows_at(side, "gather_rows", t.dptr, Some(&idx), 0, n, d, dst, cfg)
+            });
         }
         DMat { rows: n, cols: d, data }
     }
@@ -191,7 +193,7 @@ impl Cuda {
     pub fn upload_table_async(&self, t: &HostTable, rows: usize) -> DMat {
         assert!(rows <= t.rows, "{rows} rows of a {}-row table", t.rows);
         let n = rows * t.cols;
-        let side = self.side.get_or_init(|| self.ctx.new_stream().expect("a second CUDA stream"));
+        let side = self.side_stream();
         {
             let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
             ahead.push_back(self.stream.record_event(None).expect("CUDA event"));
@@ -203,9 +205,36 @@ impl Cuda {
         // SAFETY: the copy below writes every element before any use.
         let mut data = unsafe { side.alloc::<f32>(n.max(1)) }.expect("CUDA alloc");
         if n > 0 {
-            side.memcpy_htod(&Prefix(&t.buf, n), &mut data).expect("CUDA upload");
+            self.timed_on_side(side, (n * 4) as u64, || {
+                side.memcpy_htod(&Prefix(&t.buf, n), &mut data).expect("CUDA upload")
+            });
         }
         DMat { rows, cols: t.cols, data }
+    }
+
+    /// `work`, queued on the second stream, bracketed by timing events (see [`Cuda::side_time`]).
+    fn timed_on_side<R>(&self, side: &CudaStream, bytes: u64, work: impl FnOnce() -> R) -> R {
+        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = side.record_event(timing).expect("CUDA event");
+        let r = work();
+        let end = side.record_event(timing).expect("CUDA event");
+        let mut st = self.side_time.lock().unwrap_or_else(|p| p.into_inner());
+        st.pending.push_back((start, end, bytes));
+        // the oldest have long finished: reading them does not wait
+        while st.pending.len() > 16 {
+            st.settle_one();
+        }
+        r
+    }
+
+    /// Seconds the second stream has spent on gathers and uploads so far (from its timing
+    /// events: the device's clock, overlapped work included) and the bytes they moved.
+    pub fn side_time(&self) -> (f64, u64) {
+        let mut st = self.side_time.lock().unwrap_or_else(|p| p.into_inner());
+        while !st.pending.is_empty() {
+            st.settle_one();
+        }
+        (st.secs, st.bytes)
     }
 
     /// `out = t` over the bus with one asynchronous copy from page-locked memory.
@@ -238,12 +267,39 @@ impl HostSlice<f32> for Prefix<'_> {
     }
 }
 
+/// Gathers and uploads timed on the second stream ([`Cuda::side_time`]).
+#[derive(Default)]
+pub(crate) struct SideTime {
+    /// (start, end, bytes) of work not yet read back.
+    pending: std::collections::VecDeque<(CudaEvent, CudaEvent, u64)>,
+    secs: f64,
+    bytes: u64,
+}
+
+impl SideTime {
+    fn settle_one(&mut self) {
+        let Some((start, end, bytes)) = self.pending.pop_front() else { return };
+        self.secs += f64::from(start.elapsed_ms(&end).expect("CUDA event timing")) / 1e3;
+        self.bytes += bytes;
+    }
+}
+
 /// Host-block uploads that may be queued on the second stream beyond the main stream's work.
 pub(crate) const UPLOADS_AHEAD: usize = 2;
 
 /// Warps of a gather on the second stream: 2,048 rows in flight (≈ 0.8 MB of 100-float rows,
-/// beyond the bus's bandwidth-latency product), 256 blocks of 8 warps.
-const ASYNC_GATHER_WARPS: usize = 2048;
+/// beyond the bus's bandwidth-latency product), 256 blocks of 8 warps; `GRINNDER_GATHER_WARPS`
+/// sets another count (for comparisons).
+fn async_gather_warps() -> usize {
+    static WARPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *WARPS.get_or_init(|| {
+        std::env::var("GRINNDER_GATHER_WARPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&w| w > 0)
+            .unwrap_or(2048)
+    })
+}
 
 /// Row indices uploaded once (see [`Cuda::gather_host_indexed`]).
 pub struct DeviceIndex {

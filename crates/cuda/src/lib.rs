@@ -128,6 +128,15 @@ pub enum SpmmKernel {
 /// An SpMM shape: rows, columns and entries of the structure, the width, transposed.
 type SpmmShape = (usize, usize, usize, usize, bool);
 
+/// The class of an SpMM shape whose timing decides for all its members: rows, columns and
+/// entries each to its half-octave (sizes within a factor √2 share one), width and direction
+/// exact. Mini-batches and partitions come in shapes that differ a little each time; timing
+/// every one (six runs and four synchronisations) would cost more than the choice saves.
+fn shape_class((rows, cols, nnz, width, transposed): SpmmShape) -> SpmmShape {
+    let half_octave = |n: usize| if n == 0 { 0 } else { (2.0 * (n as f64).log2()).floor() as usize + 1 };
+    (half_octave(rows), half_octave(cols), half_octave(nnz), width, transposed)
+}
+
 /// [`SpmmShape`], public.
 pub type SpmmShapeInfo = SpmmShape;
 
@@ -171,8 +180,9 @@ pub struct Cuda {
     gather_rows_per_warp: usize,
     staging: host::Staging,
     sparse_lib: Option<cusparse::CuSparse>,
-    /// Per shape: whether cuSPARSE was the faster SpMM, with both times in ms.
-    spmm_pick: std::sync::Mutex<std::collections::HashMap<SpmmShape, (bool, f64, f64)>>,
+    /// Per shape class ([`shape_class`]): whether cuSPARSE won, both times in ms, and the
+    /// shape timed.
+    spmm_pick: std::sync::Mutex<std::collections::HashMap<SpmmShape, (bool, f64, f64, SpmmShape)>>,
     pool: Option<MemPool>,
     /// `--gpu-mem`: the most bytes of device memory the backend may hold.
     budget: Option<u64>,
@@ -186,12 +196,17 @@ pub struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     /// A second stream for work that overlaps the main one (`gather_host_async`), made on
-    /// first use; cudarc's per-allocation events order every use across the two.
+    /// first use ([`Cuda::side_stream`]); cudarc's per-allocation events order every use
+    /// across the two.
     side: std::sync::OnceLock<Arc<CudaStream>>,
     /// Main-stream events recorded at each host-block upload on `side`: the host waits on the
     /// oldest so that those copies run at most [`host::UPLOADS_AHEAD`] uploads ahead of the
     /// work that reads them (their device memory stays bounded).
     ahead: std::sync::Mutex<std::collections::VecDeque<CudaEvent>>,
+    /// A third stream, for uploads made ahead of their use ([`Cuda::ahead_stream`]).
+    ahead_uploads: std::sync::OnceLock<Arc<CudaStream>>,
+    /// Time and bytes of the second stream's gathers and uploads.
+    side_time: std::sync::Mutex<host::SideTime>,
     blas: CudaBlas,
     k: Kernels,
     /// placeholders for absent optional pointer arguments
@@ -316,7 +331,15 @@ impl Cuda {
             dummy_u32,
             side: std::sync::OnceLock::new(),
             ahead: Default::default(),
+            side_time: Default::default(),
+            ahead_uploads: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The second stream, made on first use: gathers and copies that feed the main stream's
+    /// next work.
+    pub(crate) fn side_stream(&self) -> &Arc<CudaStream> {
+        self.side.get_or_init(|| self.ctx.new_stream().expect("a second CUDA stream"))
     }
 
     /// Starts timing an operation when profiling.
@@ -437,12 +460,62 @@ impl Cuda {
     }
 
     fn upload_slice<T: cudarc::driver::DeviceRepr>(&self, v: &[T]) -> CudaSlice<T> {
+        self.upload_slice_on(&self.stream, v)
+    }
+
+    /// `v` on the device by `stream` (the main one, or the [`Cuda::ahead_stream`]).
+    fn upload_slice_on<T: cudarc::driver::DeviceRepr>(
+        &self,
+        stream: &Arc<CudaStream>,
+        v: &[T],
+    ) -> CudaSlice<T> {
         self.charge(std::mem::size_of_val(v));
         if v.is_empty() {
             // SAFETY: a one-element allocation never read (lengths say it is empty).
-            return unsafe { self.stream.alloc::<T>(1) }.expect("CUDA alloc");
+            return unsafe { stream.alloc::<T>(1) }.expect("CUDA alloc");
         }
-        self.stream.clone_htod(v).expect("CUDA upload")
+        stream.clone_htod(v).expect("CUDA upload")
+    }
+
+    /// The stream of [`Backend::sparse_ahead`] and [`Backend::upload_ahead`] (made on first
+    /// use): a copy from pageable memory waits for its stream to drain, which on this one holds
+    /// only such copies; cudarc's per-allocation events make the main stream's first use wait.
+    fn ahead_stream(&self) -> &Arc<CudaStream> {
+        self.ahead_uploads.get_or_init(|| self.ctx.new_stream().expect("a CUDA stream for uploads ahead"))
+    }
+
+    /// [`Backend::sparse`] by `stream`.
+    fn sparse_on(&self, stream: &Arc<CudaStream>, s: &SparseMatrix) -> DSparse {
+        let up32 = |v: &[u32]| self.upload_slice_on(stream, v);
+        DSparse {
+            rows: s.rows,
+            cols: s.cols,
+            nnz: s.nnz(),
+            row_ptr: self.upload_slice_on(stream, &s.row_ptr),
+            col_idx: up32(&s.col_idx),
+            t_row_ptr: self.upload_slice_on(stream, &s.t_row_ptr),
+            t_col_idx: up32(&s.t_col_idx),
+            t_perm: {
+                assert!(
+                    s.nnz() <= u32::MAX as usize,
+                    "a sparse structure on the GPU holds under 2^32 entries"
+                );
+                up32(&s.t_perm.iter().map(|&e| e as u32).collect::<Vec<u32>>())
+            },
+            ids: match (&s.row_ids, &s.col_ids) {
+                (Some(r), Some(c)) => Some((up32(r), up32(c))),
+                _ => None,
+            },
+            csr32: (self.sparse_lib.is_some() && s.nnz().max(s.rows).max(s.cols) < i32::MAX as usize).then(
+                || {
+                    let narrow = |p: &[u64]| p.iter().map(|&o| o as i32).collect::<Vec<i32>>();
+                    cusparse::Csr32 {
+                        ptr: self.upload_slice_on(stream, &narrow(&s.row_ptr)),
+                        t_ptr: self.upload_slice_on(stream, &narrow(&s.t_row_ptr)),
+                    }
+                },
+            ),
+        }
     }
 
     /// Launches a row-copy kernel (`gather_rows`, `scatter_add_rows`): `src` (a device address:
@@ -540,10 +613,11 @@ impl Cuda {
         lib.spmm(&self.stream, shape, &c.t_ptr, &s.t_col_idx, &vt.data, x, beta as f32, out)
     }
 
-    /// Whether cuSPARSE is the faster SpMM for this shape: timed once per shape (two runs of
-    /// each into a scratch output), remembered after.
+    /// Whether cuSPARSE is the faster SpMM for this shape: timed at the first shape of its
+    /// class (two runs of each into a scratch output), remembered for the class after.
     fn pick_spmm(&self, s: &DSparse, vals: &DMat, transpose: bool, x: &DMat) -> bool {
-        let key = (s.rows, s.cols, s.nnz, x.cols, transpose);
+        let shape = (s.rows, s.cols, s.nnz, x.cols, transpose);
+        let key = shape_class(shape);
         if let Some(&(lib, ..)) = self.spmm_pick.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return lib;
         }
@@ -566,18 +640,18 @@ impl Cuda {
         let ours = time(&mut run_ours, &mut scratch).expect("CUDA spmm");
         let theirs = time(&mut |o| self.spmm_lib(lib, c, s, vals, transpose, x, 0.0, o), &mut scratch);
         let pick = match theirs {
-            Ok(t) => (t < ours, ours, t),
+            Ok(t) => (t < ours, ours, t, shape),
             Err(e) => {
                 tracing::warn!("cuSPARSE SpMM failed ({e}); grinnder's kernels only for this shape");
-                (false, ours, f64::NAN)
+                (false, ours, f64::NAN, shape)
             }
         };
         tracing::debug!(
             "spmm {}×{} ({} entries) width {}{}: grinnder {:.3} ms, cuSPARSE {:.3} ms",
-            key.0,
-            key.1,
-            key.2,
-            key.3,
+            shape.0,
+            shape.1,
+            shape.2,
+            shape.3,
             if transpose { " transposed" } else { "" },
             pick.1,
             pick.2
@@ -586,11 +660,11 @@ impl Cuda {
         pick.0
     }
 
-    /// Each SpMM shape timed so far: (rows, cols, entries, width, transposed), whether cuSPARSE
-    /// won, and both times in ms.
+    /// Each SpMM shape timed so far (one per class): (rows, cols, entries, width, transposed),
+    /// whether cuSPARSE won, and both times in ms.
     pub fn spmm_choices(&self) -> Vec<(SpmmShapeInfo, bool, f64, f64)> {
         let m = self.spmm_pick.lock().unwrap_or_else(|e| e.into_inner());
-        let mut v: Vec<_> = m.iter().map(|(k, &(l, a, b))| (*k, l, a, b)).collect();
+        let mut v: Vec<_> = m.values().map(|&(l, a, b, shape)| (shape, l, a, b)).collect();
         v.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal));
         v
     }
@@ -719,35 +793,15 @@ impl Backend for Cuda {
     }
 
     fn sparse(&self, s: &SparseMatrix) -> DSparse {
-        DSparse {
-            rows: s.rows,
-            cols: s.cols,
-            nnz: s.nnz(),
-            row_ptr: self.upload_slice(&s.row_ptr),
-            col_idx: self.upload_slice(&s.col_idx),
-            t_row_ptr: self.upload_slice(&s.t_row_ptr),
-            t_col_idx: self.upload_slice(&s.t_col_idx),
-            t_perm: {
-                assert!(
-                    s.nnz() <= u32::MAX as usize,
-                    "a sparse structure on the GPU holds under 2^32 entries"
-                );
-                self.upload_slice(&s.t_perm.iter().map(|&e| e as u32).collect::<Vec<u32>>())
-            },
-            ids: match (&s.row_ids, &s.col_ids) {
-                (Some(r), Some(c)) => Some((self.upload_slice(r), self.upload_slice(c))),
-                _ => None,
-            },
-            csr32: (self.sparse_lib.is_some() && s.nnz().max(s.rows).max(s.cols) < i32::MAX as usize).then(
-                || {
-                    let narrow = |p: &[u64]| p.iter().map(|&o| o as i32).collect::<Vec<i32>>();
-                    cusparse::Csr32 {
-                        ptr: self.upload_slice(&narrow(&s.row_ptr)),
-                        t_ptr: self.upload_slice(&narrow(&s.t_row_ptr)),
-                    }
-                },
-            ),
-        }
+        self.sparse_on(&self.stream, s)
+    }
+
+    fn sparse_ahead(&self, s: &SparseMatrix) -> DSparse {
+        self.sparse_on(self.ahead_stream(), s)
+    }
+
+    fn upload_ahead(&self, m: &Mat<f32>) -> DMat {
+        DMat { rows: m.rows, cols: m.cols, data: self.upload_slice_on(self.ahead_stream(), &m.data) }
     }
 
     fn upload(&self, m: &Mat<f32>) -> DMat {
@@ -1268,5 +1322,24 @@ impl Drop for Cuda {
         for (name, (t, n)) in rows {
             eprintln!("  {name:<24} {t:>9.4} s {:>5.1} % {n:>8} calls", 100.0 * t / total.max(1e-12));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shape_class;
+
+    #[test]
+    fn spmm_shapes_within_a_half_octave_share_a_timing() {
+        let c = |rows, cols, nnz| shape_class((rows, cols, nnz, 256, false));
+        // a mini-batch's blocks: a few per cent apart
+        assert_eq!(c(150_000, 540_000, 750_000), c(152_000, 545_000, 760_000));
+        // twice the rows, or the entries: another class
+        assert_ne!(c(150_000, 540_000, 750_000), c(300_000, 540_000, 750_000));
+        assert_ne!(c(150_000, 540_000, 750_000), c(150_000, 540_000, 1_500_000));
+        // width and direction decide alone
+        assert_ne!(shape_class((10, 10, 10, 256, false)), shape_class((10, 10, 10, 128, false)));
+        assert_ne!(shape_class((10, 10, 10, 256, false)), shape_class((10, 10, 10, 256, true)));
+        assert_eq!(shape_class((0, 0, 0, 1, false)), (0, 0, 0, 1, false));
     }
 }

@@ -330,7 +330,15 @@ fn zero_copy_gathers_read_host_rows_exactly() {
             // on the second stream (a grid smaller than the rows: they stride), then read by
             // a kernel on the main one at once
             let idx: Vec<u32> = idx.iter().cycle().take(idx.len() * 2 + 1).copied().collect();
+            let (secs, bytes) = g.side_time();
             let side = g.gather_host_async(&t, &idx);
+            let (secs_after, bytes_after) = g.side_time();
+            assert_eq!(
+                bytes_after - bytes,
+                (idx.len() * d * 4) as u64,
+                "bytes timed on the second stream, {what}"
+            );
+            assert!(secs_after > secs, "the gather took time on the second stream, {what}");
             let mut got_side = g.upload(&random(idx.len() + 5, d, 52));
             g.gather_rows(&side, Rows::Range(0, idx.len()), &mut got_side, 3);
             drop(side);

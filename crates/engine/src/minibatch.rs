@@ -38,6 +38,8 @@ pub struct MiniBatchConfig {
     pub eval_parts: usize,
     /// Only the first this many batches of each epoch (benchmarks); `None`: all.
     pub max_batches: Option<usize>,
+    /// Sampling threads (a loader's workers); `None`: half the cores, at most 8.
+    pub loader_threads: Option<usize>,
 }
 
 /// How a mini-batch is sampled.
@@ -116,11 +118,16 @@ impl<'a> HostFeatures<'a> {
         use rayon::prelude::*;
         let d = self.dim();
         let src: &[f32] = &self.ds.features.data;
-        out.par_chunks_mut(d.max(1)).enumerate().for_each(|(i, o)| {
+        // rows as they are (an index_select) where nothing is normalised: a plain copy of each
+        let plain = self.norm == FeatureNorm::None;
+        out.par_chunks_mut(d.max(1)).with_min_len(64).enumerate().for_each(|(i, o)| {
             let v = ids.map_or(i, |ids| ids[i] as usize);
-            o.iter_mut()
-                .zip(normalized::<T>(&src[v * d..(v + 1) * d], self.norm, self.shift))
-                .for_each(|(o, x)| *o = x);
+            let row = &src[v * d..(v + 1) * d];
+            if plain {
+                T::copy_from_f32(o, row);
+            } else {
+                o.iter_mut().zip(normalized::<T>(row, self.norm, self.shift)).for_each(|(o, x)| *o = x);
+            }
         });
     }
 }
@@ -207,11 +214,12 @@ impl<B: Backend> Staging<B> {
     }
 }
 
-/// A batch from a sampling thread: its blocks, their host-side matrices, its rows in a staging
-/// block (where staged and a block could be had) and the thread's seconds.
+/// A batch from a sampling thread: its blocks, their graphs on the backend (uploaded by the
+/// thread), its rows in a staging block (where staged and a block could be had) and the
+/// thread's seconds.
 struct Sampled<B: Backend> {
     batch: MiniBatch,
-    mats: Vec<(SparseMatrix, Vec<f64>)>,
+    graphs: Vec<Graph<B>>,
     staged: Option<B::HostBlock>,
     secs: f64,
 }
@@ -265,7 +273,16 @@ pub fn block_matrix(ds: &Dataset, kind: Kind, blk: &Block) -> (SparseMatrix, Vec
 
 /// A block as a graph on the backend (see [`block_matrix`]).
 pub fn block_graph<B: Backend>(b: &B, kind: Kind, blk: &Block, m: &(SparseMatrix, Vec<f64>)) -> Graph<B> {
-    let adj = Adjacency::new(b, &m.0, &m.1);
+    block_graph_of(kind, blk, Adjacency::new(b, &m.0, &m.1))
+}
+
+/// [`block_graph`] made ahead of its use by a sampling thread ([`Adjacency::ahead`]).
+pub fn block_graph_ahead<B: Backend>(b: &B, ds: &Dataset, kind: Kind, blk: &Block) -> Graph<B> {
+    let m = block_matrix(ds, kind, blk);
+    block_graph_of(kind, blk, Adjacency::ahead(b, &m.0, &m.1))
+}
+
+fn block_graph_of<B: Backend>(kind: Kind, blk: &Block, adj: Adjacency<B>) -> Graph<B> {
     let (looped, plain) = if kind == Kind::Sage { (None, Some(adj)) } else { (Some(adj), None) };
     Graph { rows: blk.rows, cols: blk.cols, looped, plain, ids: Some(blk.col_ids.clone()) }
 }
@@ -281,11 +298,12 @@ pub fn batch_forward_backward<B: Backend>(
     epoch: u64,
 ) -> (f64, usize) {
     let kind = model.config.kind;
-    let mats: Vec<_> = batch.blocks.iter().map(|blk| block_matrix(ds, kind, blk)).collect();
-    batch_step(b, model, ds, batch, &mats, x, epoch, None)
+    let graphs: Vec<Graph<B>> =
+        batch.blocks.iter().map(|blk| block_graph(b, kind, blk, &block_matrix(ds, kind, blk))).collect();
+    batch_step(b, model, ds, batch, &graphs, x, epoch, None)
 }
 
-/// [`batch_forward_backward`] with the blocks' matrices already built; the loss through
+/// [`batch_forward_backward`] on the batch's graphs, already on the backend; the loss through
 /// `source` where it reads labels itself.
 #[allow(clippy::too_many_arguments)]
 pub fn batch_step<B: Backend>(
@@ -293,14 +311,11 @@ pub fn batch_step<B: Backend>(
     model: &mut Model<B>,
     ds: &Dataset,
     batch: &MiniBatch,
-    mats: &[(SparseMatrix, Vec<f64>)],
+    graphs: &[Graph<B>],
     x: B::Mat,
     epoch: u64,
     source: Option<&dyn FeatureSource<B>>,
 ) -> (f64, usize) {
-    let kind = model.config.kind;
-    let graphs: Vec<Graph<B>> =
-        batch.blocks.iter().zip(mats).map(|(blk, m)| block_graph(b, kind, blk, m)).collect();
     let layers = model.layers();
     assert_eq!(graphs.len(), layers, "one block per layer");
     let mut inputs = vec![x];
@@ -437,7 +452,7 @@ pub fn train_minibatch_from<B: Backend>(
     let kind = cfg.model.kind;
     // staging blocks (page-locked on a GPU: kept from epoch to epoch), one per sampling thread
     // and two for the batch uploading and the next; the threads block for one beyond that
-    let workers = (rayon::current_num_threads() / 2).clamp(1, 8);
+    let workers = mb.loader_threads.unwrap_or_else(|| (rayon::current_num_threads() / 2).clamp(1, 8)).max(1);
     let staging = Staging::<B>::new(workers + 2);
     let mut step = |epoch: u64| {
         let mut model = model.borrow_mut();
@@ -446,8 +461,8 @@ pub fn train_minibatch_from<B: Backend>(
         let mut all = batches(&ds.splits.train, mb.batch_size, cfg.model.seed, epoch);
         all.truncate(mb.max_batches.unwrap_or(usize::MAX));
         st.batches = Some(all.len());
-        // sampling threads run ahead of the backend by up to two batches each (sampling and the
-        // blocks' host-side matrices); batch k comes from thread k mod n, taken in order, so the
+        // sampling threads run ahead of the backend by up to two batches each (sampling, the
+        // blocks' graphs on the backend, staged rows); batch k comes from thread k mod n, taken in order, so the
         // batches and their order do not depend on n; gathers and compute stay on this thread
         let pb = progress::counter(all.len() as u64, &format!("epoch {epoch}"), "batches");
         let stager = features.stager();
@@ -470,8 +485,9 @@ pub fn train_minibatch_from<B: Backend>(
                                 .sample_with(&ds.graph, seeds, key, &mut scratch)
                                 .into_batch(&ds.graph, layers),
                         };
-                        let mats: Vec<_> =
-                            batch.blocks.iter().map(|blk| block_matrix(ds, kind, blk)).collect();
+                        // the blocks' graphs go to the backend from here, beside the compute
+                        let graphs: Vec<Graph<B>> =
+                            batch.blocks.iter().map(|blk| block_graph_ahead(b, ds, kind, blk)).collect();
                         let staged = stager.and_then(|f| {
                             let (ids, d) = (batch.input_nodes(), f.dim());
                             let mut h = staging.take(b, k, ids.len(), d)?;
@@ -479,7 +495,9 @@ pub fn train_minibatch_from<B: Backend>(
                             f.staged_batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             Some(h)
                         });
-                        if tx.send(Sampled { batch, mats, staged, secs: t.elapsed().as_secs_f64() }).is_err()
+                        if tx
+                            .send(Sampled { batch, graphs, staged, secs: t.elapsed().as_secs_f64() })
+                            .is_err()
                         {
                             break;
                         }
@@ -503,7 +521,7 @@ pub fn train_minibatch_from<B: Backend>(
             };
             let mut next = rx.next();
             let mut next_x = start(&mut next);
-            while let Some(Sampled { batch, mats, secs, .. }) = next.take() {
+            while let Some(Sampled { batch, graphs, secs, .. }) = next.take() {
                 *st.sample_s.as_mut().expect("set") += secs;
                 // the rows of this batch (prefetched or uploading where the source can), then
                 // the next batch's rows start loading while this one computes; the input-row
@@ -519,7 +537,7 @@ pub fn train_minibatch_from<B: Backend>(
                 st.upload_bytes += (batch.input_nodes().len() * ds.features.dim) as u64 * elem;
                 let t = Instant::now();
                 model.zero_grad(b);
-                let (l, _) = batch_step(b, &mut model, ds, &batch, &mats, x, epoch, Some(features));
+                let (l, _) = batch_step(b, &mut model, ds, &batch, &graphs, x, epoch, Some(features));
                 opt.borrow_mut().step(b, model.params_mut());
                 b.synchronize();
                 st.compute_s += t.elapsed().as_secs_f64();

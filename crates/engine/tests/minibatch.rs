@@ -128,6 +128,7 @@ fn sampled_batches_train_and_evaluate_exactly() {
         batch_size: 32,
         eval_parts: 1,
         max_batches: None,
+        loader_threads: None,
     };
     let mut seen = Vec::new();
     let s = train_minibatch(&Cpu::<f32>::new(), &ds, &cfg, &mb, None, &mut |m| seen.push(m.clone())).unwrap();
@@ -143,6 +144,7 @@ fn sampled_batches_train_and_evaluate_exactly() {
         batch_size: ds.splits.train.len(),
         eval_parts: 3,
         max_batches: None,
+        loader_threads: None,
     };
     let a = train_minibatch(&Cpu::<f32>::new(), &ds, &full_cfg, &whole, None, &mut |_| {}).unwrap();
     let f = train(&Cpu::<f32>::new(), &ds, &full_cfg, &mut |_| {}).unwrap();
@@ -186,6 +188,7 @@ fn rows_staged_by_the_sampling_threads_train_exactly_like_rows_gathered_by_the_t
         batch_size: 8,
         eval_parts: 1,
         max_batches: None,
+        loader_threads: None,
     };
     let pool = rayon::ThreadPoolBuilder::new().num_threads(8).build().unwrap();
     let run = |staged: bool| {

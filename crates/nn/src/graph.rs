@@ -18,9 +18,20 @@ pub struct Adjacency<B: Backend> {
 
 impl<B: Backend> Adjacency<B> {
     pub fn new(b: &B, s: &SparseMatrix, vals: &[f64]) -> Self {
+        let v = Self::values(s, vals);
+        Adjacency { s: b.sparse(s), vals: b.upload(&v), nnz: s.nnz() }
+    }
+
+    /// [`Adjacency::new`] made ahead of its use, off the training thread
+    /// ([`Backend::sparse_ahead`]).
+    pub fn ahead(b: &B, s: &SparseMatrix, vals: &[f64]) -> Self {
+        let v = Self::values(s, vals);
+        Adjacency { s: b.sparse_ahead(s), vals: b.upload_ahead(&v), nnz: s.nnz() }
+    }
+
+    fn values(s: &SparseMatrix, vals: &[f64]) -> Mat<B::T> {
         assert_eq!(vals.len(), s.nnz(), "one value per entry");
-        let v: Vec<B::T> = vals.iter().map(|&x| B::T::of(x)).collect();
-        Adjacency { s: b.sparse(s), vals: b.upload(&Mat::from_vec(v.len(), 1, v)), nnz: s.nnz() }
+        Mat::from_vec(vals.len(), 1, vals.iter().map(|&x| B::T::of(x)).collect())
     }
 }
 

@@ -109,6 +109,16 @@ pub trait Backend: Send + Sync + 'static {
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse;
     fn upload(&self, m: &Mat<Self::T>) -> Self::Mat;
     fn download(&self, m: &Self::Mat) -> Mat<Self::T>;
+    /// [`Backend::sparse`] and [`Backend::upload`] for structures made off the training
+    /// thread ahead of their use (a mini-batch's blocks, by its sampling thread): on a device,
+    /// on a stream of their own, so that they wait neither for the compute queued meanwhile nor
+    /// make it wait; the first use waits for them. The same as `sparse` and `upload` elsewhere.
+    fn sparse_ahead(&self, s: &SparseMatrix) -> Self::Sparse {
+        self.sparse(s)
+    }
+    fn upload_ahead(&self, m: &Mat<Self::T>) -> Self::Mat {
+        self.upload(m)
+    }
     /// [`Backend::upload`] of a matrix the caller gives up (a move where memory is shared).
     fn upload_owned(&self, m: Mat<Self::T>) -> Self::Mat {
         self.upload(&m)

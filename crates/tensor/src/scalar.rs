@@ -24,6 +24,8 @@ pub trait Scalar:
 {
     fn of(x: f64) -> Self;
     fn f64(self) -> f64;
+    /// `dst[i] = src[i]` (a plain copy for `f32`).
+    fn copy_from_f32(dst: &mut [Self], src: &[f32]);
 }
 
 impl Scalar for f32 {
@@ -33,6 +35,9 @@ impl Scalar for f32 {
     fn f64(self) -> f64 {
         self as f64
     }
+    fn copy_from_f32(dst: &mut [f32], src: &[f32]) {
+        dst.copy_from_slice(src);
+    }
 }
 
 impl Scalar for f64 {
@@ -41,5 +46,9 @@ impl Scalar for f64 {
     }
     fn f64(self) -> f64 {
         self
+    }
+    fn copy_from_f32(dst: &mut [f64], src: &[f32]) {
+        assert_eq!(dst.len(), src.len(), "copy: lengths differ");
+        dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s as f64);
     }
 }
