@@ -614,8 +614,17 @@ impl Cuda {
     }
 
     /// Whether cuSPARSE is the faster SpMM for this shape: timed at the first shape of its
-    /// class (two runs of each into a scratch output), remembered for the class after.
-    fn pick_spmm(&self, s: &DSparse, vals: &DMat, transpose: bool, x: &DMat) -> bool {
+    /// class (two runs of each into the output, which the SpMM then overwrites, when `beta` is 0;
+    /// into a scratch output otherwise), remembered for the class after.
+    fn pick_spmm(
+        &self,
+        s: &DSparse,
+        vals: &DMat,
+        transpose: bool,
+        x: &DMat,
+        beta: f64,
+        out: &mut DMat,
+    ) -> bool {
         let shape = (s.rows, s.cols, s.nnz, x.cols, transpose);
         let key = shape_class(shape);
         if let Some(&(lib, ..)) = self.spmm_pick.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
@@ -623,7 +632,9 @@ impl Cuda {
         }
         let (Some(lib), Some(c)) = (&self.sparse_lib, &s.csr32) else { return false };
         let rows = if transpose { s.cols } else { s.rows };
-        let mut scratch = self.output(rows, x.cols);
+        // a large first product (a whole graph's aggregation) gets no second output beside it
+        let mut scratch = (beta != 0.0).then(|| self.output(rows, x.cols));
+        let scratch = scratch.as_mut().unwrap_or(out);
         let time = |f: &mut dyn FnMut(&mut DMat) -> Result<(), String>, out: &mut DMat| {
             f(out)?;
             self.stream.synchronize().map_err(|e| format!("{e:?}"))?;
@@ -637,8 +648,8 @@ impl Cuda {
             self.spmm_ours(s, vals, transpose, x, 0.0, o);
             Ok(())
         };
-        let ours = time(&mut run_ours, &mut scratch).expect("CUDA spmm");
-        let theirs = time(&mut |o| self.spmm_lib(lib, c, s, vals, transpose, x, 0.0, o), &mut scratch);
+        let ours = time(&mut run_ours, scratch).expect("CUDA spmm");
+        let theirs = time(&mut |o| self.spmm_lib(lib, c, s, vals, transpose, x, 0.0, o), scratch);
         let pick = match theirs {
             Ok(t) => (t < ours, ours, t, shape),
             Err(e) => {
@@ -971,7 +982,7 @@ impl Backend for Cuda {
         let use_lib = match (lib, self.spmm_kernel) {
             (None, _) | (_, SpmmKernel::Ours | SpmmKernel::Warp) => false,
             (Some(_), SpmmKernel::CuSparse) => true,
-            (Some(_), SpmmKernel::Auto) => self.pick_spmm(s, vals, transpose, x),
+            (Some(_), SpmmKernel::Auto) => self.pick_spmm(s, vals, transpose, x, beta, out),
         };
         if let (true, Some((l, c))) = (use_lib, lib) {
             match self.spmm_lib(l, c, s, vals, transpose, x, beta, out) {

@@ -324,6 +324,13 @@ pub fn train_with<B: Backend>(
     let model =
         std::cell::RefCell::new(Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize));
     model.borrow_mut().prepare(b, &g, &x);
+    // GCN's layer 0 reads only `Â x` from here: the features need not stay beside it
+    let x = if model.borrow().reads_only_pre() {
+        drop(x);
+        b.zeros(0, ds.features.dim)
+    } else {
+        x
+    };
     let opt = std::cell::RefCell::new(Optimizer::new(cfg.optim));
     let labels: &[i32] = &ds.labels;
     let train_ids: &[u32] = &ds.splits.train;

@@ -503,6 +503,14 @@ impl<B: Backend> Model<B> {
         self.config.kind == Kind::Sage || (self.config.residual && self.dims[0] == self.dims[1])
     }
 
+    /// Whether [`Model::forward`] and [`Model::backward`] read nothing of the input features
+    /// any more: [`Model::prepare`] stored layer 0's aggregation and layer 0 reads nothing
+    /// beside it (GCN without a residual). The caller may then free the features and pass an
+    /// empty matrix of their width.
+    pub fn reads_only_pre(&self) -> bool {
+        self.pre.is_some() && !self.reads_input_beside_pre()
+    }
+
     /// A split layer's aggregated linear map and SAGE's root map.
     fn split_maps(&self, l: usize) -> (&Linear<B>, Option<&Linear<B>>) {
         match &self.convs[l] {

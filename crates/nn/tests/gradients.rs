@@ -146,6 +146,15 @@ fn fixed_input_precomputation_changes_nothing() {
             for (a, c) in g1.iter().zip(&g2) {
                 assert!(a.max_rel_err(c, 1e-9) < 1e-10);
             }
+            // GCN reads only the aggregation from here: the features may go (the in-memory
+            // trainer frees them), giving the same bits
+            assert_eq!(pre.reads_only_pre(), kind == Kind::Gcn, "{kind:?}");
+            assert!(!plain.reads_only_pre(), "nothing prepared");
+            if pre.reads_only_pre() {
+                let (l3, g3) = loss_and_grads(&b, &mut pre, &g, &Mat::zeros(0, F));
+                assert_eq!(l3.to_bits(), l2.to_bits(), "loss without the features");
+                assert_eq!(g3, g2, "gradients without the features");
+            }
         }
     }
 }
