@@ -480,6 +480,24 @@ fn minibatches_give_the_cpu_gradients() {
 }
 
 #[test]
+fn features_reach_the_gpu_chunk_by_chunk_exactly() {
+    use grinnder_engine::memory::{features, features_in_chunks, FeatureNorm};
+    let Some(g) = gpu() else { return };
+    let c = Cpu::<f32>::new();
+    let ds =
+        generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 5)).unwrap().into_dataset().unwrap();
+    let row = ds.features.dim * 4;
+    for norm in [FeatureNorm::None, FeatureNorm::Row] {
+        let want = features(&c, &ds, norm);
+        // chunks of 7 rows (the last one short), of one row, and all at once
+        for chunk in [Some(7 * row + 3), Some(row), Some(usize::MAX / 2), None] {
+            let got = g.download(&features_in_chunks(&g, &ds, norm, chunk));
+            assert_eq!(got.data, want.data, "{norm:?}, chunks of {chunk:?} bytes");
+        }
+    }
+}
+
+#[test]
 fn models_give_the_cpu_gradients() {
     let Some(g) = gpu() else { return };
     let c = Cpu::<f32>::new();

@@ -7,7 +7,7 @@ use std::time::Instant;
 use grinnder_dist::Comm;
 use grinnder_graph::{Dataset, NO_LABEL};
 use grinnder_nn::{Graph, Model, ModelConfig, OptimConfig, Optimizer};
-use grinnder_tensor::{Backend, Mat, Scalar};
+use grinnder_tensor::{Backend, Mat, Rows, Scalar};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -21,7 +21,6 @@ pub struct TrainConfig {
     pub model: ModelConfig,
     pub optim: OptimConfig,
     pub epochs: usize,
-    /// Evaluate every this many epochs (and at the last).
     /// Evaluate every this many epochs and after the last; 0: never.
     pub eval_every: usize,
     pub feature_norm: FeatureNorm,
@@ -95,16 +94,43 @@ pub enum FeatureNorm {
     Row,
 }
 
-/// Host features, preprocessed, as a backend matrix.
+/// Host features, preprocessed, as a backend matrix: on a device in chunks of
+/// [`FEATURE_CHUNK_BYTES`] (see [`features_in_chunks`]).
 pub fn features<B: Backend>(b: &B, ds: &Dataset, norm: FeatureNorm) -> B::Mat {
-    let shift = feature_shift(ds, norm);
-    let data: Vec<B::T> = ds
-        .features
-        .data
-        .par_chunks(ds.features.dim.max(1))
-        .flat_map_iter(|r| normalized(r, norm, shift))
-        .collect();
-    b.upload(&Mat::from_vec(ds.num_nodes(), ds.features.dim, data))
+    features_in_chunks(b, ds, norm, b.device_memory().map(|_| FEATURE_CHUNK_BYTES))
+}
+
+/// Bytes of preprocessed feature rows that go to a device at a time.
+const FEATURE_CHUNK_BYTES: usize = 256 << 20;
+
+/// [`features`], `chunk` bytes of rows at a time where given (each chunk preprocessed,
+/// uploaded and copied into place: on a device the host never holds a preprocessed copy of the
+/// whole table beside the dataset's — igb-medium-like: 41 GB); `None`: the whole table, made on
+/// the host and moved (on the CPU it is the result itself).
+pub fn features_in_chunks<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    norm: FeatureNorm,
+    chunk: Option<usize>,
+) -> B::Mat {
+    let (n, d) = (ds.num_nodes(), ds.features.dim);
+    let host = crate::minibatch::HostFeatures::new(ds, norm);
+    let Some(chunk) = chunk.filter(|_| n > 0 && d > 0) else {
+        let mut m = Mat::zeros(n, d);
+        host.write_rows(None, &mut m.data);
+        return b.upload_owned(m);
+    };
+    let per = (chunk / (d * std::mem::size_of::<B::T>())).clamp(1, n);
+    let mut out = b.output(n, d);
+    for start in (0..n).step_by(per) {
+        let k = per.min(n - start);
+        let ids: Vec<u32> = (start as u32..(start + k) as u32).collect();
+        let mut m = Mat::zeros(k, d);
+        host.write_rows(Some(&ids), &mut m.data);
+        let piece = b.upload_owned(m);
+        b.gather_rows(&piece, Rows::Range(0, k), &mut out, start);
+    }
+    out
 }
 
 /// What [`FeatureNorm::Row`] shifts every value by: the global minimum (0 for `None`).

@@ -57,3 +57,32 @@ fn unlabelled_split_nodes_are_refused() {
     let err = train(&Cpu::<f32>::new(), &ds, &config(Kind::Gcn, 1), &mut |_| {}).unwrap_err();
     assert!(matches!(err, TrainError::Unlabelled { split: "valid", .. }), "{err}");
 }
+
+#[test]
+fn features_made_chunk_by_chunk_equal_the_whole_table() {
+    use grinnder_engine::memory::{features, features_in_chunks};
+    let ds =
+        generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.005, 4)).unwrap().into_dataset().unwrap();
+    let c = Cpu::<f32>::new();
+    let row = ds.features.dim * 4;
+    for norm in [FeatureNorm::None, FeatureNorm::Row] {
+        let whole = features(&c, &ds, norm);
+        assert_eq!((whole.rows, whole.cols), (ds.num_nodes(), ds.features.dim));
+        // the first row preprocessed by hand: raw, or shifted by the minimum and summed to 1
+        let r0 = &ds.features.data[..ds.features.dim];
+        let min = ds.features.data.iter().copied().fold(f32::INFINITY, f32::min) as f64;
+        let sum = r0.iter().map(|&v| v as f64 - min).sum::<f64>().max(1.0);
+        for (j, &v) in r0.iter().enumerate() {
+            let want = match norm {
+                FeatureNorm::None => v,
+                FeatureNorm::Row => ((v as f64 - min) / sum) as f32,
+            };
+            assert_eq!(whole.data[j], want, "{norm:?}, column {j}");
+        }
+        // chunks of 7 rows and a few bytes (the last one short), of one row, larger than all
+        for chunk in [7 * row + 3, row, row / 2, usize::MAX / 2] {
+            let got = features_in_chunks(&c, &ds, norm, Some(chunk));
+            assert_eq!(got.data, whole.data, "{norm:?}, chunks of {chunk} bytes");
+        }
+    }
+}
