@@ -89,40 +89,51 @@ impl NeighborSampler {
         MiniBatch { seeds: seeds.to_vec(), blocks }
     }
 
-    /// One block: the rows are `dst`; each samples its neighbours in parallel, then the new
-    /// columns get local ids in order of first appearance (sequential, so deterministic).
+    /// One block: the rows are `dst`; each samples its neighbours in parallel, straight into
+    /// its span of one flat list (the spans' sizes are known first), then the new columns get
+    /// local ids in order of first appearance (sequential, so deterministic).
     fn sample_block(&self, g: &Csr, dst: &[u32], fanout: i64, key: [u64; 2], scratch: &mut Scratch) -> Block {
         let (ptr, idx) = (g.row_ptr(), g.col_idx());
-        let picked: Vec<Vec<u32>> = dst
-            .par_iter()
-            .map(|&v| {
-                let nbrs = &idx[ptr[v as usize] as usize..ptr[v as usize + 1] as usize];
-                if fanout < 0 || nbrs.len() <= fanout as usize {
-                    return nbrs.to_vec();
-                }
+        let nbrs = |v: u32| &idx[ptr[v as usize] as usize..ptr[v as usize + 1] as usize];
+        let take = |v: u32| if fanout < 0 { nbrs(v).len() } else { nbrs(v).len().min(fanout as usize) };
+        let mut row_ptr = Vec::with_capacity(dst.len() + 1);
+        row_ptr.push(0u64);
+        for &v in dst {
+            row_ptr.push(row_ptr[row_ptr.len() - 1] + take(v) as u64);
+        }
+        let mut picked = vec![0u32; row_ptr[dst.len()] as usize];
+        let mut spans: Vec<&mut [u32]> = Vec::with_capacity(dst.len());
+        let mut rest = picked.as_mut_slice();
+        for &v in dst {
+            let (span, tail) = rest.split_at_mut(take(v));
+            spans.push(span);
+            rest = tail;
+        }
+        spans.into_par_iter().zip(dst.par_iter()).for_each(|(out, &v)| {
+            let all = nbrs(v);
+            if out.len() == all.len() {
+                out.copy_from_slice(all);
+            } else {
                 let mut s = Stream::new(&[self.seed, key[0], key[1], v as u64]);
-                choose(nbrs.len(), fanout as usize, &mut s).into_iter().map(|i| nbrs[i]).collect()
-            })
-            .collect();
+                choose_into(all.len(), &mut s, out);
+                out.iter_mut().for_each(|i| *i = all[*i as usize]);
+            }
+        });
         let local = scratch.map(g.num_nodes());
         let mut col_ids = dst.to_vec();
         for (i, &v) in dst.iter().enumerate() {
             assert_eq!(local[v as usize], u32::MAX, "seeds are distinct");
             local[v as usize] = i as u32;
         }
-        let mut row_ptr = Vec::with_capacity(dst.len() + 1);
-        row_ptr.push(0u64);
-        let mut col_idx = Vec::with_capacity(picked.iter().map(Vec::len).sum());
-        for nbrs in &picked {
-            for &u in nbrs {
-                let slot = &mut local[u as usize];
-                if *slot == u32::MAX {
-                    *slot = col_ids.len() as u32;
-                    col_ids.push(u);
-                }
-                col_idx.push(*slot);
+        // the picks in row order become local column ids (the offsets stay)
+        let mut col_idx = picked;
+        for u in col_idx.iter_mut() {
+            let slot = &mut local[*u as usize];
+            if *slot == u32::MAX {
+                *slot = col_ids.len() as u32;
+                col_ids.push(*u);
             }
-            row_ptr.push(col_idx.len() as u64);
+            *u = *slot;
         }
         // leave the map empty for the next block
         for &u in &col_ids {
@@ -162,17 +173,19 @@ impl Scratch {
 
 /// `k` distinct positions of `0..n` (k < n) in increasing order: Floyd's algorithm.
 pub(crate) fn choose(n: usize, k: usize, s: &mut Stream) -> Vec<usize> {
-    let mut out: Vec<usize> = Vec::with_capacity(k);
-    for j in n - k..n {
-        let t = s.below(j as u64 + 1) as usize;
-        if out.contains(&t) {
-            out.push(j);
-        } else {
-            out.push(t);
-        }
+    let mut out = vec![0u32; k];
+    choose_into(n, s, &mut out);
+    out.into_iter().map(|i| i as usize).collect()
+}
+
+/// [`choose`] of `out.len()` positions into `out` (n below 2^32).
+fn choose_into(n: usize, s: &mut Stream, out: &mut [u32]) {
+    let k = out.len();
+    for (filled, j) in (n - k..n).enumerate() {
+        let t = s.below(j as u64 + 1) as u32;
+        out[filled] = if out[..filled].contains(&t) { j as u32 } else { t };
     }
     out.sort_unstable();
-    out
 }
 
 /// A ShaDow-GNN subgraph: the nodes within `hops` of the seeds (up to `fanout` neighbours per
