@@ -148,6 +148,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         launch.is_some() || plan.expansion == grinnder_engine::Expansion::Plain,
         "--expansion shares the graph out by server: start several ranks with mpirun"
     );
+    anyhow::ensure!(
+        launch.is_none() || plan.minibatch.as_ref().is_none_or(|mb| mb.loader_threads.is_none()),
+        "--loader-threads is for mini-batches in one process: cooperative batches (mpirun) sample on each rank's training thread"
+    );
     if let Some(l) = &launch {
         let ranks = l.groups.global.size();
         // full-graph: one partition per rank unless --parts says more; mini-batch: cooperative

@@ -193,6 +193,15 @@ fn cooperative_batches_train_like_one_process_on_their_union() {
     }
 }
 
+/// A flag cooperative batches do not use is refused under mpirun, not ignored.
+#[test]
+fn cooperative_batches_refuse_loader_threads() {
+    let o = mpirun(2, &["-q", "train", "--mode", "minibatch", "--loader-threads", "2", "--epochs", "1"]);
+    assert!(!o.status.success(), "--loader-threads accepted under mpirun");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--loader-threads is for mini-batches in one process"), "{err}");
+}
+
 /// Checkpoints under mpirun: rank 0 alone writes them; a run stopped after 2 epochs and resumed
 /// for 4 gives the losses of 4 epochs in one go, bit for bit (every rank restores rank 0's
 /// parameters and optimizer state), for full-graph ranks and for cooperative batches.
