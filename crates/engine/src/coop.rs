@@ -272,9 +272,7 @@ pub fn train_coop<B: Backend>(
                 *st.batches.as_mut().expect("set") += 1;
             }
             // a server without a batch this step adds zeros
-            let reducer =
-                Reducer { comm: groups.global.as_ref(), layout: groups.layout, groups: Some(groups) };
-            sum_gradients(b, &mut model, reducer, &mut comm);
+            sum_gradients(b, &mut model, Reducer::over(groups), &mut comm);
             opt.borrow_mut().step(b, model.params_mut());
         }
         let mut v = [loss];

@@ -44,6 +44,8 @@ pub enum TrainError {
     Memory(String),
     #[error("{0}")]
     Config(String),
+    #[error("the tiered executor stopped at an earlier error and cannot go on (start again): {0}")]
+    Stopped(String),
 }
 
 /// The parts of a trainer a checkpoint saves and restores.

@@ -455,6 +455,15 @@ fn storage_faults_mid_epoch_stop_with_the_file_named_and_keep_the_last_good_stat
                 }
                 Err(e) => {
                     let good = good.expect("at least one epoch before the fault");
+                    // a pass after the fault refuses, naming it, instead of reading blocks the
+                    // failed one left incomplete
+                    for again in [ex.forward_backward(epoch + 1).err(), ex.evaluate(epoch + 1).err()] {
+                        let again = again.expect("a pass after a fault refuses").to_string();
+                        assert!(
+                            again.contains("stopped at an earlier error") && again.contains(&e.to_string()),
+                            "{again}"
+                        );
+                    }
                     return (e.to_string(), values(&b, &mut ex.model) == good);
                 }
             }

@@ -324,7 +324,12 @@ pub(crate) struct Reducer<'a> {
     pub groups: Option<&'a Groups>,
 }
 
-impl Reducer<'_> {
+impl<'a> Reducer<'a> {
+    /// Sums over every rank of `groups`, through its server hierarchy.
+    pub fn over(groups: &'a Groups) -> Reducer<'a> {
+        Reducer { comm: groups.global.as_ref(), layout: groups.layout, groups: Some(groups) }
+    }
+
     /// The element-wise sum of `v` over the ranks, its bytes charged to `stats`' reduction
     /// counters by link class.
     pub fn sum<T: grinnder_dist::Pod + std::ops::AddAssign>(&self, v: &mut [T], stats: &mut CommStats) {
@@ -488,6 +493,10 @@ pub struct Executor<'a, B: Backend> {
     /// host memory (`pin_fixed`).
     pinned: HashMap<BlockId, B::HostBlock>,
     pin_fixed: bool,
+    /// The first error of a pass. The blocks may be incomplete after one (a block lent to the
+    /// computation is not back in the GPU tier, a write may be half done), so every later pass
+    /// refuses with it ([`Executor::guarded`]).
+    stopped: Option<String>,
     /// Whole pinned blocks of the next partition, uploaded while this one computes
     /// ([`Executor::prefetch`]); taken by the gather that reads them.
     ahead: Vec<(BlockId, B::Mat)>,
@@ -776,6 +785,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             pinned: HashMap::new(),
             ahead: Vec::new(),
             pin_fixed: tc.host_mem.is_none() && tc.cache_bytes.is_none() && tc.tier_dtype == TierDtype::F32,
+            stopped: None,
             fused: false,
             gpu_mem: tc.gpu_mem.filter(|_| tc.device_cache_bytes.is_none()),
             calibrated: false,
@@ -1611,6 +1621,22 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// One training pass: accumulates every parameter's gradient (the caller zeroes them) and
     /// returns the summed training loss and the number of correct training predictions.
     pub fn forward_backward(&mut self, epoch: u64) -> Result<(f64, usize), TrainError> {
+        self.guarded(|ex| ex.forward_backward_pass(epoch))
+    }
+
+    /// `pass`, unless an earlier one failed; its error stops the executor.
+    fn guarded<R>(&mut self, pass: impl FnOnce(&mut Self) -> Result<R, TrainError>) -> Result<R, TrainError> {
+        if let Some(e) = &self.stopped {
+            return Err(TrainError::Stopped(e.clone()));
+        }
+        let r = pass(self);
+        if let Err(e) = &r {
+            self.stopped = Some(e.to_string());
+        }
+        r
+    }
+
+    fn forward_backward_pass(&mut self, epoch: u64) -> Result<(f64, usize), TrainError> {
         let b = self.b;
         let layers = self.model.layers();
         let calibrate = self.gpu_mem.is_some() && !self.calibrated;
@@ -1868,6 +1894,10 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// Evaluation pass (no dropout): correct predictions on train, valid and test.
     pub fn evaluate(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
+        self.guarded(|ex| ex.evaluate_pass(epoch))
+    }
+
+    fn evaluate_pass(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
         let b = self.b;
         self.forward_layers(false, epoch)?;
         let l = self.model.layers() - 1;
