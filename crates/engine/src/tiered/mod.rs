@@ -411,6 +411,11 @@ pub struct Plan {
     pub resident_bytes: u64,
     /// Largest per-partition working set (gathered inputs, layer temporaries).
     pub working_bytes: u64,
+    /// The same on a device, counted as if every layer held six matrices of the widest layer
+    /// over the columns: a GPU's kernels add temporaries the host count does not model (split-K
+    /// partials, cuSPARSE buffers, the next partition's upload), and budgets there are checked
+    /// at every allocation.
+    pub device_working_bytes: u64,
     pub margin_bytes: u64,
     /// Host cache budget for blocks (`None`: unlimited).
     pub cache_bytes: Option<u64>,
@@ -915,7 +920,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// [`Executor::block_list`]'s order while they fit.
     fn place_on_device(&mut self, tc: &TieredConfig) -> Result<(), TrainError> {
         let resident_bytes = self.b.device_memory().map_or(0, |m| m.used);
-        let working_bytes = self.plan.working_bytes;
+        let working_bytes = self.plan.device_working_bytes;
         let (cache_bytes, margin_bytes) = match (tc.device_cache_bytes, tc.gpu_mem) {
             (Some(c), _) => (c, 0),
             (None, Some(g)) => {
@@ -2044,14 +2049,16 @@ fn make_plan<B: Backend>(
     // layer 0 on its precomputed aggregation reads own rows only: its input width counts over
     // the own rows, not over the columns
     let first = usize::from(pre);
-    let width = (first..=layers).map(|l| model.dim(l)).max().unwrap_or(1) as u64;
     let (pre_width, out_width) = if pre { (model.dim(0) as u64, model.dim(1) as u64) } else { (0, 0) };
+    let fused = fusible(model, pre);
     let heads = if model.config.kind == ModelKind::Gat { model.config.heads.max(1) as u64 } else { 1 };
     let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
-    // per partition: the gathered input, the layer's temporaries and its input gradient
-    // (about six matrices of the widest layer over the partition's columns), plus GAT's
-    // per-edge attention arrays
-    let working_bytes = parts
+    // per partition and layer: the gathered input, the layer's temporaries and its input
+    // gradient, about six matrices over the partition's columns — of the input's width, or of
+    // the output's where the layer runs split (transform first: its input is read over the own
+    // rows only, three matrices of them); plus GAT's per-edge attention arrays
+    let widest = (first..=layers).map(|l| model.dim(l)).max().unwrap_or(1) as u64;
+    let (working_bytes, device_working_bytes) = parts
         .iter()
         .map(|p| {
             let nnz = p.graph.looped.as_ref().or(p.graph.plain.as_ref()).map_or(0, |a| a.nnz) as u64;
@@ -2062,11 +2069,21 @@ fn make_plan<B: Backend>(
             let (own, cols) = (p.own as u64, p.graph.cols as u64);
             let layer0 = 3 * own * pre_width + 4 * own * out_width;
             let setup = (cols + own) * pre_width;
-            let wide = (6 * cols * width).max(layer0).max(setup);
-            wide * elem as u64 + 4 * nnz * heads * elem as u64
+            let layer = |l: usize| {
+                let (i, o) = (model.dim(l) as u64, model.dim(l + 1) as u64);
+                let own_layer0 = if l == 1 && fused { layer0 } else { 0 };
+                if model.split(l, l == 0 && pre) {
+                    6 * cols * o + 3 * own * i + own_layer0
+                } else {
+                    6 * cols * i.max(o) + own_layer0
+                }
+            };
+            let host = (first..layers).map(layer).max().unwrap_or(0).max(layer0).max(setup);
+            let device = (6 * cols * widest).max(layer0).max(setup);
+            let attention = 4 * nnz * heads * elem as u64;
+            (host * elem as u64 + attention, device * elem as u64 + attention)
         })
-        .max()
-        .unwrap_or(0);
+        .fold((0, 0), |(h, d), (ph, pd)| (h.max(ph), d.max(pd)));
     // every block an epoch makes, all at once (an upper bound: spent layers' blocks go), with
     // layer 0 inside layer 1 where it can be (a GPU tier that undoes that holds those blocks)
     let layer_bytes = |l: usize| nodes * model.dim(l) as u64 * elem_tier;
@@ -2091,7 +2108,16 @@ fn make_plan<B: Backend>(
         },
         m => m,
     };
-    Plan { resident_bytes, working_bytes, margin_bytes, cache_bytes, mode, block_bytes, device: None }
+    Plan {
+        resident_bytes,
+        working_bytes,
+        device_working_bytes,
+        margin_bytes,
+        cache_bytes,
+        mode,
+        block_bytes,
+        device: None,
+    }
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
