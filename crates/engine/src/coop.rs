@@ -20,7 +20,7 @@ use crate::checkpoint::CheckpointConfig;
 use crate::memory::{run_epochs, Cells, TrainConfig, TrainError};
 use crate::metrics::{EpochMetrics, Summary};
 use crate::minibatch::{
-    batches, block_graph, block_matrix, ExactEval, FeatureSource, HostFeatures, MiniBatchConfig, Sampler,
+    batches, block_graph, ExactEval, FeatureSource, HostFeatures, MiniBatchConfig, Sampler,
 };
 use crate::tiered::{sum_gradients, CommStats, DistConfig, PhaseStats, Reducer};
 
@@ -115,7 +115,7 @@ pub fn coop_step<B: Backend>(
     let graphs: Vec<Graph<B>> = (0..layers)
         .map(|l| {
             let blk = &pieces[l][me].0;
-            block_graph(b, kind, blk, &block_matrix(ds, kind, blk))
+            block_graph(b, ds, kind, blk)
         })
         .collect();
     let dims: Vec<usize> = (0..=layers).map(|l| model.dim(l)).collect();

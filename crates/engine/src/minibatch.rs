@@ -272,7 +272,8 @@ pub fn block_matrix(ds: &Dataset, kind: Kind, blk: &Block) -> (SparseMatrix, Vec
 }
 
 /// A block as a graph on the backend (see [`block_matrix`]).
-pub fn block_graph<B: Backend>(b: &B, kind: Kind, blk: &Block, m: &(SparseMatrix, Vec<f64>)) -> Graph<B> {
+pub fn block_graph<B: Backend>(b: &B, ds: &Dataset, kind: Kind, blk: &Block) -> Graph<B> {
+    let m = block_matrix(ds, kind, blk);
     block_graph_of(kind, blk, Adjacency::new(b, &m.0, &m.1))
 }
 
@@ -298,8 +299,7 @@ pub fn batch_forward_backward<B: Backend>(
     epoch: u64,
 ) -> (f64, usize) {
     let kind = model.config.kind;
-    let graphs: Vec<Graph<B>> =
-        batch.blocks.iter().map(|blk| block_graph(b, kind, blk, &block_matrix(ds, kind, blk))).collect();
+    let graphs: Vec<Graph<B>> = batch.blocks.iter().map(|blk| block_graph(b, ds, kind, blk)).collect();
     batch_step(b, model, ds, batch, &graphs, x, epoch, None)
 }
 
