@@ -11,6 +11,7 @@ use cudarc::driver::{
 };
 use grinnder_tensor::{Mat, Rows};
 
+use crate::clock::EventClock;
 use crate::{err, Cuda, CudaError, DMat};
 
 /// A `rows × cols` row-major `f32` table in page-locked host memory, mapped into the device.
@@ -214,26 +215,14 @@ impl Cuda {
 
     /// `work`, queued on the second stream, bracketed by timing events (see [`Cuda::side_time`]).
     fn timed_on_side<R>(&self, side: &CudaStream, bytes: u64, work: impl FnOnce() -> R) -> R {
-        let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let start = side.record_event(timing).expect("CUDA event");
-        let r = work();
-        let end = side.record_event(timing).expect("CUDA event");
-        let mut st = self.side_time.lock().unwrap_or_else(|p| p.into_inner());
-        st.pending.push_back((start, end, bytes));
-        // the oldest have long finished: reading them does not wait
-        while st.pending.len() > 16 {
-            st.settle_one();
-        }
-        r
+        EventClock::time(&self.side_time, side, bytes, work)
     }
 
     /// Seconds the second stream has spent on gathers and uploads so far (from its timing
     /// events: the device's clock, overlapped work included) and the bytes they moved.
     pub fn side_time(&self) -> (f64, u64) {
         let mut st = self.side_time.lock().unwrap_or_else(|p| p.into_inner());
-        while !st.pending.is_empty() {
-            st.settle_one();
-        }
+        st.settle();
         (st.secs, st.bytes)
     }
 
@@ -264,23 +253,6 @@ impl HostSlice<f32> for Prefix<'_> {
         _stream: &'b CudaStream,
     ) -> (&'b mut [f32], SyncOnDrop<'b>) {
         unreachable!("a prefix is only ever copied from")
-    }
-}
-
-/// Gathers and uploads timed on the second stream ([`Cuda::side_time`]).
-#[derive(Default)]
-pub(crate) struct SideTime {
-    /// (start, end, bytes) of work not yet read back.
-    pending: std::collections::VecDeque<(CudaEvent, CudaEvent, u64)>,
-    secs: f64,
-    bytes: u64,
-}
-
-impl SideTime {
-    fn settle_one(&mut self) {
-        let Some((start, end, bytes)) = self.pending.pop_front() else { return };
-        self.secs += f64::from(start.elapsed_ms(&end).expect("CUDA event timing")) / 1e3;
-        self.bytes += bytes;
     }
 }
 

@@ -19,6 +19,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use grinnder_tensor::{Backend, Binary, DeviceMemory, MaskKey, Mat, Rows, SparseMatrix, StepRule, Unary};
 
+mod clock;
 mod cusparse;
 mod host;
 mod nccl;
@@ -206,7 +207,7 @@ pub struct Cuda {
     /// A third stream, for uploads made ahead of their use ([`Cuda::ahead_stream`]).
     ahead_uploads: std::sync::OnceLock<Arc<CudaStream>>,
     /// Time and bytes of the second stream's gathers and uploads.
-    side_time: std::sync::Mutex<host::SideTime>,
+    side_time: std::sync::Mutex<clock::EventClock>,
     blas: CudaBlas,
     k: Kernels,
     /// placeholders for absent optional pointer arguments

@@ -4,9 +4,13 @@
 //! buffers (grouped sends and receives; an all-reduce) on the backend's stream, so they are
 //! ordered with the compute around them.
 
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaStream;
 use cudarc::nccl::{self, ReduceOp};
 use grinnder_tensor::{Backend, MatComm};
 
+use crate::clock::EventClock;
 use crate::{err, Cuda, CudaError, DMat};
 
 /// Whether the NCCL library can be loaded here.
@@ -19,6 +23,9 @@ pub fn nccl_present() -> bool {
 pub struct Nccl {
     comm: nccl::Comm,
     device: usize,
+    /// The backend's stream, which the communicator's operations run on, and their timing.
+    stream: Arc<CudaStream>,
+    clock: Mutex<EventClock>,
 }
 
 impl Nccl {
@@ -49,7 +56,7 @@ impl Nccl {
         let comm =
             nccl::Comm::from_rank(gpu.stream.clone(), group.rank(), group.size(), nccl::Id::uninit(internal))
                 .map_err(err)?;
-        Ok(Nccl { comm, device: gpu.ctx.ordinal() })
+        Ok(Nccl { comm, device: gpu.ctx.ordinal(), stream: gpu.stream.clone(), clock: Default::default() })
     }
 }
 
@@ -70,7 +77,8 @@ impl MatComm<Cuda> for Nccl {
         let mut send = send;
         // this rank's own buffer does not travel
         std::mem::swap(&mut recv[me], &mut send[me]);
-        {
+        let bytes = send.iter().map(|m| (m.rows * m.cols * 4) as u64).sum();
+        EventClock::time(&self.clock, &self.stream, bytes, || {
             let mut group = self.comm.group();
             for (r, m) in send.iter().enumerate().filter(|&(r, _)| r != me) {
                 let len = m.rows * m.cols;
@@ -84,7 +92,7 @@ impl MatComm<Cuda> for Nccl {
                     group.recv(m.data.slice_mut(0..len), r as i32).expect("NCCL receive");
                 }
             }
-        }
+        });
         recv
     }
 
@@ -92,16 +100,31 @@ impl MatComm<Cuda> for Nccl {
         if self.size() == 1 {
             return;
         }
-        let mut group = self.comm.group();
-        for m in mats.iter_mut() {
-            let len = m.rows * m.cols;
-            if len > 0 {
-                group.all_reduce_in_place(m.data.slice_mut(0..len), &ReduceOp::Sum).expect("NCCL all-reduce");
+        let bytes = mats.iter().map(|m| (m.rows * m.cols * 4) as u64).sum();
+        EventClock::time(&self.clock, &self.stream, bytes, || {
+            let mut group = self.comm.group();
+            for m in mats.iter_mut() {
+                let len = m.rows * m.cols;
+                if len > 0 {
+                    group
+                        .all_reduce_in_place(m.data.slice_mut(0..len), &ReduceOp::Sum)
+                        .expect("NCCL all-reduce");
+                }
             }
-        }
+        });
     }
 
     fn describe(&self) -> String {
         format!("NCCL, {} ranks, this one on GPU {}", self.size(), self.device)
+    }
+
+    fn keeps_time(&self) -> bool {
+        true
+    }
+
+    fn take_seconds(&self) -> f64 {
+        let mut c = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        c.settle();
+        std::mem::take(&mut c.secs)
     }
 }

@@ -571,6 +571,11 @@ fn nccl_partition_parallel_on_two_gpus_gives_the_cpu_gradients() {
         }
         let mut m = g.upload(&random(7, 9, 100 + me as u64));
         nccl.all_reduce_sum(&g, &mut [&mut m]);
+        // both were timed on the device's clock, read once
+        assert!(nccl.keeps_time());
+        let secs = nccl.take_seconds();
+        assert!(secs > 0.0 && secs < 10.0, "rank {me}: NCCL's time {secs} s");
+        assert_eq!(nccl.take_seconds(), 0.0, "rank {me}: taken already");
         g.download(&m)
     });
     let want: Vec<f32> =
@@ -607,6 +612,7 @@ fn nccl_partition_parallel_on_two_gpus_gives_the_cpu_gradients() {
                 let comm_stats = ex.take_stats().comm.unwrap();
                 let grads: Vec<Mat<f32>> =
                     ex.model.params_mut().iter().map(|p| g.download(&p.grad)).collect();
+                assert!(comm_stats.comm_s > 0.0, "rank {}: NCCL's time counted", comm.rank());
                 (loss[0], grads, comm_stats.halo_intra_bytes)
             });
             for (r, (loss, grads, halo)) in got.iter().enumerate() {

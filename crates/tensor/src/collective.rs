@@ -19,4 +19,16 @@ pub trait MatComm<B: Backend> {
     fn all_reduce_sum(&self, b: &B, mats: &mut [&mut B::Mat]);
     /// What the group runs on, for logs.
     fn describe(&self) -> String;
+    /// Whether the transport times its own operations on the device's clock
+    /// ([`MatComm::take_seconds`]): callers need not then synchronise the device around its
+    /// calls to time them. Transports that return with the work done (through the host) do not.
+    fn keeps_time(&self) -> bool {
+        false
+    }
+    /// Seconds this transport's operations took by the device's clock since the last call
+    /// (waits for the other ranks included), waiting for those still running; 0 when it keeps
+    /// no time.
+    fn take_seconds(&self) -> f64 {
+        0.0
+    }
 }

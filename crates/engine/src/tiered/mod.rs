@@ -284,7 +284,9 @@ impl<'a, B: Backend> DistState<'a, B> {
     }
 
     /// [`DistState::exchange`] of matrices over the device transport (`cols` columns; rank
-    /// `r`'s with `recv_rows[r]` rows); timed between device synchronisations.
+    /// `r`'s with `recv_rows[r]` rows), queued behind the work before it; timed by the
+    /// transport on the device's clock where it can (read in [`DistState::take_comm_seconds`]),
+    /// else between device synchronisations.
     fn exchange_mats(
         &mut self,
         b: &B,
@@ -294,14 +296,20 @@ impl<'a, B: Backend> DistState<'a, B> {
         phase: Phase,
     ) -> Vec<B::Mat> {
         let device = self.device.expect("a device transport");
-        b.synchronize();
-        let t = Instant::now();
         let elem = std::mem::size_of::<B::T>() as u64;
         self.count(send.iter().map(|m| b.dims(m)).map(|(r, c)| (r * c) as u64 * elem), phase);
-        let out = device.comm.all_to_all(b, send, recv_rows, cols);
-        b.synchronize();
-        self.stats.comm_s += t.elapsed().as_secs_f64();
-        out
+        let comm = device.comm;
+        timed_on_host(b, comm, &mut self.stats, || comm.all_to_all(b, send, recv_rows, cols))
+    }
+
+    /// The device transports' own time since the last call, into the counters.
+    fn take_comm_seconds(&mut self) {
+        if let Some(dev) = self.device {
+            self.stats.comm_s += dev.comm.take_seconds();
+            if !std::ptr::addr_eq(dev.comm, dev.reduce) {
+                self.stats.comm_s += dev.reduce.take_seconds();
+            }
+        }
     }
 
     /// Element-wise sum over the ranks (the same bits on every rank).
@@ -370,16 +378,31 @@ pub(crate) fn sum_gradients_on<B: Backend>(
     layout: Layout,
     stats: &mut CommStats,
 ) {
-    b.synchronize();
-    let t = Instant::now();
     let mut params = model.params_mut();
     let elem = std::mem::size_of::<B::T>() as u64;
     let bytes: u64 = params.iter().map(|p| b.dims(&p.grad)).map(|(r, c)| (r * c) as u64 * elem).sum();
     charge_reduce(stats, layout, comm.rank(), comm.size(), bytes);
     let mut grads: Vec<&mut B::Mat> = params.iter_mut().map(|p| &mut p.grad).collect();
-    comm.all_reduce_sum(b, &mut grads);
+    timed_on_host(b, comm, stats, || comm.all_reduce_sum(b, &mut grads));
+}
+
+/// `work`, a call of `comm`: timed between device synchronisations into `stats` unless the
+/// transport keeps its own time (then it is only queued, ordered after the work before it).
+fn timed_on_host<B: Backend, R>(
+    b: &B,
+    comm: &dyn MatComm<B>,
+    stats: &mut CommStats,
+    work: impl FnOnce() -> R,
+) -> R {
+    if comm.keeps_time() {
+        return work();
+    }
+    b.synchronize();
+    let t = Instant::now();
+    let r = work();
     b.synchronize();
     stats.comm_s += t.elapsed().as_secs_f64();
+    r
 }
 
 /// Seconds per phase of one epoch, with the store's counters.
@@ -1949,6 +1972,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let mut s = std::mem::take(&mut self.stats);
         s.tier = self.store.take_stats();
         if let Some(d) = self.dist.as_mut() {
+            d.take_comm_seconds();
             // every rank's bytes, summed (the counters of this reduction count next time)
             let mine = std::mem::take(&mut d.stats);
             let all = d.reduce.all_gather(&serde_json::to_vec(&mine).expect("counters serialise"));
