@@ -5,6 +5,8 @@
 #   bench/gpu_minibatch.sh [PRESET] [EPOCHS] [extra train flags]
 #   EVAL=0 bench/gpu_minibatch.sh igb-medium-like 3 --max-batches 150   (no evaluation: the
 #   exact full-graph evaluation of igb-medium-like needs most of a 128 GB machine)
+#   PYG=1 bench/gpu_minibatch.sh      also PyG's NeighborLoader on the same graph
+#                                      (bench/pyg_minibatch.py; it needs pyg-lib or torch-sparse)
 set -uo pipefail
 preset=${1:-products-like}
 epochs=${2:-3}
@@ -24,3 +26,8 @@ for access in copy zero-copy; do
     --feature-norm none --epochs "$epochs" --eval-every "${EVAL:-$epochs}" --feature-access "$access" "$@" \
     --metrics-out "$out/mb-$preset-$access.jsonl" 2>&1 | grep -E "epoch [0-9]+:|accuracy|evaluated|second stream|error"
 done
+if [ -n "${PYG:-}" ]; then
+  [ -f "$data/npy/train_idx.npy" ] || $bin -q export "$data/g.grnd" --format npy --out "$data/npy"
+  echo "== PyG NeighborLoader (8 workers, pin_memory)"
+  timeout 500 python3 bench/pyg_minibatch.py "$data/npy" --epochs "$epochs" --workers 8 2>&1 | tail -1
+fi

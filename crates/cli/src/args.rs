@@ -35,7 +35,8 @@ pub enum Command {
     Export(ExportArgs),
     /// Generate a synthetic benchmark graph (DESIGN.md §7 presets).
     Generate(GenerateArgs),
-    /// GPU microbenchmarks (gather, transfer, SpMM); each prints one JSON object.
+    /// Microbenchmarks: GPU gather, transfer and SpMM, CPU mini-batch sampling; each prints one
+    /// JSON object.
     Bench(BenchArgs),
     /// Draw the speed-up of runs on several GPUs (or ranks) over one, from their metrics files.
     PlotScaling(PlotScalingArgs),
@@ -58,7 +59,7 @@ pub struct PlotScalingArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// GPU to measure: cuda or cuda:N.
+    /// GPU to measure: cuda or cuda:N (`sample` runs on the CPU).
     #[arg(long, global = true, default_value = "cuda")]
     pub device: String,
     /// Timed repetitions (the median is reported).
@@ -98,6 +99,25 @@ pub enum BenchWhat {
         /// Feature widths.
         #[arg(long, value_delimiter = ',', default_value = "16,47,64,100,128,256")]
         widths: Vec<usize>,
+    },
+    /// Mini-batch loading on the CPU, as the trainer's sampling threads do it (any machine):
+    /// GraphSAGE neighbour sampling of an epoch's batches, alone and followed by the CPU
+    /// gather of each batch's input rows (the work `--feature-access copy` adds to them).
+    Sample {
+        #[command(flatten)]
+        input: Input,
+        /// Neighbours per node and hop, from the seeds outwards (-1: all).
+        #[arg(long, value_delimiter = ',', allow_hyphen_values = true, default_value = "15,10,5")]
+        fanout: Vec<i64>,
+        /// Seed nodes per batch.
+        #[arg(long, default_value_t = 1024)]
+        batch_size: usize,
+        /// Sampling threads, each taking whole batches [default: as `train` picks].
+        #[arg(long)]
+        loader_threads: Option<usize>,
+        /// Batches per run [default: one epoch's].
+        #[arg(long)]
+        max_batches: Option<usize>,
     },
 }
 

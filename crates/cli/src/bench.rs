@@ -1,5 +1,5 @@
-//! `grinnder bench`: GPU microbenchmarks, one JSON object each on stdout. Every figure is the
-//! median of `--reps` timed runs after one warm-up, bracketed by device synchronisations.
+//! `grinnder bench`: microbenchmarks, one JSON object each on stdout. Every figure is the median
+//! of `--reps` timed runs after one warm-up (on a GPU, bracketed by device synchronisations).
 
 use std::time::Instant;
 
@@ -36,6 +36,11 @@ fn median_of(reps: usize, bytes: u64, mut f: impl FnMut()) -> Timing {
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    if let BenchWhat::Sample { input, fanout, batch_size, loader_threads, max_batches } = &a.what {
+        let out = sample(a.reps, input, fanout, *batch_size, *loader_threads, *max_batches)?;
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
     let n = match Device::parse(&a.device)? {
         Device::Cuda(n) => n,
         Device::Cpu => anyhow::bail!("grinnder bench measures a GPU: use --device cuda[:N]"),
@@ -45,6 +50,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Gather { rows, width, table_rows } => gather(&mut g, a.reps, rows, width, table_rows)?,
         BenchWhat::Transfer { bytes } => transfer(&g, a.reps, bytes)?,
         BenchWhat::Spmm { input, widths } => spmm(&mut g, a.reps, &input, &widths)?,
+        BenchWhat::Sample { .. } => unreachable!("runs on the CPU, above"),
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
@@ -199,5 +205,102 @@ fn spmm(
     Ok(json!({
         "bench": "spmm", "graph": ds.name, "nodes": n, "entries": sm.nnz(), "results": results,
         "cusparse": g.has_cusparse(),
+    }))
+}
+
+/// An epoch's mini-batches sampled as the trainer's sampling threads do (batch k on thread k
+/// mod n, seeds from the same shuffle), then again with each batch's input rows gathered into
+/// a buffer of the thread's; the median pass of `reps` after one warm-up.
+fn sample(
+    reps: usize,
+    input: &crate::args::Input,
+    fanout: &[i64],
+    batch_size: usize,
+    loader_threads: Option<usize>,
+    max_batches: Option<usize>,
+) -> anyhow::Result<serde_json::Value> {
+    use grinnder_engine::minibatch::{batches, default_loader_threads, HostFeatures};
+    use grinnder_engine::FeatureNorm;
+    use grinnder_graph::sample::{NeighborSampler, Scratch};
+    anyhow::ensure!(
+        !fanout.is_empty() && fanout.iter().all(|&f| f == -1 || f > 0),
+        "--fanout takes positive counts or -1"
+    );
+    anyhow::ensure!(batch_size > 0, "--batch-size must be at least 1");
+    let path = input.path()?;
+    let ds = io::open(&path, input.format(), &input.options()?)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    let threads = loader_threads.unwrap_or_else(default_loader_threads).max(1);
+    let mut all = batches(&ds.splits.train, batch_size, 0, 0);
+    all.truncate(max_batches.unwrap_or(usize::MAX));
+    anyhow::ensure!(!all.is_empty(), "the dataset has no training nodes");
+    let sampler = NeighborSampler::new(fanout.to_vec(), 0);
+    let features = HostFeatures::new(&ds, FeatureNorm::None);
+    let dim = ds.features.dim;
+    // one pass: (wall seconds, thread seconds, input rows, edges)
+    let pass = |gather: bool| -> (f64, f64, u64, u64) {
+        let t = Instant::now();
+        let per_thread: Vec<(f64, u64, u64)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|w| {
+                    let (all, sampler, features, ds) = (&all, &sampler, &features, &ds);
+                    s.spawn(move || {
+                        let (mut secs, mut rows, mut edges) = (0.0, 0u64, 0u64);
+                        let mut scratch = Scratch::default();
+                        let mut buf: Vec<f32> = Vec::new();
+                        for (k, seeds) in all.iter().enumerate().skip(w).step_by(threads) {
+                            let t = Instant::now();
+                            let batch = sampler.sample_with(&ds.graph, seeds, k as u64, &mut scratch);
+                            let ids = batch.input_nodes();
+                            if gather {
+                                buf.resize(ids.len() * dim, 0.0);
+                                features.write_rows(Some(ids), &mut buf);
+                            }
+                            secs += t.elapsed().as_secs_f64();
+                            rows += ids.len() as u64;
+                            edges += batch.blocks.iter().map(|b| b.nnz() as u64).sum::<u64>();
+                        }
+                        (secs, rows, edges)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("a sampling thread")).collect()
+        });
+        let wall = t.elapsed().as_secs_f64();
+        let sum = per_thread.iter().fold((0.0, 0, 0), |a, p| (a.0 + p.0, a.1 + p.1, a.2 + p.2));
+        (wall, sum.0, sum.1, sum.2)
+    };
+    let n = all.len() as f64;
+    let seeds: usize = all.iter().map(Vec::len).sum();
+    let report = |gather: bool| {
+        pass(gather);
+        let mut runs: Vec<(f64, f64, u64, u64)> = (0..reps.max(1)).map(|_| pass(gather)).collect();
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (wall, thread_s, rows, edges) = runs[runs.len() / 2];
+        let mut v = json!({
+            "s": wall,
+            "batches_per_s": n / wall,
+            "seeds_per_s": seeds as f64 / wall,
+            "thread_ms_per_batch": thread_s / n * 1e3,
+            "input_rows_per_batch": rows as f64 / n,
+            "edges_per_batch": edges as f64 / n,
+        });
+        if gather {
+            let bytes = rows * (dim * 4) as u64;
+            v["gathered_gb"] = json!(bytes as f64 / 1e9);
+        }
+        v
+    };
+    let sampling = report(false);
+    let with_gather = report(true);
+    Ok(json!({
+        "dataset": path.display().to_string(),
+        "fanout": fanout,
+        "batch_size": batch_size,
+        "batches": all.len(),
+        "loader_threads": threads,
+        "rayon_threads": rayon::current_num_threads(),
+        "sample": sampling,
+        "sample_and_gather": with_gather,
     }))
 }

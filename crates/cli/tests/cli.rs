@@ -130,6 +130,45 @@ fn failures_are_clear_and_exit_nonzero() {
 }
 
 #[test]
+fn bench_sample_measures_the_loader_on_the_cpu() {
+    // Cora's 140 training nodes in batches of 32: 5 batches, 2 sampling threads
+    let o = grinnder(&[
+        "-q",
+        "bench",
+        "--reps",
+        "1",
+        "sample",
+        "--fanout",
+        "5,5",
+        "--batch-size",
+        "32",
+        "--loader-threads",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
+    assert_eq!(v["batches"], 5);
+    assert_eq!(v["loader_threads"], 2);
+    let (s, g) = (&v["sample"], &v["sample_and_gather"]);
+    let rows = s["input_rows_per_batch"].as_f64().unwrap();
+    // 28 seeds per batch on average, at most 1 + 5 + 25 input rows each, at most every node
+    assert!((28.0..=(28.0_f64 * 31.0).min(2708.0)).contains(&rows), "{rows} input rows per batch");
+    let edges = s["edges_per_batch"].as_f64().unwrap();
+    assert!(edges > 0.0 && edges <= 5.0 * (28.0 + rows), "{edges} edges per batch");
+    // the same batches either way (seeded), their rows gathered: 1433 floats each
+    assert_eq!(g["input_rows_per_batch"], s["input_rows_per_batch"]);
+    let gb = g["gathered_gb"].as_f64().unwrap();
+    let want = rows * 5.0 * 1433.0 * 4.0 / 1e9;
+    assert!((gb - want).abs() <= 1e-9 * want, "{gb} GB gathered, want {want}");
+    for t in [s, g] {
+        assert!(t["s"].as_f64().unwrap() > 0.0 && t["seeds_per_s"].as_f64().unwrap() > 0.0, "{t}");
+    }
+    // refused clearly
+    let o = grinnder(&["bench", "sample", "--fanout", "0"]);
+    assert!(!o.status.success() && stderr(&o).contains("--fanout"), "{}", stderr(&o));
+}
+
+#[test]
 fn train_writes_metrics_and_a_plot() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = dir.path().join("m.jsonl");

@@ -168,7 +168,7 @@ impl Cuda {
         // SAFETY: every element is written by the gather below before any use.
         let mut data = unsafe { side.alloc::<f32>((n * d).max(1)) }.expect("CUDA alloc");
         if n > 0 && d > 0 {
-            // a few thousand warps keep enough reads in flight to fill the bus (one row each
+            // a few hundred warps keep enough reads in flight to fill the bus (one row each
             // at a time) and leave most of the device to the main stream's kernels
             let cfg = crate::warps(n.min(async_gather_warps()));
             let dst = data.slice_mut(0..n * d);
@@ -259,9 +259,11 @@ impl HostSlice<f32> for Prefix<'_> {
 /// Host-block uploads that may be queued on the second stream beyond the main stream's work.
 pub(crate) const UPLOADS_AHEAD: usize = 2;
 
-/// Warps of a gather on the second stream: 2,048 rows in flight (≈ 0.8 MB of 100-float rows,
-/// beyond the bus's bandwidth-latency product), 256 blocks of 8 warps; `GRINNDER_GATHER_WARPS`
-/// sets another count (for comparisons).
+/// Warps of a gather on the second stream: 512 rows in flight (≈ 200 KB of 100-float rows,
+/// beyond the bus's bandwidth-latency product), 64 blocks of 8 warps. More keep the bus a little
+/// busier but take SMs from the main stream's kernels: on one H200, products-like mini-batch SAGE
+/// computed 1.9 s per epoch beside 512 warps against 2.4 s beside 2,048 (BENCHMARKS).
+/// `GRINNDER_GATHER_WARPS` sets another count (for comparisons).
 fn async_gather_warps() -> usize {
     static WARPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *WARPS.get_or_init(|| {
@@ -269,7 +271,7 @@ fn async_gather_warps() -> usize {
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|&w| w > 0)
-            .unwrap_or(2048)
+            .unwrap_or(512)
     })
 }
 

@@ -122,6 +122,11 @@ impl<'a> HostFeatures<'a> {
         let plain = self.norm == FeatureNorm::None;
         out.par_chunks_mut(d.max(1)).with_min_len(64).enumerate().for_each(|(i, o)| {
             let v = ids.map_or(i, |ids| ids[i] as usize);
+            // rows lie anywhere in the table: the start of one some rows ahead is requested now
+            if let Some(&w) = ids.and_then(|ids| ids.get(i + 8)) {
+                let w = w as usize;
+                src[w * d..(w + 1) * d].chunks(16).take(4).for_each(grinnder_graph::sample::prefetch);
+            }
             let row = &src[v * d..(v + 1) * d];
             if plain {
                 T::copy_from_f32(o, row);
@@ -394,6 +399,11 @@ impl<'a, B: Backend> ExactEval<'a, B> {
     }
 }
 
+/// Sampling threads when none are asked for: half the worker threads, one to eight.
+pub fn default_loader_threads() -> usize {
+    (rayon::current_num_threads() / 2).clamp(1, 8)
+}
+
 /// The training nodes of epoch `epoch` in batches: a seeded shuffle (the same on any machine).
 pub fn batches(train: &[u32], batch_size: usize, seed: u64, epoch: u64) -> Vec<Vec<u32>> {
     let mut order: Vec<u32> = train.to_vec();
@@ -452,7 +462,7 @@ pub fn train_minibatch_from<B: Backend>(
     let kind = cfg.model.kind;
     // staging blocks (page-locked on a GPU: kept from epoch to epoch), one per sampling thread
     // and two for the batch uploading and the next; the threads block for one beyond that
-    let workers = mb.loader_threads.unwrap_or_else(|| (rayon::current_num_threads() / 2).clamp(1, 8)).max(1);
+    let workers = mb.loader_threads.unwrap_or_else(default_loader_threads).max(1);
     let staging = Staging::<B>::new(workers + 2);
     let mut step = |epoch: u64| {
         let mut model = model.borrow_mut();

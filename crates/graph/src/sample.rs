@@ -98,7 +98,10 @@ impl NeighborSampler {
         let take = |v: u32| if fanout < 0 { nbrs(v).len() } else { nbrs(v).len().min(fanout as usize) };
         let mut row_ptr = Vec::with_capacity(dst.len() + 1);
         row_ptr.push(0u64);
-        for &v in dst {
+        for (i, &v) in dst.iter().enumerate() {
+            if let Some(&w) = dst.get(i + AHEAD) {
+                prefetch(&ptr[w as usize]);
+            }
             row_ptr.push(row_ptr[row_ptr.len() - 1] + take(v) as u64);
         }
         let mut picked = vec![0u32; row_ptr[dst.len()] as usize];
@@ -109,14 +112,25 @@ impl NeighborSampler {
             spans.push(span);
             rest = tail;
         }
-        spans.into_par_iter().zip(dst.par_iter()).for_each(|(out, &v)| {
-            let all = nbrs(v);
-            if out.len() == all.len() {
-                out.copy_from_slice(all);
-            } else {
-                let mut s = Stream::new(&[self.seed, key[0], key[1], v as u64]);
-                choose_into(all.len(), &mut s, out);
-                out.iter_mut().for_each(|i| *i = all[*i as usize]);
+        // in runs of rows, each row's neighbour list requested a few rows ahead (its first
+        // read is a cache miss otherwise: the lists lie anywhere in the graph)
+        spans.par_chunks_mut(512).zip(dst.par_chunks(512)).for_each(|(outs, vs)| {
+            for (i, (out, &v)) in outs.iter_mut().zip(vs).enumerate() {
+                if let Some(&w) = vs.get(i + AHEAD) {
+                    prefetch(&ptr[w as usize]);
+                }
+                if let Some(&w) = vs.get(i + AHEAD / 2) {
+                    // up to four cache lines of the list
+                    nbrs(w).chunks(16).take(4).for_each(prefetch);
+                }
+                let all = nbrs(v);
+                if out.len() == all.len() {
+                    out.copy_from_slice(all);
+                } else {
+                    let mut s = Stream::new(&[self.seed, key[0], key[1], v as u64]);
+                    choose_into(all.len(), &mut s, out);
+                    out.iter_mut().for_each(|i| *i = all[*i as usize]);
+                }
             }
         });
         let local = scratch.map(g.num_nodes());
@@ -127,7 +141,11 @@ impl NeighborSampler {
         }
         // the picks in row order become local column ids (the offsets stay)
         let mut col_idx = picked;
-        for u in col_idx.iter_mut() {
+        for i in 0..col_idx.len() {
+            if let Some(&w) = col_idx.get(i + AHEAD) {
+                prefetch(&local[w as usize]);
+            }
+            let u = &mut col_idx[i];
             let slot = &mut local[*u as usize];
             if *slot == u32::MAX {
                 *slot = col_ids.len() as u32;
@@ -142,6 +160,24 @@ impl NeighborSampler {
         let full_degree = dst.iter().map(|&v| (ptr[v as usize + 1] - ptr[v as usize]) as u32).collect();
         Block { rows: dst.len(), cols: col_ids.len(), row_ptr, col_idx, col_ids, full_degree }
     }
+}
+
+/// How many random reads ahead the samplers request (see [`prefetch`]).
+const AHEAD: usize = 16;
+
+/// Asks the CPU to bring `x`'s first cache line closer: the samplers' reads (neighbour lists,
+/// node-indexed maps) go to random places of arrays far larger than the caches, so each would
+/// wait for memory; requested some iterations ahead, they arrive while earlier ones compute.
+/// A hint only: it changes no result.
+#[inline(always)]
+pub fn prefetch<T: ?Sized>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing the program sees; `x` is a valid reference anyway.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((x as *const T).cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
 }
 
 /// CSR offsets and columns of rows given one by one.
