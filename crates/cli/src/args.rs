@@ -35,8 +35,8 @@ pub enum Command {
     Export(ExportArgs),
     /// Generate a synthetic benchmark graph (DESIGN.md §7 presets).
     Generate(GenerateArgs),
-    /// Microbenchmarks: GPU gather, transfer and SpMM, CPU mini-batch sampling; each prints one
-    /// JSON object.
+    /// Microbenchmarks: GPU gather, transfer, SpMM and GEMM, CPU mini-batch sampling; each
+    /// prints one JSON object.
     Bench(BenchArgs),
     /// Draw the speed-up of runs on several GPUs (or ranks) over one, from their metrics files.
     PlotScaling(PlotScalingArgs),
@@ -99,6 +99,23 @@ pub enum BenchWhat {
         /// Feature widths.
         #[arg(long, value_delimiter = ',', default_value = "16,47,64,100,128,256")]
         widths: Vec<usize>,
+    },
+    /// Dense `C = op(A)·op(B)` through the backend's GEMM at one shape, each transposition,
+    /// FP32 and TF32.
+    Gemm {
+        /// Rows of C.
+        #[arg(long, default_value_t = 140_000)]
+        m: usize,
+        /// The inner dimension.
+        #[arg(long, default_value_t = 100)]
+        k: usize,
+        /// Columns of C.
+        #[arg(long, default_value_t = 256)]
+        n: usize,
+        /// Each timed run one row fewer than the last (a new shape every call, as mini-batches
+        /// have).
+        #[arg(long)]
+        vary: bool,
     },
     /// Mini-batch loading on the CPU, as the trainer's sampling threads do it (any machine):
     /// GraphSAGE neighbour sampling of an epoch's batches, alone and followed by the CPU

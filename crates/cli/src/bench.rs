@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use grinnder_cuda::{Cuda, SpmmKernel};
-use grinnder_graph::rng::Stream;
+use grinnder_graph::rng::{hash_key, unit_f64, Stream};
 use grinnder_graph::{io, norm};
 use grinnder_tensor::{Backend, Mat, Rows, SparseMatrix};
 use rayon::prelude::*;
@@ -50,6 +50,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Gather { rows, width, table_rows } => gather(&mut g, a.reps, rows, width, table_rows)?,
         BenchWhat::Transfer { bytes } => transfer(&g, a.reps, bytes)?,
         BenchWhat::Spmm { input, widths } => spmm(&mut g, a.reps, &input, &widths)?,
+        BenchWhat::Gemm { m, k, n, vary } => gemm(&g, a.reps, m, k, n, vary)?,
         BenchWhat::Sample { .. } => unreachable!("runs on the CPU, above"),
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
@@ -133,6 +134,75 @@ fn gather(
         "zero_copy_over_cpu_gather": pinned.s / zero_copy.s,
         "threads": rayon::current_num_threads(),
     }))
+}
+
+/// `C (m × n) = op(A)·op(B)` with inner dimension `k`, for each transposition of the operands,
+/// in FP32 and TF32: milliseconds and TFLOP/s (the result checked against the CPU's on its
+/// first two rows).
+fn gemm(
+    g: &Cuda,
+    reps: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    vary: bool,
+) -> anyhow::Result<serde_json::Value> {
+    anyhow::ensure!(m > 0 && k > 0 && n > 0, "--m, --k and --n must be positive");
+    // operands drawn in parallel (a hash per element): a few GB take seconds, not minutes
+    let host = |rows: usize, cols: usize, seed: u64| {
+        let data = (0..rows * cols)
+            .into_par_iter()
+            .map(|i| unit_f64(hash_key(&[seed, i as u64])) as f32 - 0.5)
+            .collect();
+        Mat::from_vec(rows, cols, data)
+    };
+    let flops = 2.0 * (m * n * k) as f64;
+    let mut rows = Vec::new();
+    for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+        let a = host(if ta { k } else { m }, if ta { m } else { k }, 1);
+        let b = host(if tb { n } else { k }, if tb { k } else { n }, 2);
+        let (da, db) = (g.upload(&a), g.upload(&b));
+        let mut c = g.output(m, n);
+        // the first rows of C on the CPU, in f64
+        let at = |i: usize, j: usize| if ta { a.data[j * m + i] } else { a.data[i * k + j] };
+        let bt = |i: usize, j: usize| if tb { b.data[j * k + i] } else { b.data[i * n + j] };
+        let check = m.min(2);
+        let want: Vec<f64> = (0..check * n)
+            .into_par_iter()
+            .map(|e| (0..k).map(|l| f64::from(at(e / n, l)) * f64::from(bt(l, e % n))).sum())
+            .collect();
+        // with `vary`, call i computes the first m - i rows of C (A's first rows, or the
+        // columns of Aᵀ: a copy of A cut to shape, made before the timing)
+        let cut = |i: usize| {
+            let r = m - i.min(m - 1);
+            let sub = if ta {
+                Mat::from_vec(k, r, (0..k).flat_map(|l| a.data[l * m..l * m + r].to_vec()).collect())
+            } else {
+                Mat::from_vec(r, k, a.data[..r * k].to_vec())
+            };
+            (g.upload(&sub), g.output(r, n))
+        };
+        for tf32 in [false, true] {
+            g.set_tf32(tf32)?;
+            let mut shapes: Vec<_> = if vary { (1..=reps.max(1) + 1).map(cut).collect() } else { Vec::new() };
+            let t = median_of(reps, 0, || {
+                match shapes.pop() {
+                    Some((sa, mut sc)) => g.gemm(1.0, &sa, ta, &db, tb, 0.0, &mut sc),
+                    None => g.gemm(1.0, &da, ta, &db, tb, 0.0, &mut c),
+                }
+                g.synchronize();
+            });
+            g.gemm(1.0, &da, ta, &db, tb, 0.0, &mut c);
+            let got = g.download(&c);
+            let err = want.iter().zip(&got.data).map(|(w, &g)| (f64::from(g) - w).abs()).fold(0.0, f64::max);
+            rows.push(json!({
+                "ta": ta, "tb": tb, "tf32": tf32, "ms": t.s * 1e3, "tflop_s": flops / t.s / 1e12,
+                "max_abs_err_first_rows": err,
+            }));
+        }
+    }
+    g.set_tf32(false)?;
+    Ok(json!({ "bench": "gemm", "m": m, "k": k, "n": n, "vary": vary, "runs": rows }))
 }
 
 /// Copies of `bytes` each way, from pageable and from pinned host memory.
