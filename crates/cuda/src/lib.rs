@@ -87,10 +87,10 @@ struct Kernels {
 }
 
 /// Time per operation when `GRINNDER_CUDA_PROFILE` is set: every operation is bracketed by
-/// device synchronisations, every stream's (slower, and the second stream's work no longer
-/// overlaps, but each figure is that operation's alone); the table is
-/// printed when the backend is dropped. `GRINNDER_CUDA_PROFILE=shapes` keeps GEMMs and SpMMs
-/// apart by their shapes (to two significant digits).
+/// synchronisations of the whole device, all streams (slower, and the second stream's work no
+/// longer overlaps, but each figure is that operation's alone); the table is printed when the
+/// backend is dropped. `GRINNDER_CUDA_PROFILE=shapes` keeps GEMMs and SpMMs apart by their
+/// shapes (to two significant digits). The figures are host time: launch overheads included.
 #[derive(Default)]
 struct Profile {
     ops: std::sync::Mutex<std::collections::BTreeMap<String, (f64, u64)>>,
