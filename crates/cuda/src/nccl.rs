@@ -32,25 +32,20 @@ impl Nccl {
     /// One communicator over `group`'s ranks (collective over `group`): rank 0 makes the unique
     /// id and every rank receives it over `group`. Ranks must be on distinct GPUs.
     pub fn new(gpu: &Cuda, group: &dyn grinnder_dist::Comm) -> Result<Nccl, CudaError> {
-        if !nccl_present() {
-            return Err(CudaError::NoLibrary("libnccl"));
-        }
-        // rank 0 sends the id, or nothing if it could not make one (the others must not wait
-        // for it)
-        let made = if group.rank() == 0 { Some(nccl::Id::new().map_err(err)) } else { None };
-        let id: Vec<u8> = match &made {
-            Some(Ok(id)) => id.internal().iter().map(|&c| c as u8).collect(),
-            _ => Vec::new(),
-        };
-        let all = group.all_gather(&id);
-        if let Some(Err(e)) = made {
-            return Err(e);
-        }
+        // every rank says whether it can take part before any waits in NCCL's set-up: a rank
+        // without the library, or a rank 0 that cannot make the id, fails them all at once
+        let ready =
+            if nccl_present() { Ok(()) } else { Err("the NCCL library (libnccl) is not installed".into()) };
+        let id = grinnder_dist::share_from_root(group, ready, || {
+            let id = nccl::Id::new().map_err(|e| format!("no NCCL unique id: {e:?}"))?;
+            Ok(id.internal().iter().map(|&c| c as u8).collect())
+        })
+        .map_err(|e| CudaError::Driver(format!("NCCL cannot start: {e}")))?;
         let mut internal = [0 as std::ffi::c_char; 128];
-        if all[0].len() != internal.len() {
-            return Err(CudaError::Driver("rank 0 could not make NCCL's unique id".into()));
+        if id.len() != internal.len() {
+            return Err(CudaError::Driver(format!("NCCL's unique id from rank 0 has {} bytes", id.len())));
         }
-        for (d, &s) in internal.iter_mut().zip(&all[0]) {
+        for (d, &s) in internal.iter_mut().zip(&id) {
             *d = s as std::ffi::c_char;
         }
         let comm =

@@ -73,6 +73,34 @@ impl Comm for Solo {
     }
 }
 
+/// Rank 0's `make()` handed to every rank of `comm` once every rank has said whether it is
+/// `ready` (collective: every rank calls it). When a rank is not ready, or rank 0's `make`
+/// fails, every rank returns the same error naming the ranks and their reasons: none is left
+/// waiting for a rank that gave up (a communicator's unique id, e.g. NCCL's, travels this way).
+pub fn share_from_root(
+    comm: &dyn Comm,
+    ready: Result<(), String>,
+    make: impl FnOnce() -> Result<Vec<u8>, String>,
+) -> Result<Vec<u8>, String> {
+    // one status byte (1: ready, 0: not), then rank 0's payload or the reason
+    let mine = match ready.and_then(|()| if comm.rank() == 0 { make() } else { Ok(Vec::new()) }) {
+        Ok(payload) => [vec![1u8], payload].concat(),
+        Err(why) => [vec![0u8], why.into_bytes()].concat(),
+    };
+    let all = comm.all_gather(&mine);
+    let failed: Vec<String> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.first() != Some(&1))
+        .map(|(r, m)| format!("rank {r}: {}", String::from_utf8_lossy(m.get(1..).unwrap_or_default())))
+        .collect();
+    if failed.is_empty() {
+        Ok(all[0][1..].to_vec())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
 /// Element types that travel as bytes.
 pub use bytemuck::Pod;
 
@@ -179,6 +207,32 @@ impl Groups {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_root_payload_reaches_every_rank_or_every_rank_fails() {
+        // all ready: rank 0's bytes everywhere, `make` called on rank 0 only
+        let got = ThreadComm::run(3, |c| {
+            share_from_root(c, Ok(()), || {
+                assert_eq!(c.rank(), 0, "only rank 0 makes the payload");
+                Ok(vec![7, 8, 9])
+            })
+        });
+        assert!(got.iter().all(|g| g.as_deref() == Ok(&[7u8, 8, 9][..])), "{got:?}");
+        // one rank not ready: every rank gets the same error, naming it (nobody hangs)
+        let got = ThreadComm::run(3, |c| {
+            let ready = if c.rank() == 2 { Err("no libnccl".to_string()) } else { Ok(()) };
+            share_from_root(c, ready, || Ok(vec![1]))
+        });
+        for g in &got {
+            assert_eq!(g.as_ref().unwrap_err(), "rank 2: no libnccl");
+        }
+        // rank 0's payload cannot be made: the same on every rank
+        let got = ThreadComm::run(2, |c| share_from_root(c, Ok(()), || Err("no id".into())));
+        assert!(got.iter().all(|g| g.as_ref().unwrap_err() == "rank 0: no id"), "{got:?}");
+        // an empty payload is still a payload
+        let got = ThreadComm::run(2, |c| share_from_root(c, Ok(()), || Ok(Vec::new())));
+        assert!(got.iter().all(|g| g.as_ref().is_ok_and(Vec::is_empty)), "{got:?}");
+    }
 
     #[test]
     fn reductions_are_identical_on_every_rank() {
