@@ -2096,11 +2096,12 @@ fn make_plan<B: Backend>(
             let layer = |l: usize| {
                 let (i, o) = (model.dim(l) as u64, model.dim(l + 1) as u64);
                 let own_layer0 = if l == 1 && fused { layer0 } else { 0 };
-                if model.split(l, l == 0 && pre) {
-                    6 * cols * o + 3 * own * i + own_layer0
+                let this = if model.split(l, l == 0 && pre) {
+                    6 * cols * o + 3 * own * i
                 } else {
-                    6 * cols * i.max(o) + own_layer0
-                }
+                    6 * cols * i.max(o)
+                };
+                this + own_layer0
             };
             let host = (first..layers).map(layer).max().unwrap_or(0).max(layer0).max(setup);
             let device = (6 * cols * widest).max(layer0).max(setup);
