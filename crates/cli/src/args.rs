@@ -35,8 +35,8 @@ pub enum Command {
     Export(ExportArgs),
     /// Generate a synthetic benchmark graph (DESIGN.md §7 presets).
     Generate(GenerateArgs),
-    /// Microbenchmarks: GPU gather, transfer, SpMM and GEMM, CPU mini-batch sampling; each
-    /// prints one JSON object.
+    /// Microbenchmarks: GPU gather, transfer, SpMM, GEMM and launch costs, CPU mini-batch
+    /// sampling; each prints one JSON object.
     Bench(BenchArgs),
     /// Draw the speed-up of runs on several GPUs (or ranks) over one, from their metrics files.
     PlotScaling(PlotScalingArgs),
@@ -116,6 +116,14 @@ pub enum BenchWhat {
         /// have).
         #[arg(long)]
         vary: bool,
+    },
+    /// The host's cost per small GPU operation: rounds of allocate, copy, ReLU and free on a
+    /// 256 × 64 matrix, queued without waiting, before and after the backend's second stream
+    /// exists (cudarc then tracks every allocation and kernel argument with events).
+    Launches {
+        /// Rounds per timed run.
+        #[arg(long, default_value_t = 10_000)]
+        ops: usize,
     },
     /// Mini-batch loading on the CPU, as the trainer's sampling threads do it (any machine):
     /// GraphSAGE neighbour sampling of an epoch's batches, alone and followed by the CPU

@@ -7,7 +7,7 @@ use anyhow::Context;
 use grinnder_cuda::{Cuda, SpmmKernel};
 use grinnder_graph::rng::{hash_key, unit_f64, Stream};
 use grinnder_graph::{io, norm};
-use grinnder_tensor::{Backend, Mat, Rows, SparseMatrix};
+use grinnder_tensor::{Backend, Mat, Rows, SparseMatrix, Unary};
 use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
@@ -51,6 +51,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Transfer { bytes } => transfer(&g, a.reps, bytes)?,
         BenchWhat::Spmm { input, widths } => spmm(&mut g, a.reps, &input, &widths)?,
         BenchWhat::Gemm { m, k, n, vary } => gemm(&g, a.reps, m, k, n, vary)?,
+        BenchWhat::Launches { ops } => launches(&g, a.reps, ops)?,
         BenchWhat::Sample { .. } => unreachable!("runs on the CPU, above"),
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
@@ -203,6 +204,41 @@ fn gemm(
     }
     g.set_tf32(false)?;
     Ok(json!({ "bench": "gemm", "m": m, "k": k, "n": n, "vary": vary, "runs": rows }))
+}
+
+/// Host and device time per round of small operations (see `BenchWhat::Launches`), with one
+/// stream and with the second stream made: microseconds per round to queue them, and until the
+/// device has finished them.
+fn launches(g: &Cuda, reps: usize, ops: usize) -> anyhow::Result<serde_json::Value> {
+    anyhow::ensure!(ops > 0, "--ops must be at least 1");
+    let x = g.upload(&Mat::from_vec(256, 64, vec![0.5f32; 256 * 64]));
+    let measure = || {
+        let mut runs: Vec<(f64, f64)> = (0..reps.max(1) + 1)
+            .map(|_| {
+                g.synchronize();
+                let t = Instant::now();
+                for _ in 0..ops {
+                    let mut y = g.output(256, 64);
+                    g.copy(&x, &mut y);
+                    g.unary(Unary::Relu, &mut y);
+                }
+                let queued = t.elapsed().as_secs_f64();
+                g.synchronize();
+                (queued, t.elapsed().as_secs_f64())
+            })
+            .skip(1)
+            .collect();
+        runs.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (queued, done) = runs[runs.len() / 2];
+        json!({ "queue_us_per_round": queued / ops as f64 * 1e6, "done_us_per_round": done / ops as f64 * 1e6 })
+    };
+    let one = measure();
+    // the second stream, as the zero-copy gathers and host-block uploads make it
+    let t = g.host_table(1, 64)?;
+    drop(g.gather_host_async(&t, &[0]));
+    g.synchronize();
+    let two = measure();
+    Ok(json!({ "bench": "launches", "ops": ops, "one_stream": one, "second_stream_made": two }))
 }
 
 /// Copies of `bytes` each way, from pageable and from pinned host memory.
