@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (after ../shared/gpu/pack.sh; from the repository root with .gpu carried):
 # the CUDA tests, Cora on the GPU, and the microbenchmarks (`grinnder bench gather | transfer |
-# spmm`, JSON) on a generated preset. Results under $OUT (or /tmp/gpu-out).
+# launches | gemm | spmm | sample`, JSON; gemm at a mini-batch's layer-0 shapes) on a generated
+# preset. Results under $OUT (or /tmp/gpu-out).
 #   bench/gpu_micro.sh [PRESET]
 set -uo pipefail
 preset=${1:-products-like}
@@ -19,7 +20,11 @@ echo "== Cora, GCN on the GPU (Kipf & Welling settings)"
 $bin -q train .gpu/shared/datasets/cora --device cuda --seed 0
 $bin bench gather | tee "$out/bench-gather.json"
 $bin bench transfer | tee "$out/bench-transfer.json"
+$bin bench launches | tee "$out/bench-launches.json"
+$bin bench gemm --m 140000 --k 100 --n 256 | tee "$out/bench-gemm-forward.json"
+$bin bench gemm --m 256 --k 140000 --n 100 | tee "$out/bench-gemm-weight-gradient.json"
 data=/tmp/gpu-data/$preset
 mkdir -p "$data"
 [ -f "$data/g.grnd" ] || $bin -q generate --preset "$preset" --seed 0 --out "$data/g.grnd"
 $bin bench spmm "$data/g.grnd" | tee "$out/bench-spmm-$preset.json"
+$bin bench sample "$data/g.grnd" --max-batches 96 | tee "$out/bench-sample-$preset.json"
