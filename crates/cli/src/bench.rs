@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use grinnder_cuda::{Cuda, SpmmKernel};
+use grinnder_graph::norm;
 use grinnder_graph::rng::{hash_key, unit_f64, Stream};
-use grinnder_graph::{io, norm};
 use grinnder_tensor::{Backend, Mat, Rows, SparseMatrix, Unary};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -21,17 +21,24 @@ struct Timing {
     gb_per_s: f64,
 }
 
-fn median_of(reps: usize, bytes: u64, mut f: impl FnMut()) -> Timing {
+/// `f` once to warm up, then `reps` times: the run in the middle by `key`.
+fn median_run<T>(reps: usize, key: impl Fn(&T) -> f64, mut f: impl FnMut() -> T) -> T {
     f();
-    let mut t: Vec<f64> = (0..reps.max(1))
-        .map(|_| {
-            let s = Instant::now();
+    let mut runs: Vec<T> = (0..reps.max(1)).map(|_| f()).collect();
+    runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    runs.swap_remove(runs.len() / 2)
+}
+
+fn median_of(reps: usize, bytes: u64, mut f: impl FnMut()) -> Timing {
+    let s = median_run(
+        reps,
+        |&s| s,
+        || {
+            let t = Instant::now();
             f();
-            s.elapsed().as_secs_f64()
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    let s = t[t.len() / 2];
+            t.elapsed().as_secs_f64()
+        },
+    );
     Timing { s, gb_per_s: bytes as f64 / s / 1e9 }
 }
 
@@ -213,8 +220,10 @@ fn launches(g: &Cuda, reps: usize, ops: usize) -> anyhow::Result<serde_json::Val
     anyhow::ensure!(ops > 0, "--ops must be at least 1");
     let x = g.upload(&Mat::from_vec(256, 64, vec![0.5f32; 256 * 64]));
     let measure = || {
-        let mut runs: Vec<(f64, f64)> = (0..reps.max(1) + 1)
-            .map(|_| {
+        let (queued, done) = median_run(
+            reps,
+            |r: &(f64, f64)| r.1,
+            || {
                 g.synchronize();
                 let t = Instant::now();
                 for _ in 0..ops {
@@ -225,11 +234,8 @@ fn launches(g: &Cuda, reps: usize, ops: usize) -> anyhow::Result<serde_json::Val
                 let queued = t.elapsed().as_secs_f64();
                 g.synchronize();
                 (queued, t.elapsed().as_secs_f64())
-            })
-            .skip(1)
-            .collect();
-        runs.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let (queued, done) = runs[runs.len() / 2];
+            },
+        );
         json!({ "queue_us_per_round": queued / ops as f64 * 1e6, "done_us_per_round": done / ops as f64 * 1e6 })
     };
     let one = measure();
@@ -273,9 +279,7 @@ fn spmm(
     input: &crate::args::Input,
     widths: &[usize],
 ) -> anyhow::Result<serde_json::Value> {
-    let path = input.path()?;
-    let ds = io::open(&path, input.format(), &input.options()?)
-        .with_context(|| format!("cannot load {}", path.display()))?;
+    let (ds, _) = crate::commands::load(input)?;
     let looped = ds.graph.with_self_loops();
     let vals = norm::gcn_norm(&looped);
     let n = looped.num_nodes();
@@ -334,8 +338,7 @@ fn sample(
     );
     anyhow::ensure!(batch_size > 0, "--batch-size must be at least 1");
     let path = input.path()?;
-    let ds = io::open(&path, input.format(), &input.options()?)
-        .with_context(|| format!("cannot load {}", path.display()))?;
+    let (ds, _) = crate::commands::load(input)?;
     let threads = loader_threads.unwrap_or_else(default_loader_threads).max(1);
     let mut all = batches(&ds.splits.train, batch_size, 0, 0);
     all.truncate(max_batches.unwrap_or(usize::MAX));
@@ -379,10 +382,7 @@ fn sample(
     let n = all.len() as f64;
     let seeds: usize = all.iter().map(Vec::len).sum();
     let report = |gather: bool| {
-        pass(gather);
-        let mut runs: Vec<(f64, f64, u64, u64)> = (0..reps.max(1)).map(|_| pass(gather)).collect();
-        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (wall, thread_s, rows, edges) = runs[runs.len() / 2];
+        let (wall, thread_s, rows, edges) = median_run(reps, |r: &(f64, f64, u64, u64)| r.0, || pass(gather));
         let mut v = json!({
             "s": wall,
             "batches_per_s": n / wall,

@@ -27,7 +27,8 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
     }
 }
 
-fn load(input: &Input) -> anyhow::Result<(Dataset, f64)> {
+/// The dataset `input` names, and the seconds it took to load.
+pub(crate) fn load(input: &Input) -> anyhow::Result<(Dataset, f64)> {
     let path = input.path()?;
     let t = Instant::now();
     let ds = io::open(&path, input.format(), &input.options()?)
