@@ -107,8 +107,8 @@ impl NeighborSampler {
         let mut picked = vec![0u32; row_ptr[dst.len()] as usize];
         let mut spans: Vec<&mut [u32]> = Vec::with_capacity(dst.len());
         let mut rest = picked.as_mut_slice();
-        for &v in dst {
-            let (span, tail) = rest.split_at_mut(take(v));
+        for w in row_ptr.windows(2) {
+            let (span, tail) = rest.split_at_mut((w[1] - w[0]) as usize);
             spans.push(span);
             rest = tail;
         }
