@@ -119,7 +119,8 @@ pub enum BenchWhat {
     },
     /// The host's cost per small GPU operation: rounds of allocate, copy, ReLU and free on a
     /// 256 × 64 matrix, queued without waiting, before and after the backend's second stream
-    /// exists (cudarc then tracks every allocation and kernel argument with events).
+    /// exists (with GRINNDER_CUDA_EVENT_TRACKING=on, cudarc then tracks every allocation and
+    /// kernel argument with events; grinnder orders its streams itself by default).
     Launches {
         /// Rounds per timed run.
         #[arg(long, default_value_t = 10_000)]

@@ -244,7 +244,10 @@ fn launches(g: &Cuda, reps: usize, ops: usize) -> anyhow::Result<serde_json::Val
     drop(g.gather_host_async(&t, &[0]));
     g.synchronize();
     let two = measure();
-    Ok(json!({ "bench": "launches", "ops": ops, "one_stream": one, "second_stream_made": two }))
+    Ok(json!({
+        "bench": "launches", "ops": ops, "cudarc_event_tracking": g.event_tracking(),
+        "one_stream": one, "second_stream_made": two,
+    }))
 }
 
 /// Copies of `bytes` each way, from pageable and from pinned host memory.
@@ -329,9 +332,10 @@ fn sample(
     loader_threads: Option<usize>,
     max_batches: Option<usize>,
 ) -> anyhow::Result<serde_json::Value> {
-    use grinnder_engine::minibatch::{batches, default_loader_threads, HostFeatures};
+    use grinnder_engine::minibatch::{batches, block_matrix, default_loader_threads, HostFeatures};
     use grinnder_engine::FeatureNorm;
     use grinnder_graph::sample::{NeighborSampler, Scratch};
+    use grinnder_nn::Kind;
     anyhow::ensure!(
         !fanout.is_empty() && fanout.iter().all(|&f| f == -1 || f > 0),
         "--fanout takes positive counts or -1"
@@ -347,7 +351,7 @@ fn sample(
     let features = HostFeatures::new(&ds, FeatureNorm::None);
     let dim = ds.features.dim;
     // one pass: (wall seconds, thread seconds, input rows, edges)
-    let pass = |gather: bool| -> (f64, f64, u64, u64) {
+    let pass = |work: LoaderWork| -> (f64, f64, u64, u64) {
         let t = Instant::now();
         let per_thread: Vec<(f64, u64, u64)> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
@@ -361,9 +365,15 @@ fn sample(
                             let t = Instant::now();
                             let batch = sampler.sample_with(&ds.graph, seeds, k as u64, &mut scratch);
                             let ids = batch.input_nodes();
-                            if gather {
-                                buf.resize(ids.len() * dim, 0.0);
-                                features.write_rows(Some(ids), &mut buf);
+                            match work {
+                                LoaderWork::Sample => {}
+                                LoaderWork::Blocks => batch.blocks.iter().for_each(|blk| {
+                                    std::hint::black_box(block_matrix(ds, Kind::Sage, blk));
+                                }),
+                                LoaderWork::Gather => {
+                                    buf.resize(ids.len() * dim, 0.0);
+                                    features.write_rows(Some(ids), &mut buf);
+                                }
                             }
                             secs += t.elapsed().as_secs_f64();
                             rows += ids.len() as u64;
@@ -381,8 +391,8 @@ fn sample(
     };
     let n = all.len() as f64;
     let seeds: usize = all.iter().map(Vec::len).sum();
-    let report = |gather: bool| {
-        let (wall, thread_s, rows, edges) = median_run(reps, |r: &(f64, f64, u64, u64)| r.0, || pass(gather));
+    let report = |work: LoaderWork| {
+        let (wall, thread_s, rows, edges) = median_run(reps, |r: &(f64, f64, u64, u64)| r.0, || pass(work));
         let mut v = json!({
             "s": wall,
             "batches_per_s": n / wall,
@@ -391,14 +401,15 @@ fn sample(
             "input_rows_per_batch": rows as f64 / n,
             "edges_per_batch": edges as f64 / n,
         });
-        if gather {
+        if work == LoaderWork::Gather {
             let bytes = rows * (dim * 4) as u64;
             v["gathered_gb"] = json!(bytes as f64 / 1e9);
         }
         v
     };
-    let sampling = report(false);
-    let with_gather = report(true);
+    let sampling = report(LoaderWork::Sample);
+    let with_blocks = report(LoaderWork::Blocks);
+    let with_gather = report(LoaderWork::Gather);
     Ok(json!({
         "dataset": path.display().to_string(),
         "fanout": fanout,
@@ -407,6 +418,18 @@ fn sample(
         "loader_threads": threads,
         "rayon_threads": rayon::current_num_threads(),
         "sample": sampling,
+        "sample_and_blocks": with_blocks,
         "sample_and_gather": with_gather,
     }))
+}
+
+/// What a pass of `bench sample` does after sampling each batch.
+#[derive(Clone, Copy, PartialEq)]
+enum LoaderWork {
+    Sample,
+    /// The blocks' sparse structures with SAGE's normalisation, as the trainer's sampling
+    /// threads build them before uploading.
+    Blocks,
+    /// The CPU gather of the input rows (`--feature-access copy`).
+    Gather,
 }

@@ -20,7 +20,7 @@ struct ZeroCopyFeatures {
     /// The labels, read by the loss kernel by node id.
     labels: grinnder_cuda::HostLabels,
     /// Rows gathering on the second stream: (their ids, the matrix being filled).
-    next: std::cell::RefCell<Option<(Vec<u32>, grinnder_cuda::DMat)>>,
+    next: std::cell::RefCell<Option<(Vec<u32>, grinnder_cuda::Arriving)>>,
 }
 
 impl ZeroCopyFeatures {
@@ -42,8 +42,8 @@ impl ZeroCopyFeatures {
 impl FeatureSource<grinnder_cuda::Cuda> for ZeroCopyFeatures {
     fn gather(&self, g: &grinnder_cuda::Cuda, ids: &[u32]) -> grinnder_cuda::DMat {
         match self.next.borrow_mut().take() {
-            Some((want, m)) if want == ids => m,
-            _ => g.gather_host_async(&self.table, ids),
+            Some((want, m)) if want == ids => g.arrived(m),
+            _ => g.arrived(g.gather_host_async(&self.table, ids)),
         }
     }
 

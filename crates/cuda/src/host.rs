@@ -6,19 +6,24 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
+use cudarc::driver::LaunchConfig;
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, HostSlice, PinnedHostSlice, SyncOnDrop,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice,
 };
 use grinnder_tensor::{Mat, Rows};
 
 use crate::clock::EventClock;
-use crate::{err, Cuda, CudaError, DMat};
+use crate::{err, Arriving, Cuda, CudaError, DMat};
 
 /// A `rows × cols` row-major `f32` table in page-locked host memory, mapped into the device.
 pub struct HostTable {
     buf: PinnedHostSlice<f32>,
     /// The table's address in the device's address space.
     dptr: u64,
+    /// Per stream (its handle), recorded after the last copy queued there from the table: the
+    /// host's next write waits for them ([`HostTable::as_mut_slice`]). (Kernels reading the
+    /// table through `dptr` leave none: their callers order host writes after them.)
+    copies: Mutex<Vec<(usize, CudaEvent)>>,
     pub rows: usize,
     pub cols: usize,
 }
@@ -28,8 +33,38 @@ impl HostTable {
         self.buf.as_slice().expect("pinned host memory")
     }
 
+    /// The elements, for writing, once the copies reading them have finished.
     pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        for (_, e) in self.copies.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            e.synchronize().expect("CUDA event");
+        }
         self.buf.as_mut_slice().expect("pinned host memory")
+    }
+
+    /// Queues a copy of the first `n` elements into `dst` on `stream`; the next host write
+    /// waits for it.
+    fn copy_to(&self, stream: &CudaStream, n: usize, dst: &mut CudaSlice<f32>) {
+        assert!(n <= self.buf.len() && n <= dst.len(), "copy of {n} elements");
+        if n == 0 {
+            return;
+        }
+        // no host write is in progress (writes take the table mutably)
+        let src = self.buf.as_ptr().expect("pinned host memory");
+        {
+            let (d, _record) = dst.device_ptr_mut(stream);
+            // SAFETY: `n` floats from a live page-locked buffer into a device allocation of at
+            // least `n`; the buffer is not written again before the event below completes.
+            let r = unsafe {
+                sys::cuMemcpyHtoDAsync_v2(d, src as *const std::ffi::c_void, n * 4, stream.cu_stream())
+            };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA upload from page-locked memory");
+        }
+        let done = stream.record_event(None).expect("CUDA event");
+        // a stream's copies run in order: its last one stands for the others
+        let key = stream.cu_stream() as usize;
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        copies.retain(|(s, _)| *s != key);
+        copies.push((key, done));
     }
 
     /// The page-locked buffer (for plain asynchronous copies).
@@ -82,7 +117,7 @@ impl Cuda {
     /// A zeroed, mapped, page-locked host table (not counted in `--gpu-mem`: it is host memory).
     pub fn host_table(&self, rows: usize, cols: usize) -> Result<HostTable, CudaError> {
         let (buf, dptr) = self.mapped::<f32>(rows * cols)?;
-        Ok(HostTable { buf, dptr, rows, cols })
+        Ok(HostTable { buf, dptr, copies: Default::default(), rows, cols })
     }
 
     /// `labels` (one per node; -1: none) mapped for [`Cuda::cross_entropy_mapped`].
@@ -158,8 +193,8 @@ impl Cuda {
 
     /// `t[ids]` gathered by GPU threads on a second stream, so that the gather overlaps the
     /// work queued on the main stream (a mini-batch's input rows while the previous batch
-    /// computes). The first use of the result on the main stream waits for the gather.
-    pub fn gather_host_async(&self, t: &HostTable, ids: &[u32]) -> DMat {
+    /// computes); the main stream's work waits for it from [`Cuda::arrived`] on.
+    pub fn gather_host_async(&self, t: &HostTable, ids: &[u32]) -> Arriving {
         let (d, n) = (t.cols, ids.len());
         assert!(ids.iter().all(|&i| (i as usize) < t.rows), "gather: row out of range");
         let side = self.side_stream();
@@ -170,13 +205,20 @@ impl Cuda {
         if n > 0 && d > 0 {
             // a few hundred warps keep enough reads in flight to fill the bus (one row each
             // at a time) and leave most of the device to the main stream's kernels
-            let cfg = crate::warps(n.min(async_gather_warps()));
+            let threads = n.min(async_gather_warps()) * 32;
+            let block = async_gather_block().min(threads.next_multiple_of(32)) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (threads.div_ceil(block as usize) as u32, 1, 1),
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: 0,
+            };
             let dst = data.slice_mut(0..n * d);
             self.timed_on_side(side, (n * d * 4) as u64, || {
                 self.launch_rows_at(side, "gather_rows", t.dptr, Some(&idx), 0, n, d, dst, cfg)
             });
         }
-        DMat { rows: n, cols: d, data }
+        // `idx` is freed on the second stream, after the gather
+        self.arriving(side, DMat { rows: n, cols: d, data })
     }
 
     /// `m` in a new mapped, page-locked table; `m` back when none can be allocated.
@@ -187,11 +229,11 @@ impl Cuda {
     }
 
     /// The table's first `rows` rows as a device matrix, copied on the second stream so that
-    /// the copy overlaps the work already queued on the main stream (whose first use of the
-    /// result waits for it); the table's next host write waits for the copy. The host first
-    /// waits until the main stream has reached the upload made [`UPLOADS_AHEAD`] calls ago,
-    /// which bounds the device memory copies hold ahead.
-    pub fn upload_table_async(&self, t: &HostTable, rows: usize) -> DMat {
+    /// the copy overlaps the work already queued on the main stream (whose work waits for it
+    /// from [`Cuda::arrived`] on); the table's next host write waits for the copy. The host
+    /// first waits until the main stream has reached the upload made [`UPLOADS_AHEAD`] calls
+    /// ago, which bounds the device memory copies hold ahead.
+    pub fn upload_table_async(&self, t: &HostTable, rows: usize) -> Arriving {
         assert!(rows <= t.rows, "{rows} rows of a {}-row table", t.rows);
         let n = rows * t.cols;
         let side = self.side_stream();
@@ -206,11 +248,9 @@ impl Cuda {
         // SAFETY: the copy below writes every element before any use.
         let mut data = unsafe { side.alloc::<f32>(n.max(1)) }.expect("CUDA alloc");
         if n > 0 {
-            self.timed_on_side(side, (n * 4) as u64, || {
-                side.memcpy_htod(&Prefix(&t.buf, n), &mut data).expect("CUDA upload")
-            });
+            self.timed_on_side(side, (n * 4) as u64, || t.copy_to(side, n, &mut data));
         }
-        DMat { rows, cols: t.cols, data }
+        self.arriving(side, DMat { rows, cols: t.cols, data })
     }
 
     /// `work`, queued on the second stream, bracketed by timing events (see [`Cuda::side_time`]).
@@ -229,30 +269,7 @@ impl Cuda {
     /// `out = t` over the bus with one asynchronous copy from page-locked memory.
     pub fn upload_table(&self, t: &HostTable, out: &mut DMat) {
         assert_eq!((out.rows, out.cols), (t.rows, t.cols), "upload: shapes");
-        self.stream.memcpy_htod(&t.buf, &mut out.data).expect("CUDA upload");
-    }
-}
-
-/// The first elements of a page-locked buffer, as the source of a copy (the buffer's event
-/// orders the copy after earlier ones and its next host access after it).
-struct Prefix<'a>(&'a PinnedHostSlice<f32>, usize);
-
-impl HostSlice<f32> for Prefix<'_> {
-    fn len(&self) -> usize {
-        self.1
-    }
-
-    unsafe fn stream_synced_slice<'b>(&'b self, stream: &'b CudaStream) -> (&'b [f32], SyncOnDrop<'b>) {
-        // SAFETY: the caller's contract, passed on; the prefix is within the buffer
-        let (s, sync) = unsafe { self.0.stream_synced_slice(stream) };
-        (&s[..self.1], sync)
-    }
-
-    unsafe fn stream_synced_mut_slice<'b>(
-        &'b mut self,
-        _stream: &'b CudaStream,
-    ) -> (&'b mut [f32], SyncOnDrop<'b>) {
-        unreachable!("a prefix is only ever copied from")
+        t.copy_to(&self.stream, t.rows * t.cols, &mut out.data);
     }
 }
 
@@ -272,6 +289,19 @@ fn async_gather_warps() -> usize {
             .and_then(|v| v.parse().ok())
             .filter(|&w| w > 0)
             .unwrap_or(512)
+    })
+}
+
+/// Threads per block of the gather on the second stream (`GRINNDER_GATHER_BLOCK`, a multiple
+/// of 32 up to 1024; default 256): larger blocks put its warps on fewer SMs.
+fn async_gather_block() -> usize {
+    static BLOCK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BLOCK.get_or_init(|| {
+        std::env::var("GRINNDER_GATHER_BLOCK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&b: &usize| b % 32 == 0 && (32..=1024).contains(&b))
+            .unwrap_or(256)
     })
 }
 

@@ -21,9 +21,11 @@ use grinnder_tensor::{Backend, Binary, DeviceMemory, MaskKey, Mat, Rows, SparseM
 
 mod clock;
 mod cusparse;
+mod handoff;
 mod host;
 mod nccl;
 
+pub use handoff::Arriving;
 pub use host::{DeviceIndex, HostLabels, HostTable};
 pub use nccl::{nccl_present, Nccl};
 
@@ -209,8 +211,8 @@ pub struct Cuda {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     /// A second stream for work that overlaps the main one (`gather_host_async`), made on
-    /// first use ([`Cuda::side_stream`]); cudarc's per-allocation events order every use
-    /// across the two.
+    /// first use ([`Cuda::side_stream`]); its results reach the main stream as [`Arriving`]
+    /// matrices (the `handoff` module's rules).
     side: std::sync::OnceLock<Arc<CudaStream>>,
     /// Main-stream events recorded at each host-block upload on `side`: the host waits on the
     /// oldest so that those copies run at most [`host::UPLOADS_AHEAD`] uploads ahead of the
@@ -296,6 +298,9 @@ impl Cuda {
             return Err(CudaError::NoDevice { ordinal, count });
         }
         let ctx = CudaContext::new(ordinal).map_err(err)?;
+        if handoff::set_tracking(&ctx) {
+            tracing::info!("cudarc's event tracking on (GRINNDER_CUDA_EVENT_TRACKING)");
+        }
         let (major, minor) = ctx.compute_capability().map_err(err)?;
         let arch: &'static str = Box::leak(format!("sm_{major}{minor}").into_boxed_str());
         let opts = CompileOptions { arch: Some(arch), ..Default::default() };
@@ -492,16 +497,23 @@ impl Cuda {
         v: &[T],
     ) -> CudaSlice<T> {
         self.charge(std::mem::size_of_val(v));
-        if v.is_empty() {
+        let s = if v.is_empty() {
             // SAFETY: a one-element allocation never read (lengths say it is empty).
-            return unsafe { stream.alloc::<T>(1) }.expect("CUDA alloc");
+            unsafe { stream.alloc::<T>(1) }.expect("CUDA alloc")
+        } else {
+            stream.clone_htod(v).expect("CUDA upload")
+        };
+        // used on the main stream: freed there
+        if Arc::ptr_eq(stream, &self.stream) {
+            s
+        } else {
+            self.adopt(s)
         }
-        stream.clone_htod(v).expect("CUDA upload")
     }
 
     /// The stream of [`Backend::sparse_ahead`] and [`Backend::upload_ahead`] (made on first
     /// use): a copy from pageable memory waits for its stream to drain, which on this one holds
-    /// only such copies; cudarc's per-allocation events make the main stream's first use wait.
+    /// only such copies; the main stream's later work waits for them ([`Cuda::join_main`]).
     fn ahead_stream(&self) -> &Arc<CudaStream> {
         self.ahead_uploads.get_or_init(|| self.ctx.new_stream().expect("a CUDA stream for uploads ahead"))
     }
@@ -813,6 +825,7 @@ impl Backend for Cuda {
     type Mat = DMat;
     type Sparse = DSparse;
     type HostBlock = host::HostTable;
+    type Arriving = Arriving;
 
     fn device_memory(&self) -> Option<DeviceMemory> {
         let p = self.pool.as_ref()?;
@@ -830,11 +843,15 @@ impl Backend for Cuda {
     }
 
     fn sparse_ahead(&self, s: &SparseMatrix) -> DSparse {
-        self.sparse_on(self.ahead_stream(), s)
+        let d = self.sparse_on(self.ahead_stream(), s);
+        self.join_main(self.ahead_stream());
+        d
     }
 
     fn upload_ahead(&self, m: &Mat<f32>) -> DMat {
-        DMat { rows: m.rows, cols: m.cols, data: self.upload_slice_on(self.ahead_stream(), &m.data) }
+        let d = DMat { rows: m.rows, cols: m.cols, data: self.upload_slice_on(self.ahead_stream(), &m.data) };
+        self.join_main(self.ahead_stream());
+        d
     }
 
     fn upload(&self, m: &Mat<f32>) -> DMat {
@@ -864,9 +881,13 @@ impl Backend for Cuda {
         h.as_mut_slice()
     }
 
-    fn upload_host_rows(&self, h: &host::HostTable, rows: usize) -> DMat {
+    fn upload_host_rows(&self, h: &host::HostTable, rows: usize) -> Arriving {
         let _p = self.span("upload (host block)");
         self.upload_table_async(h, rows)
+    }
+
+    fn arrived(&self, m: Arriving) -> DMat {
+        Cuda::arrived(self, m)
     }
 
     fn gather_host_block(&self, h: &host::HostTable, rows: Rows<'_>, out: &mut DMat, at: usize) {

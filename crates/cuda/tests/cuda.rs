@@ -332,6 +332,7 @@ fn zero_copy_gathers_read_host_rows_exactly() {
             let idx: Vec<u32> = idx.iter().cycle().take(idx.len() * 2 + 1).copied().collect();
             let (secs, bytes) = g.side_time();
             let side = g.gather_host_async(&t, &idx);
+            assert_eq!(side.dims(), (idx.len(), d), "an arriving gather's shape, {what}");
             let (secs_after, bytes_after) = g.side_time();
             assert_eq!(
                 bytes_after - bytes,
@@ -340,6 +341,7 @@ fn zero_copy_gathers_read_host_rows_exactly() {
             );
             assert!(secs_after > secs, "the gather took time on the second stream, {what}");
             let mut got_side = g.upload(&random(idx.len() + 5, d, 52));
+            let side = g.arrived(side);
             g.gather_rows(&side, Rows::Range(0, idx.len()), &mut got_side, 3);
             drop(side);
             let mut want = random(idx.len() + 5, d, 52);
@@ -354,6 +356,38 @@ fn zero_copy_gathers_read_host_rows_exactly() {
             assert_eq!(g.download(&whole).data, src.data, "pinned upload, {what}");
         }
     }
+}
+
+/// The streams are ordered by hand (cudarc's event tracking is off): a host block written
+/// right after its upload was queued still uploads the rows it had, and structures uploaded
+/// ahead by another thread reach the main stream's work whole.
+#[test]
+fn work_crossing_streams_sees_the_data_it_was_given() {
+    let Some(g) = gpu() else { return };
+    assert!(!g.event_tracking() || std::env::var_os("GRINNDER_CUDA_EVENT_TRACKING").is_some());
+    // 256 MiB: a copy of milliseconds; the host overwrites it from the end, where the copy
+    // arrives last
+    let (rows, cols) = (1 << 18, 256);
+    let pattern = |i: usize| (i % 1009) as f32;
+    let mut t = g.host_table(rows, cols).unwrap();
+    t.as_mut_slice().iter_mut().enumerate().for_each(|(i, x)| *x = pattern(i));
+    let up = g.upload_host_rows(&t, rows);
+    g.host_block_mut(&mut t).iter_mut().rev().for_each(|x| *x = -1.0);
+    let got = g.download(&g.arrived(up));
+    let bad = got.data.iter().enumerate().filter(|&(i, &x)| x != pattern(i)).count();
+    assert_eq!(bad, 0, "elements overwritten before their upload");
+    // a sparse structure and values from another thread, used at once on the main stream
+    let s = random_sparse(3000, 2000, 20, 61);
+    let x = random(2000, 64, 62);
+    let vals = random(s.nnz(), 1, 63);
+    let (ds, dv) = std::thread::scope(|sc| sc.spawn(|| (g.sparse_ahead(&s), g.upload_ahead(&vals))).join())
+        .expect("the uploading thread");
+    let c = Cpu::<f32>::new();
+    let mut want = Mat::zeros(3000, 64);
+    c.spmm(&c.sparse(&s), &vals, false, &x, 0.0, &mut want);
+    let mut out = g.output(3000, 64);
+    g.spmm(&ds, &dv, false, &g.upload(&x), 0.0, &mut out);
+    assert!(rel(&g.download(&out), &want) < 1e-5, "SpMM over structures uploaded ahead");
 }
 
 #[test]

@@ -538,7 +538,7 @@ pub fn train_minibatch_from<B: Backend>(
                 // time is this thread's, the compute time ends when the backend has finished
                 let t = Instant::now();
                 let x = match next_x.take() {
-                    Some(x) => x,
+                    Some(x) => b.arrived(x),
                     None => features.gather(b, batch.input_nodes()),
                 };
                 st.gather_s += t.elapsed().as_secs_f64();

@@ -104,6 +104,10 @@ pub trait Backend: Send + Sync + 'static {
     /// aggregation): page-locked on a GPU, so they reach the device by DMA or by device
     /// threads, with no staging copy on the host; a host matrix on the CPU.
     type HostBlock: Send + Sync;
+    /// A matrix still being filled by a copy queued ahead of its use
+    /// ([`Backend::upload_host_rows`]); [`Backend::arrived`] makes it a matrix to compute with.
+    /// The matrix itself where copies finish within the call.
+    type Arriving: Send;
 
     /// Moves a sparse structure into the backend.
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse;
@@ -149,14 +153,18 @@ pub trait Backend: Send + Sync + 'static {
     fn host_block_dims(&self, h: &Self::HostBlock) -> (usize, usize);
     /// A host block's elements, for writing; waits for copies still reading it.
     fn host_block_mut<'h>(&self, h: &'h mut Self::HostBlock) -> &'h mut [Self::T];
-    /// The first `rows` rows of a host block as a backend matrix. On a GPU the copy is queued on
-    /// a second stream: it overlaps the work queued before it, and work on the result waits for
-    /// it; the block may be written again at once ([`Backend::host_block_mut`] waits).
-    fn upload_host_rows(&self, h: &Self::HostBlock, rows: usize) -> Self::Mat;
+    /// The first `rows` rows of a host block as a backend matrix, once [`Backend::arrived`]. On a
+    /// GPU the copy is queued on a second stream: it overlaps the work queued before it and
+    /// until `arrived`; the block may be written again at once ([`Backend::host_block_mut`]
+    /// waits).
+    fn upload_host_rows(&self, h: &Self::HostBlock, rows: usize) -> Self::Arriving;
     /// A whole host block as a backend matrix ([`Backend::upload_host_rows`] of every row).
-    fn upload_host_block(&self, h: &Self::HostBlock) -> Self::Mat {
+    fn upload_host_block(&self, h: &Self::HostBlock) -> Self::Arriving {
         self.upload_host_rows(h, self.host_block_dims(h).0)
     }
+    /// The matrix of an upload queued ahead, for computing with: on a GPU, the work queued from
+    /// here on waits for the copy (the work queued before it does not).
+    fn arrived(&self, m: Self::Arriving) -> Self::Mat;
     /// `out[at + i] = h[rows[i]]` (on a GPU: device threads read the rows from host memory).
     fn gather_host_block(&self, h: &Self::HostBlock, rows: Rows<'_>, out: &mut Self::Mat, at: usize);
     /// Bytes the backend holds in its own memory (a GPU's); `None` where matrices live in host

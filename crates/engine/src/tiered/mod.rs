@@ -527,7 +527,7 @@ pub struct Executor<'a, B: Backend> {
     stopped: Option<String>,
     /// Whole pinned blocks of the next partition, uploaded while this one computes
     /// ([`Executor::prefetch`]); taken by the gather that reads them.
-    ahead: Vec<(BlockId, B::Mat)>,
+    ahead: Vec<(BlockId, B::Arriving)>,
     /// Layer 0 runs inside layer 1's transform (see [`Executor::fused`]).
     fused: bool,
     /// `TieredConfig::gpu_mem`, and whether the first epoch's peak has refined the placement.
@@ -1042,7 +1042,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 continue;
             }
             if let Some(h) = self.pinned.remove(&id) {
-                self.dev.insert(id, self.b.upload_host_block(&h));
+                self.dev.insert(id, self.b.arrived(self.b.upload_host_block(&h)));
             } else if let Some((rows, cols)) = self.store.shape(id) {
                 let mut data = vec![B::T::of(0.0); rows * cols];
                 self.store.read_rows(id, None, &mut data).map_err(io_err)?;
@@ -1173,7 +1173,8 @@ impl<'a, B: Backend> Executor<'a, B> {
                 Some(i) => Some(self.ahead.swap_remove(i).1),
                 None if whole => self.upload_pinned(src),
                 None => None,
-            };
+            }
+            .map(|m| b.arrived(m));
             if let Some(m) = m {
                 self.stats.gather_s += t.elapsed().as_secs_f64();
                 return Ok(m);
@@ -1814,9 +1815,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         Ok(())
     }
 
-    /// A whole block of the backend's host memory as a backend matrix (its bytes counted as
-    /// uploaded); `None` when `id` is not such a block.
-    fn upload_pinned(&mut self, id: BlockId) -> Option<B::Mat> {
+    /// A whole block of the backend's host memory on its way to the backend (its bytes counted
+    /// as uploaded); `None` when `id` is not such a block.
+    fn upload_pinned(&mut self, id: BlockId) -> Option<B::Arriving> {
         let h = self.pinned.get(&id)?;
         let (r, c) = self.b.host_block_dims(h);
         let m = self.b.upload_host_block(h);

@@ -27,6 +27,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     type Mat = Mat<T>;
     type Sparse = Arc<SparseMatrix>;
     type HostBlock = Mat<T>;
+    type Arriving = Mat<T>;
 
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse {
         Arc::new(s.clone())
@@ -58,6 +59,9 @@ impl<T: Scalar> Backend for Cpu<T> {
     fn upload_host_rows(&self, h: &Mat<T>, rows: usize) -> Mat<T> {
         assert!(rows <= h.rows, "{rows} rows of a {}-row block", h.rows);
         Mat::from_vec(rows, h.cols, h.data[..rows * h.cols].to_vec())
+    }
+    fn arrived(&self, m: Mat<T>) -> Mat<T> {
+        m
     }
     fn gather_host_block(&self, h: &Mat<T>, rows: Rows<'_>, out: &mut Mat<T>, at: usize) {
         dense::gather_rows(h, rows, out, at)
