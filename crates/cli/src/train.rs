@@ -19,8 +19,6 @@ struct ZeroCopyFeatures {
     table: grinnder_cuda::HostTable,
     /// The labels, read by the loss kernel by node id.
     labels: grinnder_cuda::HostLabels,
-    /// Rows gathering on the second stream: (their ids, the matrix being filled).
-    next: std::cell::RefCell<Option<(Vec<u32>, grinnder_cuda::Arriving)>>,
 }
 
 impl ZeroCopyFeatures {
@@ -35,20 +33,17 @@ impl ZeroCopyFeatures {
         host.write_rows(None, table.as_mut_slice());
         let labels =
             g.host_labels(&ds.labels, ds.num_classes).context("cannot map the labels for zero-copy")?;
-        Ok(ZeroCopyFeatures { table, labels, next: Default::default() })
+        Ok(ZeroCopyFeatures { table, labels })
     }
 }
 
 impl FeatureSource<grinnder_cuda::Cuda> for ZeroCopyFeatures {
     fn gather(&self, g: &grinnder_cuda::Cuda, ids: &[u32]) -> grinnder_cuda::DMat {
-        match self.next.borrow_mut().take() {
-            Some((want, m)) if want == ids => g.arrived(m),
-            _ => g.arrived(g.gather_host_async(&self.table, ids)),
-        }
+        g.arrived(g.gather_host_async(&self.table, ids))
     }
 
-    fn prefetch(&self, g: &grinnder_cuda::Cuda, ids: &[u32]) {
-        *self.next.borrow_mut() = Some((ids.to_vec(), g.gather_host_async(&self.table, ids)));
+    fn start(&self, g: &grinnder_cuda::Cuda, ids: &[u32]) -> Option<grinnder_cuda::Arriving> {
+        Some(g.gather_host_async(&self.table, ids))
     }
 
     fn loss(
@@ -319,10 +314,11 @@ fn run_on<B: Backend>(
         }
         if let (Some(t), Some(sample_s)) = (&m.tier, m.tier.as_ref().and_then(|t| t.sample_s)) {
             tracing::info!(
-                "epoch {}: {} batches, sampling {:.3} s, input rows {:.3} s ({:.1} MiB), compute {:.3} s",
+                "epoch {}: {} batches, sampling {:.3} s (threads' sum), waiting for batches {:.3} s, input rows {:.3} s ({:.1} MiB), compute {:.3} s",
                 m.epoch,
                 t.batches.unwrap_or(0),
                 sample_s,
+                t.batch_wait_s.unwrap_or(0.0),
                 t.gather_s,
                 t.upload_bytes as f64 / 1048576.0,
                 t.compute_s

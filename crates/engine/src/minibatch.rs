@@ -53,12 +53,15 @@ pub enum Sampler {
 }
 
 /// Where a batch's input rows come from.
-pub trait FeatureSource<B: Backend> {
+pub trait FeatureSource<B: Backend>: Sync {
     /// The preprocessed feature rows of `ids`, in order, on the backend.
     fn gather(&self, b: &B, ids: &[u32]) -> B::Mat;
-    /// Starts gathering `ids`, the rows the next `gather` will ask for, where the source can
-    /// overlap that with the backend's current work (none by default).
-    fn prefetch(&self, _b: &B, _ids: &[u32]) {}
+    /// Starts gathering `ids` ahead of their batch, beside the backend's current work, where
+    /// the source can (the trainer calls it from a thread of its own, as soon as the batch is
+    /// sampled); `None`: the trainer calls `gather` when the batch's turn comes.
+    fn start(&self, _b: &B, _ids: &[u32]) -> Option<B::Arriving> {
+        None
+    }
     /// The cross-entropy of `logits` (row i: node `ids[i]`) into `grad`, where the source reads
     /// the labels itself (zero-copy); `None`: the trainer passes host labels.
     fn loss(
@@ -473,7 +476,8 @@ pub fn train_minibatch_from<B: Backend>(
         st.batches = Some(all.len());
         // sampling threads run ahead of the backend by up to two batches each (sampling, the
         // blocks' graphs on the backend, staged rows); batch k comes from thread k mod n, taken in order, so the
-        // batches and their order do not depend on n; gathers and compute stay on this thread
+        // batches and their order do not depend on n; a feeder thread starts each batch's rows
+        // loading (below); compute stays on this thread
         let pb = progress::counter(all.len() as u64, &format!("epoch {epoch}"), "batches");
         let stager = features.stager();
         staging.reset();
@@ -514,36 +518,44 @@ pub fn train_minibatch_from<B: Backend>(
                     }
                 });
             }
-            let mut rx = (0..all.len()).map_while(|k| rxs[k % workers].recv().ok());
-            // a staged batch's rows start uploading (the block goes back: its next write waits
-            // for the copy); the others are prefetched where the source can
-            let start = |next: &mut Option<Sampled<B>>| {
-                let Sampled { batch, staged, .. } = next.as_mut()?;
-                if stager.is_none() {
-                    features.prefetch(b, batch.input_nodes());
-                    return None;
+            // the batches in order, each with its rows loading where they can: a feeder thread
+            // starts a batch's upload (its block staged by a sampling thread, which goes back:
+            // its next write waits for the copy) or the source's own gather as soon as the batch
+            // is sampled, beside the compute of the one before; it hands over one batch at a
+            // time, so one batch's rows at most are on their way while another computes
+            let (ready_tx, ready) = std::sync::mpsc::sync_channel::<(Sampled<B>, Option<B::Arriving>)>(0);
+            let (n, staging) = (all.len(), &staging);
+            s.spawn(move || {
+                for k in 0..n {
+                    let Ok(mut next) = rxs[k % workers].recv() else { break };
+                    let ids = next.batch.input_nodes();
+                    let x = if stager.is_none() {
+                        features.start(b, ids)
+                    } else {
+                        // every batch gives its turn back, with its block or without one
+                        let h = next.staged.take();
+                        let x = h.as_ref().map(|h| b.upload_host_rows(h, ids.len()));
+                        staging.give(h);
+                        x
+                    };
+                    if ready_tx.send((next, x)).is_err() {
+                        break;
+                    }
                 }
-                // every batch gives its turn back, with its block or without one
-                let h = staged.take();
-                let x = h.as_ref().map(|h| b.upload_host_rows(h, batch.input_nodes().len()));
-                staging.give(h);
-                x
-            };
-            let mut next = rx.next();
-            let mut next_x = start(&mut next);
-            while let Some(Sampled { batch, graphs, secs, .. }) = next.take() {
+            });
+            loop {
+                let t = Instant::now();
+                let Ok((Sampled { batch, graphs, secs, .. }, x)) = ready.recv() else { break };
+                *st.batch_wait_s.get_or_insert(0.0) += t.elapsed().as_secs_f64();
                 *st.sample_s.as_mut().expect("set") += secs;
-                // the rows of this batch (prefetched or uploading where the source can), then
-                // the next batch's rows start loading while this one computes; the input-row
+                // the rows of this batch (on their way where the source can); the input-row
                 // time is this thread's, the compute time ends when the backend has finished
                 let t = Instant::now();
-                let x = match next_x.take() {
+                let x = match x {
                     Some(x) => b.arrived(x),
                     None => features.gather(b, batch.input_nodes()),
                 };
                 st.gather_s += t.elapsed().as_secs_f64();
-                next = rx.next();
-                next_x = start(&mut next);
                 st.upload_bytes += (batch.input_nodes().len() * ds.features.dim) as u64 * elem;
                 let t = Instant::now();
                 model.zero_grad(b);

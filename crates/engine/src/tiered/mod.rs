@@ -413,6 +413,10 @@ pub struct PhaseStats {
     pub sample_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batches: Option<usize>,
+    /// Mini-batch training: time the training thread waited for sampled batches (the
+    /// loader's shortfall).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_wait_s: Option<f64>,
     pub gather_s: f64,
     pub compute_s: f64,
     pub write_back_s: f64,
