@@ -332,7 +332,9 @@ fn sample(
     loader_threads: Option<usize>,
     max_batches: Option<usize>,
 ) -> anyhow::Result<serde_json::Value> {
-    use grinnder_engine::minibatch::{batches, block_matrix, default_loader_threads, HostFeatures};
+    use grinnder_engine::minibatch::{
+        batches, block_matrix, default_loader_threads, sampling_graph, HostFeatures,
+    };
     use grinnder_engine::FeatureNorm;
     use grinnder_graph::sample::{NeighborSampler, Scratch};
     use grinnder_nn::Kind;
@@ -343,6 +345,9 @@ fn sample(
     anyhow::ensure!(batch_size > 0, "--batch-size must be at least 1");
     let path = input.path()?;
     let (ds, _) = crate::commands::load(input)?;
+    // the trainer's samplers read this copy
+    let huge = sampling_graph(&ds.graph);
+    let graph = huge.as_ref().unwrap_or(&ds.graph);
     let threads = loader_threads.unwrap_or_else(default_loader_threads).max(1);
     let mut all = batches(&ds.splits.train, batch_size, 0, 0);
     all.truncate(max_batches.unwrap_or(usize::MAX));
@@ -363,7 +368,7 @@ fn sample(
                         let mut buf: Vec<f32> = Vec::new();
                         for (k, seeds) in all.iter().enumerate().skip(w).step_by(threads) {
                             let t = Instant::now();
-                            let batch = sampler.sample_with(&ds.graph, seeds, k as u64, &mut scratch);
+                            let batch = sampler.sample_with(graph, seeds, k as u64, &mut scratch);
                             let ids = batch.input_nodes();
                             match work {
                                 LoaderWork::Sample => {}

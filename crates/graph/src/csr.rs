@@ -110,6 +110,12 @@ impl Csr {
     }
 
     /// Wraps existing arrays after checking every invariant (used by loaders of prebuilt CSRs).
+    /// The same graph with its arrays on huge pages ([`Buf::on_huge_pages`]): for samplers,
+    /// whose reads land anywhere in the arrays.
+    pub fn on_huge_pages(&self) -> std::io::Result<Csr> {
+        Ok(Csr { row_ptr: self.row_ptr.on_huge_pages()?, col_idx: self.col_idx.on_huge_pages()? })
+    }
+
     pub fn from_parts(row_ptr: Buf<u64>, col_idx: Buf<u32>) -> std::result::Result<Csr, String> {
         if row_ptr.is_empty() {
             return Err("row_ptr is empty".into());
@@ -339,5 +345,16 @@ mod tests {
             assert_eq!(r.last().unwrap().end, 6);
             assert!(r.windows(2).all(|w| w[0].end == w[1].start));
         }
+    }
+
+    #[test]
+    fn a_copy_on_huge_pages_is_the_same_graph() {
+        let edges: Vec<(u32, u32)> = (0..5000u32).map(|i| (i % 997, (i * 31 + 7) % 997)).collect();
+        let (src, dst): (Vec<u32>, Vec<u32>) = edges.into_iter().unzip();
+        let g = Csr::from_edges(997, &src, &dst, BuildOptions::default()).unwrap();
+        let h = g.on_huge_pages().unwrap();
+        assert_eq!(h.row_ptr(), g.row_ptr());
+        assert_eq!(h.col_idx(), g.col_idx());
+        assert!(h.col_idx.is_mapped(), "the copy lives in its own mapping");
     }
 }
