@@ -137,6 +137,7 @@ impl Cuda {
         scale: f64,
         grad: &mut DMat,
     ) -> (f64, usize) {
+        let _p = self.span("cross_entropy (mapped labels)");
         assert_eq!(labels.classes as usize, logits.cols, "one logit per class");
         assert!(ids.len() <= logits.rows, "a row per node");
         let table = labels.buf.as_slice().expect("pinned host memory");

@@ -93,10 +93,16 @@ struct Kernels {
 /// longer overlaps, but each figure is that operation's alone); the table is printed when the
 /// backend is dropped. `GRINNDER_CUDA_PROFILE=shapes` keeps GEMMs and SpMMs apart by their
 /// shapes (to two significant digits). The figures are host time: launch overheads included.
+/// `GRINNDER_CUDA_PROFILE=host` (also `host,shapes`) synchronises nothing: each figure is the
+/// time the calling thread spent in the call (queueing it, and waiting where it waits, as the
+/// loss's read-back and `synchronize` do), which shows whether the host or the device bounds.
 #[derive(Default)]
 struct Profile {
     ops: std::sync::Mutex<std::collections::BTreeMap<String, (f64, u64)>>,
     shapes: bool,
+    /// Host time per call, with no synchronisation: what the calling thread spends queueing
+    /// each operation (and waiting where the operation itself waits).
+    host: bool,
 }
 
 /// One profiled operation (see [`Profile`]).
@@ -117,14 +123,15 @@ fn approx(x: usize) -> usize {
 
 impl Drop for Span<'_> {
     fn drop(&mut self) {
-        self.cuda.ctx.synchronize().expect("CUDA synchronize");
-        let t = self.start.elapsed().as_secs_f64();
-        if let Some(p) = &self.cuda.prof {
-            let mut ops = p.ops.lock().unwrap_or_else(|e| e.into_inner());
-            let e = ops.entry(std::mem::take(&mut self.name)).or_insert((0.0, 0));
-            e.0 += t;
-            e.1 += 1;
+        let Some(p) = &self.cuda.prof else { return };
+        if !p.host {
+            self.cuda.ctx.synchronize().expect("CUDA synchronize");
         }
+        let t = self.start.elapsed().as_secs_f64();
+        let mut ops = p.ops.lock().unwrap_or_else(|e| e.into_inner());
+        let e = ops.entry(std::mem::take(&mut self.name)).or_insert((0.0, 0));
+        e.0 += t;
+        e.1 += 1;
     }
 }
 
@@ -319,9 +326,10 @@ impl Cuda {
             ctx.name().unwrap_or_default(),
             ctx.total_mem().unwrap_or(0) as f64 / (1u64 << 30) as f64
         );
-        let prof = std::env::var("GRINNDER_CUDA_PROFILE")
-            .ok()
-            .map(|v| Profile { shapes: v == "shapes", ..Default::default() });
+        let prof = std::env::var("GRINNDER_CUDA_PROFILE").ok().map(|v| {
+            let has = |w: &str| v.split(',').any(|x| x.trim() == w);
+            Profile { shapes: has("shapes"), host: has("host"), ..Default::default() }
+        });
         let spmm_kernel = match std::env::var("GRINNDER_SPMM").as_deref() {
             Ok("warp") => SpmmKernel::Warp,
             Ok("ours") => SpmmKernel::Ours,
@@ -370,8 +378,10 @@ impl Cuda {
     /// [`Cuda::span`], labelled with `shape()` too when the profile keeps shapes apart.
     fn span_shaped(&self, name: &'static str, shape: impl FnOnce() -> String) -> Option<Span<'_>> {
         let p = self.prof.as_ref()?;
-        // every stream: the operation alone, not waiting for the second stream's work
-        self.ctx.synchronize().expect("CUDA synchronize");
+        if !p.host {
+            // every stream: the operation alone, not waiting for the second stream's work
+            self.ctx.synchronize().expect("CUDA synchronize");
+        }
         let name = if p.shapes { format!("{name} {}", shape()) } else { name.to_string() };
         Some(Span { cuda: self, name, start: std::time::Instant::now() })
     }
@@ -921,6 +931,7 @@ impl Backend for Cuda {
     }
 
     fn synchronize(&self) {
+        let _p = self.prof.as_ref().is_some_and(|p| p.host).then(|| self.span("synchronize (wait)"));
         self.stream.synchronize().expect("CUDA synchronize");
     }
 
@@ -1383,10 +1394,9 @@ impl Drop for Cuda {
         let total: f64 = ops.values().map(|v| v.0).sum();
         let mut rows: Vec<_> = ops.iter().collect();
         rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
-        eprintln!(
-            "CUDA profile (synchronised per operation): {total:.3} s in {} kinds of operation",
-            rows.len()
-        );
+        let how =
+            if p.host { "host time per call, nothing synchronised" } else { "synchronised per operation" };
+        eprintln!("CUDA profile ({how}): {total:.3} s in {} kinds of operation", rows.len());
         for (name, (t, n)) in rows {
             eprintln!("  {name:<40} {t:>9.4} s {:>5.1} % {n:>8} calls", 100.0 * t / total.max(1e-12));
         }
