@@ -105,6 +105,14 @@ fn gather(
         g.gather_host(&table, Rows::Index(&idx), &mut out, 0);
         g.synchronize();
     });
+    // each row read from its own start instead of its 128-byte line's (the same where rows are
+    // whole lines)
+    g.set_gather_aligned(false);
+    let zero_copy_unaligned = median_of(reps, bytes, || {
+        g.gather_host(&table, Rows::Index(&idx), &mut out, 0);
+        g.synchronize();
+    });
+    g.set_gather_aligned(true);
     let dev_idx = g.upload_index(&idx);
     let resident = |g: &Cuda, out: &mut grinnder_cuda::DMat| {
         median_of(reps, bytes, || {
@@ -135,6 +143,7 @@ fn gather(
         "cpu_gather_pinned_copy": pinned,
         "cpu_gather_pageable_copy": pageable,
         "zero_copy": zero_copy,
+        "zero_copy_unaligned_reads": zero_copy_unaligned,
         "zero_copy_resident_index": zero_copy_resident_index,
         "zero_copy_resident_index_2_rows_per_warp": zero_copy_resident_index_2_rows_per_warp,
         "pcie_copy_contiguous": copy,

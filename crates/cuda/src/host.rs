@@ -164,7 +164,7 @@ impl Cuda {
             return;
         }
         let dst = out.data.slice_mut(at * d..(at + n) * d);
-        let (name, cfg) = self.gather_kernel(n);
+        let (name, cfg) = self.host_gather_kernel(n, d);
         self.launch_rows(name, t.dptr, rows, d, dst, cfg);
     }
 
@@ -188,7 +188,7 @@ impl Cuda {
             return;
         }
         let dst = out.data.slice_mut(at * d..(at + n) * d);
-        let (name, cfg) = self.gather_kernel(n);
+        let (name, cfg) = self.host_gather_kernel(n, d);
         self.launch_rows_at(&self.stream, name, t.dptr, Some(&idx.idx), 0, n, d, dst, cfg);
     }
 
@@ -215,7 +215,7 @@ impl Cuda {
             };
             let dst = data.slice_mut(0..n * d);
             self.timed_on_side(side, (n * d * 4) as u64, || {
-                self.launch_rows_at(side, "gather_rows", t.dptr, Some(&idx), 0, n, d, dst, cfg)
+                self.launch_rows_at(side, self.one_row_gather(d), t.dptr, Some(&idx), 0, n, d, dst, cfg)
             });
         }
         // `idx` is freed on the second stream, after the gather

@@ -347,6 +347,35 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x, const u32* i
     }
 }
 
+// gather_rows for rows whose starts are not 128-byte aligned (d % 4 == 0, d % 32 != 0; x itself
+// 128-byte aligned): each warp reads from the start of the 128-byte line that holds its row's
+// first element (PyTorch-Direct's aligned access: whole-line requests over the bus, the few
+// floats before the row read and dropped) and writes the row's part.
+extern "C" __global__ void gather_rows_aligned(const float* __restrict__ x, const u32* idx, i64 start,
+                                               i64 n, int d, float* __restrict__ out) {
+    int lane = threadIdx.x % 32;
+    i64 warps = (i64)gridDim.x * blockDim.x / 32;
+    for (i64 w = global_thread() / 32; w < n; w += warps) {
+        u64 r = idx ? (u64)idx[w] : (u64)(start + w);
+        u64 s = r * (u64)d;
+        u64 a = s & ~(u64)31;
+        int o4 = (int)(s - a) / 4;  // float4s before the row in its first line (0..7)
+        int m = o4 + d / 4;         // float4s read, from the line's start to the row's end
+        const float4* s4 = (const float4*)(x + a);
+        float4* d4 = (float4*)(out + (u64)w * d) - o4;
+        for (int j = lane; j < m; j += 128) {
+            float4 v0 = s4[j], v1, v2, v3;
+            if (j + 32 < m) v1 = s4[j + 32];
+            if (j + 64 < m) v2 = s4[j + 64];
+            if (j + 96 < m) v3 = s4[j + 96];
+            if (j >= o4) d4[j] = v0;
+            if (j + 32 < m) d4[j + 32] = v1;
+            if (j + 64 < m) d4[j + 64] = v2;
+            if (j + 96 < m) d4[j + 96] = v3;
+        }
+    }
+}
+
 // gather_rows with two rows per warp: both rows' loads are issued before any store (twice the
 // requests in flight per warp; for reads over the bus).
 extern "C" __global__ void gather_rows2(const float* __restrict__ x, const u32* idx, i64 start, i64 n,

@@ -200,6 +200,8 @@ impl<T: cudarc::driver::DeviceRepr + PartialEq + Clone> UploadCache<T> {
 /// The CUDA backend on one device.
 pub struct Cuda {
     gather_rows_per_warp: usize,
+    /// See [`Cuda::set_gather_aligned`].
+    gather_aligned: bool,
     staging: host::Staging,
     sparse_lib: Option<cusparse::CuSparse>,
     /// Per shape class ([`shape_class`]): whether cuSPARSE won, both times in ms, and the
@@ -235,8 +237,9 @@ pub struct Cuda {
     dummy_u32: CudaSlice<u32>,
 }
 
-const KERNELS: [&str; 27] = [
+const KERNELS: [&str; 28] = [
     "gather_rows2",
+    "gather_rows_aligned",
     "permute",
     "sum_parts",
     "spmm16",
@@ -342,6 +345,7 @@ impl Cuda {
         }
         Ok(Cuda {
             gather_rows_per_warp: 1,
+            gather_aligned: std::env::var("GRINNDER_GATHER_ALIGNED").map_or(true, |v| v != "0"),
             staging: Default::default(),
             sparse_lib,
             spmm_pick: Default::default(),
@@ -451,11 +455,37 @@ impl Cuda {
         self.gather_rows_per_warp = rows;
     }
 
+    /// Whether gathers from host memory read each row from the start of its 128-byte line
+    /// (`gather_rows_aligned`, for widths that leave rows unaligned; the default) or from the
+    /// row's start (for comparisons; also `GRINNDER_GATHER_ALIGNED=0`).
+    pub fn set_gather_aligned(&mut self, on: bool) {
+        self.gather_aligned = on;
+    }
+
     /// The gather kernel and its launch for `n` rows.
     fn gather_kernel(&self, n: usize) -> (&'static str, LaunchConfig) {
         match self.gather_rows_per_warp {
             2 => ("gather_rows2", warps(n.div_ceil(2))),
             _ => ("gather_rows", warps(n)),
+        }
+    }
+
+    /// [`Cuda::gather_kernel`] for rows of width `d` in host memory (a table's base is
+    /// page-aligned): the aligned kernel where rows do not start on 128-byte lines.
+    pub(crate) fn host_gather_kernel(&self, n: usize, d: usize) -> (&'static str, LaunchConfig) {
+        match self.gather_rows_per_warp {
+            1 => (self.one_row_gather(d), warps(n)),
+            _ => self.gather_kernel(n),
+        }
+    }
+
+    /// The one-row-per-warp gather from host memory for width `d` (both kernels stride over the
+    /// rows when the grid has fewer warps).
+    pub(crate) fn one_row_gather(&self, d: usize) -> &'static str {
+        if self.gather_aligned && d % 4 == 0 && d % 32 != 0 {
+            "gather_rows_aligned"
+        } else {
+            "gather_rows"
         }
     }
 

@@ -309,10 +309,12 @@ fn spmm_matches_the_cpu(g: Cuda, c: &Cpu<f32>) -> Cuda {
 fn zero_copy_gathers_read_host_rows_exactly() {
     let Some(mut g) = gpu() else { return };
     let c = Cpu::<f32>::new();
-    for per_warp in [1, 2] {
+    // rows read from their 128-byte line's start (the default) or their own
+    for (per_warp, aligned) in [(1, true), (1, false), (2, true)] {
         g.set_gather_rows_per_warp(per_warp);
-        for (rows, d) in [(1000, 256), (777, 37), (64, 100)] {
-            let what = format!("width {d}, {per_warp} rows per warp");
+        g.set_gather_aligned(aligned);
+        for (rows, d) in [(1000, 256), (777, 37), (64, 100), (300, 1000), (500, 4)] {
+            let what = format!("width {d}, {per_warp} rows per warp, aligned reads {aligned}");
             let src = random(rows, d, 50 + d as u64);
             let mut t = g.host_table(rows, d).unwrap();
             t.as_mut_slice().copy_from_slice(&src.data);
