@@ -35,10 +35,15 @@ impl HostTable {
 
     /// The elements, for writing, once the copies reading them have finished.
     pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        self.settle();
+        self.buf.as_mut_slice().expect("pinned host memory")
+    }
+
+    /// Waits for the copies queued from the table (before anything writes it).
+    fn settle(&mut self) {
         for (_, e) in self.copies.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
             e.synchronize().expect("CUDA event");
         }
-        self.buf.as_mut_slice().expect("pinned host memory")
     }
 
     /// Queues a copy of the first `n` elements into `dst` on `stream`; the next host write
@@ -171,6 +176,7 @@ impl Cuda {
     /// `t = m` over the bus into page-locked memory (waits for the copy).
     pub fn download_table(&self, m: &DMat, t: &mut HostTable) {
         assert_eq!((m.rows, m.cols), (t.rows, t.cols), "download: shapes");
+        t.settle();
         self.stream.memcpy_dtoh(&m.data, &mut t.buf).expect("CUDA download");
         self.stream.synchronize().expect("CUDA synchronize");
     }
