@@ -28,6 +28,13 @@ pub struct HostTable {
     pub cols: usize,
 }
 
+impl Drop for HostTable {
+    /// The page-locked memory is freed once the copies reading it have finished.
+    fn drop(&mut self) {
+        self.settle();
+    }
+}
+
 impl HostTable {
     pub fn as_slice(&self) -> &[f32] {
         self.buf.as_slice().expect("pinned host memory")

@@ -406,15 +406,28 @@ impl<'a, B: Backend> ExactEval<'a, B> {
 /// MiB; [`grinnder_graph::Csr::on_huge_pages`]): their reads land anywhere in it, and over a
 /// file mapping's 4 KB pages most miss the TLB (on a 2-core VM, one thread sampled a
 /// products-like batch in 37–41 ms instead of 48–63). `None`: sample `g` itself (small, or no
-/// memory for a copy).
+/// memory for a copy: it is made only where the system reports at least twice its size
+/// available).
 pub fn sampling_graph(g: &grinnder_graph::Csr) -> Option<grinnder_graph::Csr> {
     let bytes = (g.num_nodes() + 1) * 8 + g.num_edges() * 4;
     if bytes < 64 << 20 {
         return None;
     }
+    if available_memory().is_none_or(|free| free < 2 * bytes as u64) {
+        tracing::info!("the samplers read the graph in place: too little free memory for a copy");
+        return None;
+    }
     g.on_huge_pages()
         .inspect_err(|e| tracing::warn!("the samplers read the graph in place: no memory for a copy ({e})"))
         .ok()
+}
+
+/// Bytes of memory the system says are available (Linux: `MemAvailable`); `None` elsewhere.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Sampling threads when none are asked for: half the worker threads, one to eight.

@@ -109,13 +109,13 @@ impl Csr {
         csr
     }
 
-    /// Wraps existing arrays after checking every invariant (used by loaders of prebuilt CSRs).
     /// The same graph with its arrays on huge pages ([`Buf::on_huge_pages`]): for samplers,
     /// whose reads land anywhere in the arrays.
     pub fn on_huge_pages(&self) -> std::io::Result<Csr> {
         Ok(Csr { row_ptr: self.row_ptr.on_huge_pages()?, col_idx: self.col_idx.on_huge_pages()? })
     }
 
+    /// Wraps existing arrays after checking every invariant (used by loaders of prebuilt CSRs).
     pub fn from_parts(row_ptr: Buf<u64>, col_idx: Buf<u32>) -> std::result::Result<Csr, String> {
         if row_ptr.is_empty() {
             return Err("row_ptr is empty".into());
