@@ -6,7 +6,6 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
-use cudarc::driver::LaunchConfig;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice,
 };
@@ -77,11 +76,6 @@ impl HostTable {
         let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
         copies.retain(|(s, _)| *s != key);
         copies.push((key, done));
-    }
-
-    /// The page-locked buffer (for plain asynchronous copies).
-    pub fn pinned(&self) -> &PinnedHostSlice<f32> {
-        &self.buf
     }
 }
 
@@ -219,13 +213,7 @@ impl Cuda {
         if n > 0 && d > 0 {
             // a few hundred warps keep enough reads in flight to fill the bus (one row each
             // at a time) and leave most of the device to the main stream's kernels
-            let threads = n.min(async_gather_warps()) * 32;
-            let block = async_gather_block().min(threads.next_multiple_of(32)) as u32;
-            let cfg = LaunchConfig {
-                grid_dim: (threads.div_ceil(block as usize) as u32, 1, 1),
-                block_dim: (block, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = crate::warps(n.min(async_gather_warps()));
             let dst = data.slice_mut(0..n * d);
             self.timed_on_side(side, (n * d * 4) as u64, || {
                 self.launch_rows_at(side, self.one_row_gather(d), t.dptr, Some(&idx), 0, n, d, dst, cfg)
@@ -303,19 +291,6 @@ fn async_gather_warps() -> usize {
             .and_then(|v| v.parse().ok())
             .filter(|&w| w > 0)
             .unwrap_or(512)
-    })
-}
-
-/// Threads per block of the gather on the second stream (`GRINNDER_GATHER_BLOCK`, a multiple
-/// of 32 up to 1024; default 256): larger blocks put its warps on fewer SMs.
-fn async_gather_block() -> usize {
-    static BLOCK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BLOCK.get_or_init(|| {
-        std::env::var("GRINNDER_GATHER_BLOCK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&b: &usize| b % 32 == 0 && (32..=1024).contains(&b))
-            .unwrap_or(256)
     })
 }
 
