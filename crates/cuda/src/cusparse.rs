@@ -11,7 +11,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::DMat;
 
-/// A cuSPARSE handle bound to the backend's stream.
+/// A cuSPARSE handle bound to one of the backend's streams.
 pub(crate) struct CuSparse {
     handle: sys::cusparseHandle_t,
 }
@@ -132,6 +132,66 @@ impl CuSparse {
             sys::cusparseDestroySpMat(a);
             sys::cusparseDestroyDnMat(b);
             sys::cusparseDestroyDnMat(c);
+        }
+        Ok(())
+    }
+}
+
+impl CuSparse {
+    /// The transpose of the CSR structure `(ptr, idx)` (`rows × cols`, `nnz` entries) as CSR
+    /// `(t_ptr, t_idx)`, with `vals` (4-byte values, moved bit for bit) carried into `t_vals`
+    /// in the transpose's order. cuSPARSE's conversion always gives the same result, each
+    /// transposed row's entries in ascending column order.
+    pub fn csr_to_csc(
+        &self,
+        stream: &Arc<CudaStream>,
+        (rows, cols, nnz): (usize, usize, usize),
+        (ptr, idx, vals): (&CudaSlice<i32>, &CudaSlice<u32>, &CudaSlice<u32>),
+        (t_ptr, t_idx, t_vals): (&mut CudaSlice<i32>, &mut CudaSlice<u32>, &mut CudaSlice<u32>),
+    ) -> Result<(), String> {
+        // the values travel as f32 bit patterns: cuSPARSE moves them without arithmetic
+        let f32t = sys::cudaDataType::CUDA_R_32F;
+        let numeric = sys::cusparseAction_t::CUSPARSE_ACTION_NUMERIC;
+        let base = sys::cusparseIndexBase_t::CUSPARSE_INDEX_BASE_ZERO;
+        let alg = sys::cusparseCsr2CscAlg_t::CUSPARSE_CSR2CSC_ALG_DEFAULT;
+        let (m, n, z) = (rows as i32, cols as i32, nnz as i32);
+        let (p, _s1) = ptr.device_ptr(stream);
+        let (i, _s2) = idx.device_ptr(stream);
+        let (v, _s3) = vals.device_ptr(stream);
+        let (tp, _s4) = t_ptr.device_ptr_mut(stream);
+        let (ti, _s5) = t_idx.device_ptr_mut(stream);
+        let (tv, _s6) = t_vals.device_ptr_mut(stream);
+        let mut size = 0usize;
+        // both calls take the same description of the conversion, then their own last argument
+        macro_rules! convert {
+            ($f:path, $last:expr) => {
+                $f(
+                    self.handle,
+                    m,
+                    n,
+                    z,
+                    v as _,
+                    p as _,
+                    i as _,
+                    tv as _,
+                    tp as _,
+                    ti as _,
+                    f32t,
+                    numeric,
+                    base,
+                    alg,
+                    $last,
+                )
+            };
+        }
+        // SAFETY: every address is a live device allocation of the stated length (offsets
+        // rows + 1 and cols + 1, the others nnz); the buffer lives until the call is queued
+        // (its free is stream-ordered after it).
+        unsafe {
+            check("cusparseCsr2cscEx2_bufferSize", convert!(sys::cusparseCsr2cscEx2_bufferSize, &mut size))?;
+            let buf = stream.alloc::<u8>(size.max(1)).map_err(|e| format!("{e:?}"))?;
+            let (bp, _s7) = buf.device_ptr(stream);
+            check("cusparseCsr2cscEx2", convert!(sys::cusparseCsr2cscEx2, bp as _))?;
         }
         Ok(())
     }

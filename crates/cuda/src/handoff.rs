@@ -94,6 +94,7 @@ impl Cuda {
     /// fills it.
     pub fn arrived(&self, mut a: Arriving) -> DMat {
         self.stream.wait(&a.filled).expect("CUDA stream wait");
+        self.mark("rows arrived");
         a.m.take().expect("an arriving matrix is taken once")
     }
 

@@ -88,6 +88,19 @@ pub struct HostLabels {
 }
 
 impl HostLabels {
+    /// Panics unless every node of `ids` has a label in range.
+    fn check(&self, ids: &[u32]) {
+        let table = self.buf.as_slice().expect("pinned host memory");
+        for &v in ids {
+            let y = *table.get(v as usize).expect("a node of the table");
+            assert!(
+                y >= 0 && (y as u32) < self.classes,
+                "node {v} has label {y}, outside 0..{}",
+                self.classes
+            );
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.buf.len()
     }
@@ -146,15 +159,7 @@ impl Cuda {
         let _p = self.span("cross_entropy (mapped labels)");
         assert_eq!(labels.classes as usize, logits.cols, "one logit per class");
         assert!(ids.len() <= logits.rows, "a row per node");
-        let table = labels.buf.as_slice().expect("pinned host memory");
-        for &v in ids {
-            let y = *table.get(v as usize).expect("a node of the table");
-            assert!(
-                y >= 0 && (y as u32) < labels.classes,
-                "node {v} has label {y}, outside 0..{}",
-                labels.classes
-            );
-        }
+        labels.check(ids);
         if ids.is_empty() {
             return (0.0, 0);
         }
@@ -215,9 +220,11 @@ impl Cuda {
             // at a time) and leave most of the device to the main stream's kernels
             let cfg = crate::warps(n.min(async_gather_warps()));
             let dst = data.slice_mut(0..n * d);
+            self.mark_side(side, "gather start");
             self.timed_on_side(side, (n * d * 4) as u64, || {
                 self.launch_rows_at(side, self.one_row_gather(d), t.dptr, Some(&idx), 0, n, d, dst, cfg)
             });
+            self.mark_side(side, "gather end");
         }
         // `idx` is freed on the second stream, after the gather
         self.arriving(side, DMat { rows: n, cols: d, data })
@@ -250,7 +257,9 @@ impl Cuda {
         // SAFETY: the copy below writes every element before any use.
         let mut data = unsafe { side.alloc::<f32>(n.max(1)) }.expect("CUDA alloc");
         if n > 0 {
+            self.mark_side(side, "upload start");
             self.timed_on_side(side, (n * 4) as u64, || t.copy_to(side, n, &mut data));
+            self.mark_side(side, "upload end");
         }
         self.arriving(side, DMat { rows, cols: t.cols, data })
     }

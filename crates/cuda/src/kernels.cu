@@ -436,6 +436,18 @@ extern "C" __global__ void permute(const float* v, const u32* perm, i64 n, float
     if (t < n) out[t] = v[perm[t]];
 }
 
+// out[i] = i: the entry numbers a structure's conversion to its transpose carries along
+extern "C" __global__ void iota_u32(u32* out, i64 n) {
+    i64 t = global_thread();
+    if (t < n) out[t] = (u32)t;
+}
+
+// 32-bit offsets (cuSPARSE's) widened to the 64-bit ones grinnder's kernels read
+extern "C" __global__ void widen_offsets(const int* in, i64 n, u64* out) {
+    i64 t = global_thread();
+    if (t < n) out[t] = (u64)(u32)in[t];
+}
+
 // op 0: relu, 1: scale
 extern "C" __global__ void unary(float* x, i64 n, int op, float s) {
     i64 t = global_thread();

@@ -24,6 +24,7 @@ mod cusparse;
 mod handoff;
 mod host;
 mod nccl;
+mod timeline;
 
 pub use handoff::Arriving;
 pub use host::{DeviceIndex, HostLabels, HostTable};
@@ -211,6 +212,8 @@ pub struct Cuda {
     /// `--gpu-mem`: the most bytes of device memory the backend may hold.
     budget: Option<u64>,
     prof: Option<Profile>,
+    /// `GRINNDER_CUDA_TIMELINE`'s marks (see [`timeline`]).
+    timeline: Option<timeline::Timeline>,
     labels: UploadCache<i32>,
     rows: UploadCache<u32>,
     /// Row lists of gathers and scatter-adds (the executor's halo and mirror lists recur every
@@ -229,6 +232,9 @@ pub struct Cuda {
     ahead: std::sync::Mutex<std::collections::VecDeque<CudaEvent>>,
     /// A third stream, for uploads made ahead of their use ([`Cuda::ahead_stream`]).
     ahead_uploads: std::sync::OnceLock<Arc<CudaStream>>,
+    /// cuSPARSE bound to that stream, for the transposes of structures made ahead (the
+    /// sampling threads take turns); `None` inside: no cuSPARSE.
+    ahead_sparse: std::sync::OnceLock<Option<std::sync::Mutex<cusparse::CuSparse>>>,
     /// Time and bytes of the second stream's gathers and uploads.
     side_time: std::sync::Mutex<clock::EventClock>,
     blas: CudaBlas,
@@ -237,7 +243,9 @@ pub struct Cuda {
     dummy_u32: CudaSlice<u32>,
 }
 
-const KERNELS: [&str; 28] = [
+const KERNELS: [&str; 30] = [
+    "iota_u32",
+    "widen_offsets",
     "gather_rows2",
     "gather_rows_aligned",
     "permute",
@@ -352,6 +360,7 @@ impl Cuda {
             pool,
             budget: None,
             prof,
+            timeline: timeline::Timeline::from_env(&stream),
             labels: UploadCache::new(8),
             rows: UploadCache::new(8),
             row_lists: UploadCache::new(64),
@@ -365,6 +374,7 @@ impl Cuda {
             ahead: Default::default(),
             side_time: Default::default(),
             ahead_uploads: std::sync::OnceLock::new(),
+            ahead_sparse: std::sync::OnceLock::new(),
         })
     }
 
@@ -372,6 +382,20 @@ impl Cuda {
     /// next work.
     pub(crate) fn side_stream(&self) -> &Arc<CudaStream> {
         self.side.get_or_init(|| self.ctx.new_stream().expect("a second CUDA stream"))
+    }
+
+    /// A timeline mark on the main stream (`GRINNDER_CUDA_TIMELINE`).
+    pub(crate) fn mark(&self, label: &'static str) {
+        if let Some(t) = &self.timeline {
+            t.mark(&self.stream, "main", label);
+        }
+    }
+
+    /// A timeline mark on the second stream.
+    pub(crate) fn mark_side(&self, side: &CudaStream, label: &'static str) {
+        if let Some(t) = &self.timeline {
+            t.mark(side, "side", label);
+        }
     }
 
     /// Starts timing an operation when profiling.
@@ -501,6 +525,7 @@ impl Cuda {
         grad: &mut DMat,
     ) -> (f64, usize) {
         let n = idx.len();
+        self.mark("logits");
         let mut loss = self.stream.alloc_zeros::<f32>(n).expect("CUDA alloc");
         let mut ok = self.stream.alloc_zeros::<i32>(n).expect("CUDA alloc");
         let (m, c32, s) = (n as i64, logits.cols as i32, scale as f32);
@@ -518,6 +543,7 @@ impl Cuda {
         unsafe { l.launch(grid(n)) }.expect(name);
         let loss = self.stream.clone_dtoh(&loss).expect("CUDA download");
         let ok = self.stream.clone_dtoh(&ok).expect("CUDA download");
+        self.mark("loss read");
         (loss.iter().map(|&x| x as f64).sum(), ok.iter().filter(|&&o| o != 0).count())
     }
 
@@ -558,8 +584,12 @@ impl Cuda {
         self.ahead_uploads.get_or_init(|| self.ctx.new_stream().expect("a CUDA stream for uploads ahead"))
     }
 
-    /// [`Backend::sparse`] by `stream`.
+    /// [`Backend::sparse`] by `stream` (a structure without its transpose gets it here, on
+    /// the CPU).
     fn sparse_on(&self, stream: &Arc<CudaStream>, s: &SparseMatrix) -> DSparse {
+        if !s.has_transpose() {
+            return self.sparse_on(stream, &s.clone().with_transpose());
+        }
         let up32 = |v: &[u32]| self.upload_slice_on(stream, v);
         DSparse {
             rows: s.rows,
@@ -590,6 +620,101 @@ impl Cuda {
                 },
             ),
         }
+    }
+
+    /// The transpose a structure holds on the device, read back (for checks): offsets,
+    /// indices and the CSR position of each entry, as [`SparseMatrix`] stores them.
+    pub fn transpose_to_host(&self, s: &DSparse) -> (Vec<u64>, Vec<u32>, Vec<u64>) {
+        let down = |v: &CudaSlice<u32>| self.stream.clone_dtoh(v).expect("CUDA download");
+        let perm = down(&s.t_perm).into_iter().take(s.nnz).map(u64::from).collect();
+        let ptr = self.stream.clone_dtoh(&s.t_row_ptr).expect("CUDA download");
+        (ptr, down(&s.t_col_idx).into_iter().take(s.nnz).collect(), perm)
+    }
+
+    /// cuSPARSE on the [`Cuda::ahead_stream`] (made on first use).
+    fn ahead_sparse(&self) -> Option<&std::sync::Mutex<cusparse::CuSparse>> {
+        self.ahead_sparse
+            .get_or_init(|| {
+                self.sparse_lib.as_ref()?;
+                cusparse::CuSparse::new(self.ahead_stream()).map(std::sync::Mutex::new)
+            })
+            .as_ref()
+    }
+
+    /// A structure that came without its transpose ([`SparseMatrix::csr_only`]: a mini-batch's
+    /// blocks), uploaded on the [`Cuda::ahead_stream`] and transposed there by cuSPARSE's
+    /// conversion to CSC, which always gives the same result: the columns' entries in row
+    /// order, as [`SparseMatrix::with_transpose`] builds them. The entry numbers ride along as
+    /// the values (their bits moved, never computed with), which makes them the permutation.
+    /// A sampling thread's CPU spent 12–25 ms per products-like batch on the transpose; the
+    /// device takes a fraction of a millisecond, and the transpose is not uploaded. `None`
+    /// (the caller transposes on the CPU): no cuSPARSE, a structure beyond 32-bit offsets, no
+    /// entries, or a conversion that failed.
+    fn transpose_ahead(&self, s: &SparseMatrix) -> Option<DSparse> {
+        let (rows, cols, nnz) = (s.rows, s.cols, s.nnz());
+        // 32-bit offsets, and entry numbers below the bit patterns of NaNs as f32
+        if nnz == 0 || rows.max(cols).max(nnz) >= 0x7F80_0000 {
+            return None;
+        }
+        let lib = self.ahead_sparse()?;
+        let stream = self.ahead_stream();
+        let narrow: Vec<i32> = s.row_ptr.iter().map(|&o| o as i32).collect();
+        let ptr = self.upload_slice_on(stream, &narrow);
+        let col_idx = self.upload_slice_on(stream, &s.col_idx);
+        let n = nnz as i64;
+        // SAFETY: written whole by `iota_u32` below before any use.
+        let mut entries = unsafe { stream.alloc::<u32>(nnz) }.expect("CUDA alloc");
+        let mut l = stream.launch_builder(self.func("iota_u32"));
+        l.arg(&mut entries).arg(&n);
+        // SAFETY: `entries` holds nnz elements.
+        unsafe { l.launch(grid(nnz)) }.expect("CUDA iota_u32");
+        // SAFETY: written whole by the conversion before any use (so are the next two).
+        let mut t_ptr = unsafe { stream.alloc::<i32>(cols + 1) }.expect("CUDA alloc");
+        // SAFETY: as above.
+        let mut t_col_idx = unsafe { stream.alloc::<u32>(nnz) }.expect("CUDA alloc");
+        // SAFETY: as above.
+        let mut t_perm = unsafe { stream.alloc::<u32>(nnz) }.expect("CUDA alloc");
+        let converted = lib.lock().unwrap_or_else(|p| p.into_inner()).csr_to_csc(
+            stream,
+            (rows, cols, nnz),
+            (&ptr, &col_idx, &entries),
+            (&mut t_ptr, &mut t_col_idx, &mut t_perm),
+        );
+        if let Err(e) = converted {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                tracing::warn!("cuSPARSE's transpose failed ({e}); the CPU transposes instead")
+            });
+            return None;
+        }
+        let widen = |p: &CudaSlice<i32>, len: usize| {
+            // SAFETY: written whole by `widen_offsets` below before any use.
+            let mut w = unsafe { stream.alloc::<u64>(len) }.expect("CUDA alloc");
+            let n = len as i64;
+            let mut l = stream.launch_builder(self.func("widen_offsets"));
+            l.arg(p).arg(&n).arg(&mut w);
+            // SAFETY: `p` and `w` hold `len` elements.
+            unsafe { l.launch(grid(len)) }.expect("CUDA widen_offsets");
+            self.adopt(w)
+        };
+        let (row_ptr, t_row_ptr) = (widen(&ptr, rows + 1), widen(&t_ptr, cols + 1));
+        Some(DSparse {
+            rows,
+            cols,
+            nnz,
+            row_ptr,
+            col_idx,
+            t_row_ptr,
+            t_col_idx: self.adopt(t_col_idx),
+            t_perm: self.adopt(t_perm),
+            ids: match (&s.row_ids, &s.col_ids) {
+                (Some(r), Some(c)) => {
+                    Some((self.upload_slice_on(stream, r), self.upload_slice_on(stream, c)))
+                }
+                _ => None,
+            },
+            csr32: Some(cusparse::Csr32 { ptr, t_ptr: self.adopt(t_ptr) }),
+        })
     }
 
     /// Launches a row-copy kernel (`gather_rows`, `scatter_add_rows`): `src` (a device address:
@@ -883,7 +1008,8 @@ impl Backend for Cuda {
     }
 
     fn sparse_ahead(&self, s: &SparseMatrix) -> DSparse {
-        let d = self.sparse_on(self.ahead_stream(), s);
+        let on_device = if s.has_transpose() { None } else { self.transpose_ahead(s) };
+        let d = on_device.unwrap_or_else(|| self.sparse_on(self.ahead_stream(), s));
         self.join_main(self.ahead_stream());
         d
     }
@@ -962,7 +1088,9 @@ impl Backend for Cuda {
 
     fn synchronize(&self) {
         let _p = self.prof.as_ref().is_some_and(|p| p.host).then(|| self.span("synchronize (wait)"));
+        self.mark("step queued");
         self.stream.synchronize().expect("CUDA synchronize");
+        self.mark("step done");
     }
 
     fn dims(&self, m: &DMat) -> (usize, usize) {
@@ -1419,6 +1547,12 @@ impl Backend for Cuda {
 
 impl Drop for Cuda {
     fn drop(&mut self) {
+        if let Some(t) = &self.timeline {
+            let written = self.ctx.synchronize().map_err(|e| std::io::Error::other(format!("{e:?}")));
+            if let Err(e) = written.and_then(|()| t.write()) {
+                eprintln!("CUDA timeline not written: {e}");
+            }
+        }
         let Some(p) = &self.prof else { return };
         let ops = p.ops.lock().unwrap_or_else(|e| e.into_inner());
         let total: f64 = ops.values().map(|v| v.0).sum();

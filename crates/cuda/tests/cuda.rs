@@ -305,6 +305,55 @@ fn spmm_matches_the_cpu(g: Cuda, c: &Cpu<f32>) -> Cuda {
     g
 }
 
+/// Structures sent without their transpose (a mini-batch's blocks) are transposed on the
+/// device exactly as the CPU transposes them — entries of each transposed row in the same
+/// order, so transposed products sum in the same order — including columns with thousands of
+/// entries and empty rows and columns.
+#[test]
+fn structures_made_ahead_are_transposed_on_the_device_exactly() {
+    let Some(g) = gpu() else { return };
+    let c = Cpu::<f32>::new();
+    let mut rng = Stream::new(&[9, 79]);
+    let (rows, cols) = (20_000usize, 50_000usize);
+    let mut row_ptr = vec![0u64];
+    let mut col_idx = Vec::new();
+    for r in 0..rows {
+        // every third row empty; column 7 in most rows (a hub); the rest spread
+        if r % 3 != 0 {
+            let mut cs: Vec<u32> = (0..6).map(|_| rng.below(cols as u64) as u32).collect();
+            if r % 5 != 0 {
+                cs.push(7);
+            }
+            cs.sort_unstable();
+            cs.dedup();
+            col_idx.extend(cs);
+        }
+        row_ptr.push(col_idx.len() as u64);
+    }
+    let ids: Vec<u32> = (0..cols as u32).map(|i| i * 3 + 1).collect();
+    let csr =
+        SparseMatrix::csr_only(rows, cols, row_ptr, col_idx).with_ids(ids[..rows].to_vec(), ids.clone());
+    let full = csr.clone().with_transpose();
+    let on_gpu = g.sparse_ahead(&csr);
+    g.synchronize();
+    let (ptr, idx, perm) = g.transpose_to_host(&on_gpu);
+    assert_eq!(ptr, full.t_row_ptr, "transposed offsets");
+    assert_eq!(idx, full.t_col_idx, "transposed indices");
+    assert_eq!(perm, full.t_perm, "entry permutation");
+    // and the products through it, both directions, against the CPU's
+    let vals = random(csr.nnz(), 1, 11);
+    let (dv, dvals) = (c.sparse(&full), g.upload(&vals));
+    for (transpose, n_in, n_out) in [(false, cols, rows), (true, rows, cols)] {
+        let x = random(n_in, 16, 12);
+        let mut want = Mat::zeros(n_out, 16);
+        c.spmm(&dv, &vals, transpose, &x, 0.0, &mut want);
+        let mut got = g.zeros(n_out, 16);
+        g.spmm(&on_gpu, &dvals, transpose, &g.upload(&x), 0.0, &mut got);
+        let e = rel(&g.download(&got), &want);
+        assert!(e <= TOL, "spmm (transposed: {transpose}) through the device's transpose: {e:.3e}");
+    }
+}
+
 #[test]
 fn zero_copy_gathers_read_host_rows_exactly() {
     let Some(mut g) = gpu() else { return };

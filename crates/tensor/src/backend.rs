@@ -109,7 +109,8 @@ pub trait Backend: Send + Sync + 'static {
     /// The matrix itself where copies finish within the call.
     type Arriving: Send;
 
-    /// Moves a sparse structure into the backend.
+    /// Moves a sparse structure into the backend, with its transpose: built by the backend
+    /// where `s` comes without one ([`SparseMatrix::csr_only`]).
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse;
     fn upload(&self, m: &Mat<Self::T>) -> Self::Mat;
     fn download(&self, m: &Self::Mat) -> Mat<Self::T>;

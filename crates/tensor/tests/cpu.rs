@@ -93,13 +93,22 @@ fn spmm_and_its_transpose_match_dense_products() {
     }
     let x = rand_mat(4, 3, 4);
     let mut out = rand_mat(5, 3, 5);
-    let sp = cpu.sparse(&s);
-    cpu.spmm(&sp, &vals, false, &x, 0.0, &mut out);
-    assert!(out.max_rel_err(&naive_gemm(&dense, false, &x, false), 1e-12) < 1e-12);
-    let g = rand_mat(5, 3, 6);
-    let mut outt = Mat::zeros(4, 3);
-    cpu.spmm(&sp, &vals, true, &g, 0.0, &mut outt);
-    assert!(outt.max_rel_err(&naive_gemm(&dense, true, &g, false), 1e-12) < 1e-12);
+    // the transpose as stored: column 0 holds rows 0 and 3 (entries 0 and 5), and so on
+    assert_eq!(s.t_row_ptr, vec![0, 2, 3, 5, 7]);
+    assert_eq!(s.t_col_idx, vec![0, 3, 2, 2, 4, 0, 2]);
+    assert_eq!(s.t_perm, vec![0, 5, 2, 3, 6, 1, 4]);
+    // a structure sent without its transpose gets it from the backend
+    let csr = SparseMatrix::csr_only(5, 4, row_ptr.clone(), col_idx.clone());
+    assert!(!csr.has_transpose() && s.has_transpose());
+    for sp in [cpu.sparse(&s), cpu.sparse(&csr)] {
+        assert_eq!(*sp, s);
+        cpu.spmm(&sp, &vals, false, &x, 0.0, &mut out);
+        assert!(out.max_rel_err(&naive_gemm(&dense, false, &x, false), 1e-12) < 1e-12);
+        let g = rand_mat(5, 3, 6);
+        let mut outt = Mat::zeros(4, 3);
+        cpu.spmm(&sp, &vals, true, &g, 0.0, &mut outt);
+        assert!(outt.max_rel_err(&naive_gemm(&dense, true, &g, false), 1e-12) < 1e-12);
+    }
 }
 
 #[test]

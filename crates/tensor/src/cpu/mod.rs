@@ -30,7 +30,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     type Arriving = Mat<T>;
 
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse {
-        Arc::new(s.clone())
+        Arc::new(s.clone().with_transpose())
     }
     fn upload(&self, m: &Mat<T>) -> Mat<T> {
         m.clone()
