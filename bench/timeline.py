@@ -7,7 +7,8 @@
 A step runs from one `rows arrived` mark on the main stream to the next. For each, the
 host's time (queueing, or waiting) and the main stream's time between its marks, and the
 second stream's gather or upload of the rows it took (the k-th on the second stream feeds the
-k-th step). Medians and means over the steps after the first `--skip`.
+k-th step: runs with evaluation, or with empty batches, pair them wrongly after that point;
+use `--eval-every 0`). Medians and means over the steps after the first `--skip`.
 """
 import argparse
 import csv

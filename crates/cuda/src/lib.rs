@@ -230,11 +230,12 @@ pub struct Cuda {
     /// oldest so that those copies run at most [`host::UPLOADS_AHEAD`] uploads ahead of the
     /// work that reads them (their device memory stays bounded).
     ahead: std::sync::Mutex<std::collections::VecDeque<CudaEvent>>,
+    /// cuSPARSE bound to the third stream, for the transposes of structures made ahead (the
+    /// sampling threads take turns); `None` inside: no cuSPARSE. Declared before the stream:
+    /// dropped first.
+    ahead_sparse: std::sync::OnceLock<Option<std::sync::Mutex<cusparse::CuSparse>>>,
     /// A third stream, for uploads made ahead of their use ([`Cuda::ahead_stream`]).
     ahead_uploads: std::sync::OnceLock<Arc<CudaStream>>,
-    /// cuSPARSE bound to that stream, for the transposes of structures made ahead (the
-    /// sampling threads take turns); `None` inside: no cuSPARSE.
-    ahead_sparse: std::sync::OnceLock<Option<std::sync::Mutex<cusparse::CuSparse>>>,
     /// Time and bytes of the second stream's gathers and uploads.
     side_time: std::sync::Mutex<clock::EventClock>,
     blas: CudaBlas,
@@ -579,7 +580,9 @@ impl Cuda {
 
     /// The stream of [`Backend::sparse_ahead`] and [`Backend::upload_ahead`] (made on first
     /// use): a copy from pageable memory waits for its stream to drain, which on this one holds
-    /// only such copies; the main stream's later work waits for them ([`Cuda::join_main`]).
+    /// only such copies and the short kernels that transpose the structures
+    /// ([`Cuda::transpose_ahead`]); the main stream's later work waits for them
+    /// ([`Cuda::join_main`]).
     fn ahead_stream(&self) -> &Arc<CudaStream> {
         self.ahead_uploads.get_or_init(|| self.ctx.new_stream().expect("a CUDA stream for uploads ahead"))
     }
@@ -636,6 +639,8 @@ impl Cuda {
         self.ahead_sparse
             .get_or_init(|| {
                 self.sparse_lib.as_ref()?;
+                // cuSPARSE makes its handle in the calling thread's current context
+                self.ctx.bind_to_thread().ok()?;
                 cusparse::CuSparse::new(self.ahead_stream()).map(std::sync::Mutex::new)
             })
             .as_ref()
@@ -681,6 +686,8 @@ impl Cuda {
             (&mut t_ptr, &mut t_col_idx, &mut t_perm),
         );
         if let Err(e) = converted {
+            // the uploads above are the main stream's to free: it waits for them first
+            self.join_main(stream);
             static ONCE: std::sync::Once = std::sync::Once::new();
             ONCE.call_once(|| {
                 tracing::warn!("cuSPARSE's transpose failed ({e}); the CPU transposes instead")

@@ -43,11 +43,12 @@ impl Timeline {
 
     /// Marks `label` on `stream` (named `which` in the file).
     pub(crate) fn mark(&self, stream: &CudaStream, which: &'static str, label: &'static str) {
-        let Ok(event) = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)) else { return };
         let mut marks = self.marks.lock().unwrap_or_else(|p| p.into_inner());
-        if marks.len() < MAX_MARKS {
-            marks.push(Mark { stream: which, label, event, host: Instant::now() });
+        if marks.len() >= MAX_MARKS {
+            return;
         }
+        let Ok(event) = stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)) else { return };
+        marks.push(Mark { stream: which, label, event, host: Instant::now() });
     }
 
     /// Writes the marks (the caller has synchronised the device: every event has completed).

@@ -34,6 +34,10 @@ impl SparseMatrix {
     pub fn csr_only(rows: usize, cols: usize, row_ptr: Vec<u64>, col_idx: Vec<u32>) -> SparseMatrix {
         assert_eq!(row_ptr.len(), rows + 1, "row_ptr has rows + 1 entries");
         assert_eq!(row_ptr[rows] as usize, col_idx.len(), "row_ptr ends at the entry count");
+        // (a device builds the transpose from these without checking them)
+        if let Some(&c) = col_idx.iter().find(|&&c| c as usize >= cols) {
+            panic!("column {c} out of range");
+        }
         SparseMatrix {
             rows,
             cols,
@@ -63,7 +67,6 @@ impl SparseMatrix {
         // transposed row comes out ascending
         let mut t_row_ptr = vec![0u64; cols + 1];
         for &c in col_idx {
-            assert!((c as usize) < cols, "column {c} out of range");
             t_row_ptr[c as usize + 1] += 1;
         }
         for c in 0..cols {
