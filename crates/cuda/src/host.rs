@@ -220,11 +220,9 @@ impl Cuda {
             // at a time) and leave most of the device to the main stream's kernels
             let cfg = crate::warps(n.min(async_gather_warps()));
             let dst = data.slice_mut(0..n * d);
-            self.mark_side(side, "gather start");
             self.timed_on_side(side, (n * d * 4) as u64, || {
                 self.launch_rows_at(side, self.one_row_gather(d), t.dptr, Some(&idx), 0, n, d, dst, cfg)
             });
-            self.mark_side(side, "gather end");
         }
         // `idx` is freed on the second stream, after the gather
         self.arriving(side, DMat { rows: n, cols: d, data })
@@ -257,16 +255,17 @@ impl Cuda {
         // SAFETY: the copy below writes every element before any use.
         let mut data = unsafe { side.alloc::<f32>(n.max(1)) }.expect("CUDA alloc");
         if n > 0 {
-            self.mark_side(side, "upload start");
             self.timed_on_side(side, (n * 4) as u64, || t.copy_to(side, n, &mut data));
-            self.mark_side(side, "upload end");
         }
         self.arriving(side, DMat { rows, cols: t.cols, data })
     }
 
     /// `work`, queued on the second stream, bracketed by timing events (see [`Cuda::side_time`]).
     fn timed_on_side<R>(&self, side: &CudaStream, bytes: u64, work: impl FnOnce() -> R) -> R {
-        EventClock::time(&self.side_time, side, bytes, work)
+        self.mark_side(side, "transfer start");
+        let r = EventClock::time(&self.side_time, side, bytes, work);
+        self.mark_side(side, "transfer end");
+        r
     }
 
     /// Seconds the second stream has spent on gathers and uploads so far (from its timing

@@ -277,6 +277,11 @@ const KERNELS: [&str; 30] = [
     "sgd",
 ];
 
+/// 64-bit offsets as cuSPARSE's 32-bit ones (the caller has checked they fit).
+fn narrow(offsets: &[u64]) -> Vec<i32> {
+    offsets.iter().map(|&o| o as i32).collect()
+}
+
 fn err<E: std::fmt::Debug>(e: E) -> CudaError {
     CudaError::Driver(format!("{e:?}"))
 }
@@ -590,9 +595,13 @@ impl Cuda {
     /// [`Backend::sparse`] by `stream` (a structure without its transpose gets it here, on
     /// the CPU).
     fn sparse_on(&self, stream: &Arc<CudaStream>, s: &SparseMatrix) -> DSparse {
-        if !s.has_transpose() {
-            return self.sparse_on(stream, &s.clone().with_transpose());
-        }
+        let built;
+        let (t_row_ptr, t_col_idx, t_perm) = if s.has_transpose() {
+            (&s.t_row_ptr, &s.t_col_idx, &s.t_perm)
+        } else {
+            built = s.transpose_parts();
+            (&built.0, &built.1, &built.2)
+        };
         let up32 = |v: &[u32]| self.upload_slice_on(stream, v);
         DSparse {
             rows: s.rows,
@@ -600,28 +609,34 @@ impl Cuda {
             nnz: s.nnz(),
             row_ptr: self.upload_slice_on(stream, &s.row_ptr),
             col_idx: up32(&s.col_idx),
-            t_row_ptr: self.upload_slice_on(stream, &s.t_row_ptr),
-            t_col_idx: up32(&s.t_col_idx),
+            t_row_ptr: self.upload_slice_on(stream, t_row_ptr),
+            t_col_idx: up32(t_col_idx),
             t_perm: {
                 assert!(
                     s.nnz() <= u32::MAX as usize,
                     "a sparse structure on the GPU holds under 2^32 entries"
                 );
-                up32(&s.t_perm.iter().map(|&e| e as u32).collect::<Vec<u32>>())
+                up32(&t_perm.iter().map(|&e| e as u32).collect::<Vec<u32>>())
             },
-            ids: match (&s.row_ids, &s.col_ids) {
-                (Some(r), Some(c)) => Some((up32(r), up32(c))),
-                _ => None,
-            },
+            ids: self.upload_ids(stream, s),
             csr32: (self.sparse_lib.is_some() && s.nnz().max(s.rows).max(s.cols) < i32::MAX as usize).then(
-                || {
-                    let narrow = |p: &[u64]| p.iter().map(|&o| o as i32).collect::<Vec<i32>>();
-                    cusparse::Csr32 {
-                        ptr: self.upload_slice_on(stream, &narrow(&s.row_ptr)),
-                        t_ptr: self.upload_slice_on(stream, &narrow(&s.t_row_ptr)),
-                    }
+                || cusparse::Csr32 {
+                    ptr: self.upload_slice_on(stream, &narrow(&s.row_ptr)),
+                    t_ptr: self.upload_slice_on(stream, &narrow(t_row_ptr)),
                 },
             ),
+        }
+    }
+
+    /// The row and column node ids of `s`, where it has them, on the device by `stream`.
+    fn upload_ids(
+        &self,
+        stream: &Arc<CudaStream>,
+        s: &SparseMatrix,
+    ) -> Option<(CudaSlice<u32>, CudaSlice<u32>)> {
+        match (&s.row_ids, &s.col_ids) {
+            (Some(r), Some(c)) => Some((self.upload_slice_on(stream, r), self.upload_slice_on(stream, c))),
+            _ => None,
         }
     }
 
@@ -663,8 +678,7 @@ impl Cuda {
         }
         let lib = self.ahead_sparse()?;
         let stream = self.ahead_stream();
-        let narrow: Vec<i32> = s.row_ptr.iter().map(|&o| o as i32).collect();
-        let ptr = self.upload_slice_on(stream, &narrow);
+        let ptr = self.upload_slice_on(stream, &narrow(&s.row_ptr));
         let col_idx = self.upload_slice_on(stream, &s.col_idx);
         let n = nnz as i64;
         // SAFETY: written whole by `iota_u32` below before any use.
@@ -714,12 +728,7 @@ impl Cuda {
             t_row_ptr,
             t_col_idx: self.adopt(t_col_idx),
             t_perm: self.adopt(t_perm),
-            ids: match (&s.row_ids, &s.col_ids) {
-                (Some(r), Some(c)) => {
-                    Some((self.upload_slice_on(stream, r), self.upload_slice_on(stream, c)))
-                }
-                _ => None,
-            },
+            ids: self.upload_ids(stream, s),
             csr32: Some(cusparse::Csr32 { ptr, t_ptr: self.adopt(t_ptr) }),
         })
     }

@@ -58,13 +58,18 @@ impl SparseMatrix {
 
     /// The structure with its transpose (built here where it is missing).
     pub fn with_transpose(mut self) -> SparseMatrix {
-        if self.has_transpose() {
-            return self;
+        if !self.has_transpose() {
+            (self.t_row_ptr, self.t_col_idx, self.t_perm) = self.transpose_parts();
         }
+        self
+    }
+
+    /// The transpose's offsets, indices and entry permutation, built from the CSR structure (by
+    /// a counting sort over columns; rows are visited in order, so every transposed row comes
+    /// out ascending).
+    pub fn transpose_parts(&self) -> (Vec<u64>, Vec<u32>, Vec<u64>) {
         let (rows, cols, row_ptr, col_idx) = (self.rows, self.cols, &self.row_ptr, &self.col_idx);
         let nnz = col_idx.len();
-        // transpose by a counting sort over columns; rows are visited in order, so every
-        // transposed row comes out ascending
         let mut t_row_ptr = vec![0u64; cols + 1];
         for &c in col_idx {
             t_row_ptr[c as usize + 1] += 1;
@@ -84,10 +89,7 @@ impl SparseMatrix {
                 cursor[c] += 1;
             }
         }
-        self.t_row_ptr = t_row_ptr;
-        self.t_col_idx = t_col_idx;
-        self.t_perm = t_perm;
-        self
+        (t_row_ptr, t_col_idx, t_perm)
     }
 
     /// Keys edge dropout by the node ids of rows and columns, so an edge gets the same mask in
