@@ -163,7 +163,7 @@ impl Cuda {
         if ids.is_empty() {
             return (0.0, 0);
         }
-        let idx = self.upload_slice(ids);
+        let idx = self.upload_pinned(&self.stream, ids);
         self.cross_entropy_launch("cross_entropy_ids", logits, labels.dptr, &idx, scale, grad)
     }
 
@@ -350,7 +350,142 @@ impl Staging {
     }
 }
 
+/// Page-locked byte buffers for the copies of a few megabytes at most that must not go through
+/// the driver's pageable staging, which serialises them with every other thread's pageable
+/// copies (and a pageable upload waits for its stream to drain): the structures the sampling
+/// threads upload ahead, and the loss's node ids and read-back. On one H200 the trainer's
+/// calls waited up to milliseconds behind the sampling threads' pageable uploads
+/// (BENCHMARKS, eleventh session). A buffer is taken for one copy and given back with an event
+/// recorded after it; one whose copy has not finished is not taken again (a new one is made),
+/// so the pool grows to the copies in flight and is kept. Large transfers go through
+/// [`Staging`] instead, whose two buffers make the host wait (bounded memory).
+#[derive(Default)]
+pub(crate) struct PinnedPool {
+    free: Mutex<Vec<PinnedBuf>>,
+}
+
+pub(crate) struct PinnedBuf {
+    buf: PinnedHostSlice<u8>,
+    /// Recorded after the last copy that read or wrote `buf`.
+    done: Option<CudaEvent>,
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        // the memory is freed only after the last copy that used it
+        if let Some(e) = &self.done {
+            let _ = e.synchronize();
+        }
+    }
+}
+
+/// Queues a copy of `bytes` bytes from page-locked `host` to device address `dst` on `stream`.
+///
+/// # Safety
+/// `host` and `dst` hold `bytes` bytes each and stay alive and untouched until the copy is done.
+unsafe fn htod(stream: &CudaStream, dst: sys::CUdeviceptr, host: *const u8, bytes: usize) {
+    // SAFETY: the caller's promise.
+    let r =
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, host as *const std::ffi::c_void, bytes, stream.cu_stream()) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA upload from page-locked memory");
+}
+
+/// Queues a copy of `bytes` bytes from device address `src` to page-locked `host` on `stream`.
+///
+/// # Safety
+/// As [`htod`].
+unsafe fn dtoh(stream: &CudaStream, host: *mut u8, src: sys::CUdeviceptr, bytes: usize) {
+    // SAFETY: the caller's promise.
+    let r =
+        unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut std::ffi::c_void, src, bytes, stream.cu_stream()) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA download into page-locked memory");
+}
+
+impl PinnedBuf {
+    /// The buffer's start (page-locked, at least the length it was taken for).
+    pub(crate) fn ptr(&mut self) -> *mut u8 {
+        self.buf.as_mut_ptr().expect("pinned host memory")
+    }
+}
+
+impl PinnedPool {
+    /// A buffer of at least `n` bytes whose last copy has finished.
+    pub(crate) fn take(&self, ctx: &Arc<CudaContext>, n: usize) -> PinnedBuf {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let fits = |b: &PinnedBuf| b.buf.len() >= n && b.done.as_ref().is_none_or(|e| e.is_complete());
+        let best = (0..free.len()).filter(|&i| fits(&free[i])).min_by_key(|&i| free[i].buf.len());
+        if let Some(i) = best {
+            return free.swap_remove(i);
+        }
+        drop(free);
+        let len = n.next_power_of_two().max(64 << 10);
+        // SAFETY: the caller writes (or the device copies) the bytes it reads.
+        let buf = unsafe { ctx.alloc_pinned_with_flags::<u8>(len, sys::CU_MEMHOSTALLOC_PORTABLE) }
+            .expect("page-locked host memory");
+        PinnedBuf { buf, done: None }
+    }
+
+    /// `b` back, its copy queued on `stream` (the event is recorded there).
+    pub(crate) fn give(&self, mut b: PinnedBuf, stream: &CudaStream) {
+        b.done = Some(stream.record_event(None).expect("CUDA event"));
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+    }
+}
+
 impl Cuda {
+    /// `v` on the device by `stream`, copied from a page-locked buffer (see [`PinnedPool`]).
+    pub(crate) fn upload_pinned<T: cudarc::driver::DeviceRepr>(
+        &self,
+        stream: &Arc<CudaStream>,
+        v: &[T],
+    ) -> CudaSlice<T> {
+        let bytes = std::mem::size_of_val(v);
+        // SAFETY: written whole by the copy below before any use.
+        let mut out = unsafe { stream.alloc::<T>(v.len().max(1)) }.expect("CUDA alloc");
+        if bytes == 0 {
+            return out;
+        }
+        let mut b = self.pinned.take(&self.ctx, bytes);
+        let host = b.ptr();
+        // SAFETY: `host` holds at least `bytes` bytes and no copy is using it (taken from the
+        // pool); `v` is `bytes` bytes of plain data.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, host, bytes) };
+        {
+            let (dst, _sync) = out.device_ptr_mut(stream);
+            // SAFETY: `bytes` bytes from a live page-locked buffer into an allocation of as
+            // many; the buffer goes back to the pool with an event recorded after the copy.
+            unsafe { htod(stream, dst, host, bytes) };
+        }
+        self.pinned.give(b, stream);
+        out
+    }
+
+    /// `v` read back by the main stream through a page-locked buffer (waits for the copy).
+    pub(crate) fn download_pinned<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        &self,
+        v: &CudaSlice<T>,
+    ) -> Vec<T> {
+        let bytes = v.len() * std::mem::size_of::<T>();
+        let mut out = vec![T::default(); v.len()];
+        if bytes == 0 {
+            return out;
+        }
+        let mut b = self.pinned.take(&self.ctx, bytes);
+        let host = b.ptr();
+        {
+            let (src, _sync) = v.device_ptr(&self.stream);
+            // SAFETY: `bytes` bytes of a live allocation into a page-locked buffer of as many,
+            // waited for below.
+            unsafe { dtoh(&self.stream, host, src, bytes) };
+        }
+        let done = self.stream.record_event(None).expect("CUDA event");
+        done.synchronize().expect("CUDA event");
+        // SAFETY: the copy has finished; `out` holds `bytes` bytes of the same plain type.
+        unsafe { std::ptr::copy_nonoverlapping(host as *const u8, out.as_mut_ptr() as *mut u8, bytes) };
+        self.pinned.give(b, &self.stream);
+        out
+    }
+
     /// See `Backend::upload_with`: `fill` writes into a staging buffer, copied asynchronously.
     pub(crate) fn staged_upload(&self, rows: usize, cols: usize, fill: &mut dyn FnMut(&mut [f32])) -> DMat {
         let n = rows * cols;
@@ -362,15 +497,12 @@ impl Cuda {
         let mut slot = self.staging.slot();
         let host = slot.get(&self.ctx, n);
         fill(host);
-        let src = host.as_ptr();
+        let src = host.as_ptr() as *const u8;
         {
             let (dst, _sync) = out.data.device_ptr_mut(&self.stream);
             // SAFETY: `n` floats from a live page-locked buffer into an allocation of `n`;
             // the buffer is not touched again before the event recorded below completes.
-            let r = unsafe {
-                sys::cuMemcpyHtoDAsync_v2(dst, src as *const std::ffi::c_void, n * 4, self.stream.cu_stream())
-            };
-            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA staged upload");
+            unsafe { htod(&self.stream, dst, src, n * 4) };
         }
         slot.done = Some(self.stream.record_event(None).expect("CUDA event"));
         out
@@ -387,16 +519,9 @@ impl Cuda {
         let host = slot.get(&self.ctx, n);
         {
             let (src, _sync) = m.data.device_ptr(&self.stream);
-            // SAFETY: `n` floats of a live allocation into a page-locked buffer of `n`.
-            let r = unsafe {
-                sys::cuMemcpyDtoHAsync_v2(
-                    host.as_mut_ptr() as *mut std::ffi::c_void,
-                    src,
-                    n * 4,
-                    self.stream.cu_stream(),
-                )
-            };
-            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA staged download");
+            // SAFETY: `n` floats of a live allocation into a page-locked buffer of `n`, waited
+            // for below.
+            unsafe { dtoh(&self.stream, host.as_mut_ptr() as *mut u8, src, n * 4) };
         }
         self.stream.synchronize().expect("CUDA synchronize");
         read(host);

@@ -204,6 +204,8 @@ pub struct Cuda {
     /// See [`Cuda::set_gather_aligned`].
     gather_aligned: bool,
     staging: host::Staging,
+    /// Page-locked buffers for the uploads made ahead and the loss's transfers.
+    pinned: host::PinnedPool,
     sparse_lib: Option<cusparse::CuSparse>,
     /// Per shape class ([`shape_class`]): whether cuSPARSE won, both times in ms, and the
     /// shape timed.
@@ -361,6 +363,7 @@ impl Cuda {
             gather_rows_per_warp: 1,
             gather_aligned: std::env::var("GRINNDER_GATHER_ALIGNED").map_or(true, |v| v != "0"),
             staging: Default::default(),
+            pinned: Default::default(),
             sparse_lib,
             spmm_pick: Default::default(),
             pool,
@@ -547,8 +550,9 @@ impl Cuda {
         l.arg(&mut ok);
         // SAFETY: the callers checked the rows against the logits and the labels' range.
         unsafe { l.launch(grid(n)) }.expect(name);
-        let loss = self.stream.clone_dtoh(&loss).expect("CUDA download");
-        let ok = self.stream.clone_dtoh(&ok).expect("CUDA download");
+        // through page-locked memory: a pageable read-back waits behind other threads'
+        // pageable copies in the driver
+        let (loss, ok) = (self.download_pinned(&loss), self.download_pinned(&ok));
         self.mark("loss read");
         (loss.iter().map(|&x| x as f64).sum(), ok.iter().filter(|&&o| o != 0).count())
     }
@@ -569,14 +573,19 @@ impl Cuda {
         v: &[T],
     ) -> CudaSlice<T> {
         self.charge(std::mem::size_of_val(v));
+        let main = Arc::ptr_eq(stream, &self.stream);
         let s = if v.is_empty() {
             // SAFETY: a one-element allocation never read (lengths say it is empty).
             unsafe { stream.alloc::<T>(1) }.expect("CUDA alloc")
+        } else if !main {
+            // made ahead by a sampling thread: through page-locked memory, so that it neither
+            // waits for its stream to drain nor holds up other threads' pageable copies
+            self.upload_pinned(stream, v)
         } else {
             stream.clone_htod(v).expect("CUDA upload")
         };
         // used on the main stream: freed there
-        if Arc::ptr_eq(stream, &self.stream) {
+        if main {
             s
         } else {
             self.adopt(s)
