@@ -10,9 +10,9 @@
 //! - a matrix filled on another stream passes to the main stream with an event marking the
 //!   work that fills it: [`Arriving`], which the main stream waits for when the matrix is taken
 //!   ([`Cuda::arrived`]), not before, so the copy overlaps the work queued meanwhile;
-//! - structures uploaded ahead are waited for when they are made ([`Cuda::join_main`]): their
-//!   copies from pageable memory have (nearly) finished when the upload call returns, and
-//!   their transposes, built there on the device, are short kernels;
+//! - structures uploaded ahead are waited for when they are made ([`Cuda::join_main`]): the
+//!   main stream's later work waits for their copies (from page-locked buffers) and their
+//!   transposes (short kernels, built there on the device);
 //! - an allocation made on another stream and used on the main one is freed on the main stream
 //!   ([`Cuda::adopt`]), after every use queued there; an allocation used only where it was made
 //!   (a gather's row list) is freed there.

@@ -302,6 +302,17 @@ fn async_gather_warps() -> usize {
     })
 }
 
+/// See [`Cuda::hold_ahead_stream`]: releases the stream when dropped.
+pub struct StreamHold(Option<std::sync::mpsc::Sender<()>>);
+
+impl Drop for StreamHold {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
 /// Row indices uploaded once (see [`Cuda::gather_host_indexed`]).
 pub struct DeviceIndex {
     idx: cudarc::driver::CudaSlice<u32>,
@@ -353,12 +364,12 @@ impl Staging {
 /// Page-locked byte buffers for the copies of a few megabytes at most that must not go through
 /// the driver's pageable staging, which serialises them with every other thread's pageable
 /// copies (and a pageable upload waits for its stream to drain): the structures the sampling
-/// threads upload ahead, and the loss's node ids and read-back. On one H200 the trainer's
-/// calls waited up to milliseconds behind the sampling threads' pageable uploads
-/// (BENCHMARKS, eleventh session). A buffer is taken for one copy and given back with an event
-/// recorded after it; one whose copy has not finished is not taken again (a new one is made),
-/// so the pool grows to the copies in flight and is kept. Large transfers go through
-/// [`Staging`] instead, whose two buffers make the host wait (bounded memory).
+/// threads upload ahead, the loss's read-back and the zero-copy loss's node ids. On one H200
+/// the trainer's calls waited up to milliseconds behind the sampling threads' pageable uploads
+/// (BENCHMARKS, eleventh session). A buffer is taken for one copy and marked with an event
+/// after it; one whose copy has not finished is not taken again (a new one is made), so the
+/// pool grows to the copies in flight (bounded by the batches sampled ahead) and is kept.
+/// Large transfers go through [`Staging`] instead, whose two buffers make the host wait.
 #[derive(Default)]
 pub(crate) struct PinnedPool {
     free: Mutex<Vec<PinnedBuf>>,
@@ -382,7 +393,8 @@ impl Drop for PinnedBuf {
 /// Queues a copy of `bytes` bytes from page-locked `host` to device address `dst` on `stream`.
 ///
 /// # Safety
-/// `host` and `dst` hold `bytes` bytes each and stay alive and untouched until the copy is done.
+/// `host` and `dst` hold `bytes` bytes each and stay alive and untouched until the copy is done;
+/// the stream's context is current on the calling thread (it is after any allocation on it).
 unsafe fn htod(stream: &CudaStream, dst: sys::CUdeviceptr, host: *const u8, bytes: usize) {
     // SAFETY: the caller's promise.
     let r =
@@ -406,6 +418,12 @@ impl PinnedBuf {
     pub(crate) fn ptr(&mut self) -> *mut u8 {
         self.buf.as_mut_ptr().expect("pinned host memory")
     }
+
+    /// Marks the copy just queued on `stream` with this buffer: it is not reused, nor freed,
+    /// before that copy has finished (set at once, so that an unwinding caller is safe too).
+    pub(crate) fn queued(&mut self, stream: &CudaStream) -> &CudaEvent {
+        self.done.insert(stream.record_event(None).expect("CUDA event"))
+    }
 }
 
 impl PinnedPool {
@@ -425,26 +443,26 @@ impl PinnedPool {
         PinnedBuf { buf, done: None }
     }
 
-    /// `b` back, its copy queued on `stream` (the event is recorded there).
-    pub(crate) fn give(&self, mut b: PinnedBuf, stream: &CudaStream) {
-        b.done = Some(stream.record_event(None).expect("CUDA event"));
+    /// `b` back (its copy marked with [`PinnedBuf::queued`]).
+    pub(crate) fn give(&self, b: PinnedBuf) {
         self.free.lock().unwrap_or_else(|e| e.into_inner()).push(b);
     }
 }
 
 impl Cuda {
-    /// `v` on the device by `stream`, copied from a page-locked buffer (see [`PinnedPool`]).
+    /// `v` (not empty) on the device by `stream`, copied from a page-locked buffer (see
+    /// [`PinnedPool`]).
     pub(crate) fn upload_pinned<T: cudarc::driver::DeviceRepr>(
         &self,
         stream: &Arc<CudaStream>,
         v: &[T],
     ) -> CudaSlice<T> {
+        assert!(!v.is_empty(), "an upload of nothing");
         let bytes = std::mem::size_of_val(v);
-        // SAFETY: written whole by the copy below before any use.
-        let mut out = unsafe { stream.alloc::<T>(v.len().max(1)) }.expect("CUDA alloc");
-        if bytes == 0 {
-            return out;
-        }
+        self.charge(bytes);
+        // SAFETY: written whole by the copy below before any use; freed in its stream's order
+        // (or the main stream's, once adopted), after the copy.
+        let mut out = unsafe { stream.alloc::<T>(v.len()) }.expect("CUDA alloc");
         let mut b = self.pinned.take(&self.ctx, bytes);
         let host = b.ptr();
         // SAFETY: `host` holds at least `bytes` bytes and no copy is using it (taken from the
@@ -456,7 +474,8 @@ impl Cuda {
             // many; the buffer goes back to the pool with an event recorded after the copy.
             unsafe { htod(stream, dst, host, bytes) };
         }
-        self.pinned.give(b, stream);
+        b.queued(stream);
+        self.pinned.give(b);
         out
     }
 
@@ -478,12 +497,38 @@ impl Cuda {
             // waited for below.
             unsafe { dtoh(&self.stream, host, src, bytes) };
         }
-        let done = self.stream.record_event(None).expect("CUDA event");
-        done.synchronize().expect("CUDA event");
+        b.queued(&self.stream).synchronize().expect("CUDA event");
         // SAFETY: the copy has finished; `out` holds `bytes` bytes of the same plain type.
         unsafe { std::ptr::copy_nonoverlapping(host as *const u8, out.as_mut_ptr() as *mut u8, bytes) };
-        self.pinned.give(b, &self.stream);
+        self.pinned.give(b);
         out
+    }
+
+    /// Holds the stream of work made ahead ([`Backend::sparse_ahead`], [`Backend::upload_ahead`])
+    /// until the returned guard is dropped (at most a minute): work queued there meanwhile waits
+    /// behind a host function, so its copies are still in flight while the caller goes on (for
+    /// tests of buffers that copies read later).
+    pub fn hold_ahead_stream(&self) -> StreamHold {
+        unsafe extern "C" fn wait_for_release(data: *mut std::ffi::c_void) {
+            // SAFETY: `data` is the receiver the launch below gave up; this function owns it
+            // from here and makes no CUDA calls.
+            let rx = unsafe { Box::from_raw(data.cast::<std::sync::mpsc::Receiver<()>>()) };
+            let _ = rx.recv_timeout(std::time::Duration::from_secs(60));
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let rx = Box::into_raw(Box::new(rx));
+        self.ctx.bind_to_thread().expect("CUDA context");
+        // SAFETY: the function and its argument stay valid until it runs (the receiver is
+        // leaked to it); it never calls CUDA.
+        let r = unsafe {
+            sys::cuLaunchHostFunc(self.ahead_stream().cu_stream(), Some(wait_for_release), rx.cast())
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: a failed launch did not hand the receiver over.
+            drop(unsafe { Box::from_raw(rx) });
+            panic!("cuLaunchHostFunc failed: {r:?}");
+        }
+        StreamHold(Some(tx))
     }
 
     /// See `Backend::upload_with`: `fill` writes into a staging buffer, copied asynchronously.

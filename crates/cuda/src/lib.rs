@@ -27,7 +27,7 @@ mod nccl;
 mod timeline;
 
 pub use handoff::Arriving;
-pub use host::{DeviceIndex, HostLabels, HostTable};
+pub use host::{DeviceIndex, HostLabels, HostTable, StreamHold};
 pub use nccl::{nccl_present, Nccl};
 
 const SOURCE: &str = include_str!("kernels.cu");
@@ -593,10 +593,9 @@ impl Cuda {
     }
 
     /// The stream of [`Backend::sparse_ahead`] and [`Backend::upload_ahead`] (made on first
-    /// use): a copy from pageable memory waits for its stream to drain, which on this one holds
-    /// only such copies and the short kernels that transpose the structures
-    /// ([`Cuda::transpose_ahead`]); the main stream's later work waits for them
-    /// ([`Cuda::join_main`]).
+    /// use): copies from page-locked buffers ([`Cuda::upload_pinned`]) and the short kernels
+    /// that transpose the structures ([`Cuda::transpose_ahead`]); the main stream's later work
+    /// waits for them ([`Cuda::join_main`]).
     fn ahead_stream(&self) -> &Arc<CudaStream> {
         self.ahead_uploads.get_or_init(|| self.ctx.new_stream().expect("a CUDA stream for uploads ahead"))
     }

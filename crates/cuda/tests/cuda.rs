@@ -441,32 +441,42 @@ fn work_crossing_streams_sees_the_data_it_was_given() {
     assert!(rel(&g.download(&out), &want) < 1e-5, "SpMM over structures uploaded ahead");
 }
 
-/// Uploads made ahead pass through page-locked buffers that are reused: many at once from
-/// several threads, of many sizes (the buffers are 64 KiB and up, so most are reused), each
-/// arrives whole — no buffer is refilled before its copy has read it.
+/// Uploads made ahead pass through page-locked buffers that are reused once their copies are
+/// done: many at once from several threads, of many sizes, each arrives whole — while the
+/// stream is held, every copy is still in flight, so a buffer handed out again before its copy
+/// read it would send another upload's numbers; after, the buffers are reused.
 #[test]
 fn uploads_made_ahead_arrive_whole_through_reused_buffers() {
     let Some(g) = gpu() else { return };
-    let sent = std::thread::scope(|sc| {
-        let threads: Vec<_> = (0..4u64)
-            .map(|t| {
-                let g = &g;
-                sc.spawn(move || {
-                    (0..80u64)
-                        .map(|i| {
-                            let m = random(1 + ((i * 7919 + t * 131) % 40_000) as usize, 1, 1000 * t + i);
-                            let d = g.upload_ahead(&m);
-                            (m, d)
-                        })
-                        .collect::<Vec<_>>()
+    let upload_from_threads = |round: u64| {
+        std::thread::scope(|sc| {
+            let threads: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let g = &g;
+                    sc.spawn(move || {
+                        (0..80u64)
+                            .map(|i| {
+                                let n = 1 + ((i * 7919 + t * 131 + round) % 40_000) as usize;
+                                let m = random(n, 1, 10_000 * round + 1000 * t + i);
+                                let d = g.upload_ahead(&m);
+                                (m, d)
+                            })
+                            .collect::<Vec<_>>()
+                    })
                 })
-            })
-            .collect();
-        threads.into_iter().map(|h| h.join().expect("an uploading thread")).collect::<Vec<_>>()
-    });
-    for (t, uploads) in sent.iter().enumerate() {
-        for (i, (m, d)) in uploads.iter().enumerate() {
-            assert_eq!(g.download(d).data, m.data, "thread {t}, upload {i}");
+                .collect();
+            threads.into_iter().map(|h| h.join().expect("an uploading thread")).collect::<Vec<_>>()
+        })
+    };
+    let hold = g.hold_ahead_stream();
+    let held = upload_from_threads(1);
+    drop(hold);
+    let after = upload_from_threads(2);
+    for (round, sent) in [("held", held), ("after", after)] {
+        for (t, uploads) in sent.iter().enumerate() {
+            for (i, (m, d)) in uploads.iter().enumerate() {
+                assert_eq!(g.download(d).data, m.data, "{round}: thread {t}, upload {i}");
+            }
         }
     }
 }
