@@ -336,6 +336,15 @@ struct Slot {
     done: Option<CudaEvent>,
 }
 
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // the buffer is freed only after the last copy that used it
+        if let Some(e) = &self.done {
+            let _ = e.synchronize();
+        }
+    }
+}
+
 impl Slot {
     /// The buffer, at least `n` long, once its last copy has finished.
     fn get(&mut self, ctx: &Arc<CudaContext>, n: usize) -> &mut [f32] {
