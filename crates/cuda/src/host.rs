@@ -329,37 +329,25 @@ pub(crate) struct Staging {
     next: std::sync::atomic::AtomicUsize,
 }
 
+/// One staging buffer (none until first used).
 #[derive(Default)]
-struct Slot {
-    buf: Option<PinnedHostSlice<f32>>,
-    /// Recorded after the last copy that read or wrote `buf`.
-    done: Option<CudaEvent>,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        // the buffer is freed only after the last copy that used it
-        if let Some(e) = &self.done {
-            let _ = e.synchronize();
-        }
-    }
-}
+struct Slot(Option<PinnedBuf>);
 
 impl Slot {
-    /// The buffer, at least `n` long, once its last copy has finished.
+    /// The buffer as `n` floats, once its last copy has finished (grown where shorter).
     fn get(&mut self, ctx: &Arc<CudaContext>, n: usize) -> &mut [f32] {
-        if let Some(e) = self.done.take() {
-            e.synchronize().expect("CUDA event");
+        if let Some(b) = &mut self.0 {
+            b.wait();
         }
-        if self.buf.as_ref().is_none_or(|b| b.len() < n) {
-            let len = n.max(self.buf.as_ref().map_or(0, |b| b.len() * 3 / 2)).max(1 << 16);
-            // SAFETY: the contents are written by the caller before any copy reads them.
-            self.buf = Some(
-                unsafe { ctx.alloc_pinned_with_flags::<f32>(len, sys::CU_MEMHOSTALLOC_PORTABLE) }
-                    .expect("page-locked host memory"),
-            );
+        let floats = |b: &PinnedBuf| b.buf.len() / 4;
+        if self.0.as_ref().is_none_or(|b| floats(b) < n) {
+            let len = n.max(self.0.as_ref().map_or(0, |b| floats(b) * 3 / 2)).max(1 << 16);
+            self.0 = Some(PinnedBuf::new(ctx, len * 4));
         }
-        &mut self.buf.as_mut().expect("allocated").as_mut_slice().expect("pinned host memory")[..n]
+        let b = self.0.as_mut().expect("allocated");
+        // SAFETY: the buffer is page-aligned and holds at least `n` floats; no copy is using it
+        // (waited for above) and the slice borrows it exclusively.
+        unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut f32, n) }
     }
 }
 
@@ -423,6 +411,21 @@ unsafe fn dtoh(stream: &CudaStream, host: *mut u8, src: sys::CUdeviceptr, bytes:
 }
 
 impl PinnedBuf {
+    /// `bytes` of new page-locked memory (page-aligned), used by no copy yet.
+    fn new(ctx: &Arc<CudaContext>, bytes: usize) -> PinnedBuf {
+        // SAFETY: the users write (or the device copies) the bytes they read.
+        let buf = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }
+            .expect("page-locked host memory");
+        PinnedBuf { buf, done: None }
+    }
+
+    /// Waits for the last copy that used the buffer.
+    fn wait(&mut self) {
+        if let Some(e) = self.done.take() {
+            e.synchronize().expect("CUDA event");
+        }
+    }
+
     /// The buffer's start (page-locked, at least the length it was taken for).
     pub(crate) fn ptr(&mut self) -> *mut u8 {
         self.buf.as_mut_ptr().expect("pinned host memory")
@@ -445,11 +448,7 @@ impl PinnedPool {
             return free.swap_remove(i);
         }
         drop(free);
-        let len = n.next_power_of_two().max(64 << 10);
-        // SAFETY: the caller writes (or the device copies) the bytes it reads.
-        let buf = unsafe { ctx.alloc_pinned_with_flags::<u8>(len, sys::CU_MEMHOSTALLOC_PORTABLE) }
-            .expect("page-locked host memory");
-        PinnedBuf { buf, done: None }
+        PinnedBuf::new(ctx, n.next_power_of_two().max(64 << 10))
     }
 
     /// `b` back (its copy marked with [`PinnedBuf::queued`]).
@@ -558,7 +557,7 @@ impl Cuda {
             // the buffer is not touched again before the event recorded below completes.
             unsafe { htod(&self.stream, dst, src, n * 4) };
         }
-        slot.done = Some(self.stream.record_event(None).expect("CUDA event"));
+        slot.0.as_mut().expect("allocated").queued(&self.stream);
         out
     }
 

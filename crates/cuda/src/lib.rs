@@ -575,7 +575,6 @@ impl Cuda {
         stream: &Arc<CudaStream>,
         v: &[T],
     ) -> CudaSlice<T> {
-        self.charge(std::mem::size_of_val(v));
         let main = Arc::ptr_eq(stream, &self.stream);
         let s = if v.is_empty() {
             // SAFETY: a one-element allocation never read (lengths say it is empty).
@@ -585,6 +584,7 @@ impl Cuda {
             // waits for its stream to drain nor holds up other threads' pageable copies
             self.upload_pinned(stream, v)
         } else {
+            self.charge(std::mem::size_of_val(v));
             stream.clone_htod(v).expect("CUDA upload")
         };
         // used on the main stream: freed there
