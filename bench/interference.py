@@ -177,6 +177,8 @@ def main():
     p.add_argument("--batch-rows", type=int, default=500_000)
     p.add_argument("--json")
     p.add_argument("--thp", action="store_true", help="also a table registered from huge pages")
+    p.add_argument("--blocks", action="store_true",
+                   help="only the aligned gather, its warps in blocks of 32 to 1,024 threads (on fewer or more SMs)")
     a = p.parse_args()
     mod = cp.RawModule(code=SRC)
     tiny, axpy = (mod.get_function(n) for n in ("tiny", "axpy"))
@@ -329,7 +331,7 @@ def main():
         host = np.ctypeslib.as_array((ctypes.c_float * (a.rows * a.d)).from_address(table))
         host[:] = np.arange(a.rows * a.d, dtype=np.int64) % (1 << 24)  # exact in f32
         want = host.reshape(a.rows, a.d)[cp.asnumpy(idx[:2000])]
-        for k in ("aligned", "tma", "tma_lines1", "tma_lines2", "tma_lines1/64", "tma_lines1/32", "tma_lines2/32"):
+        for k in ("aligned",) if a.blocks else ("aligned", "tma", "tma_lines1", "tma_lines2", "tma_lines1/64", "tma_lines1/32", "tma_lines2/32"):
             out.fill(-1)
             with side_s:
                 gather_launch(table, 4096, 256, k)
@@ -345,6 +347,8 @@ def main():
         plan += [(f"tma_lines2/{al}", w, 256, False) for al in (128, 32) for w in (256, 128)]
         if huge:
             plan = [("aligned", 1 << 30, 256, False), ("aligned", 256, 256, False)]
+        if a.blocks:
+            plan = [("aligned", w, b, False) for w in (512, 256) for b in (1024, 512, 256, 64)]
         for kernel, warps, block, prio in plan:
             w = "all" if warps > a.batch_rows else warps
             row(f"zc {kernel} {label} warps={w} block={block}{' priorities' if prio else ''}",

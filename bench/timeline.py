@@ -53,7 +53,9 @@ def main():
             "main: forward behind the host": lo[0] - lo[1],
         }
         if "loss read" in s:
-            row["host: reading a loss"] = s["loss read"][1] - lo[1]
+            # the loss read in this step: the batch before's, read once this step's backward
+            # pass is queued (the trainer does not wait for a step's own loss)
+            row["host: from the logits to reading the last loss"] = s["loss read"][1] - lo[1]
         if k < len(starts) and k < len(ends):
             row["side: rows' transfer"] = ends[k][1] - starts[k][1]
             row["side: queued before main took the rows"] = ar[1] - starts[k][2]

@@ -53,7 +53,7 @@ impl FeatureSource<grinnder_cuda::Cuda> for ZeroCopyFeatures {
         ids: &[u32],
         scale: f64,
         grad: &mut grinnder_cuda::DMat,
-    ) -> Option<(f64, usize)> {
+    ) -> Option<grinnder_cuda::CudaLoss> {
         Some(g.cross_entropy_mapped(logits, &self.labels, ids, scale, grad))
     }
 

@@ -146,8 +146,8 @@ impl Cuda {
         Ok(HostLabels { buf, dptr, classes })
     }
 
-    /// `Backend::cross_entropy` over rows `0..ids.len()` of `logits` with the labels of nodes
-    /// `ids`, read by the kernel from the mapped table (only the node ids travel).
+    /// `Backend::cross_entropy_later` over rows `0..ids.len()` of `logits` with the labels of
+    /// nodes `ids`, read by the kernel from the mapped table, the ids from mapped memory too.
     pub fn cross_entropy_mapped(
         &self,
         logits: &DMat,
@@ -155,16 +155,18 @@ impl Cuda {
         ids: &[u32],
         scale: f64,
         grad: &mut DMat,
-    ) -> (f64, usize) {
+    ) -> CudaLoss {
         let _p = self.span("cross_entropy (mapped labels)");
         assert_eq!(labels.classes as usize, logits.cols, "one logit per class");
         assert!(ids.len() <= logits.rows, "a row per node");
         labels.check(ids);
         if ids.is_empty() {
-            return (0.0, 0);
+            return CudaLoss::nothing();
         }
-        let idx = self.upload_pinned(&self.stream, ids);
-        self.cross_entropy_launch("cross_entropy_ids", logits, labels.dptr, &idx, scale, grad)
+        // the node ids go with the outputs in one mapped buffer: the step queues no copy
+        let b = self.loss_buffer(ids.len(), ids);
+        let idx = b.dptr() + 8 * ids.len() as u64;
+        self.cross_entropy_launch("cross_entropy_ids", logits, labels.dptr, idx, ids.len(), b, scale, grad)
     }
 
     /// `out[at + i] = t[rows[i]]`, read by the GPU from host memory over the bus (zero-copy).
@@ -211,8 +213,17 @@ impl Cuda {
         let (d, n) = (t.cols, ids.len());
         assert!(ids.iter().all(|&i| (i as usize) < t.rows), "gather: row out of range");
         let side = self.side_stream();
-        self.charge((n * d + n) * 4);
-        let idx = side.clone_htod(ids).expect("CUDA upload");
+        self.charge(n * d * 4);
+        // the ids through page-locked memory (charged there): a pageable upload waits for its
+        // stream to drain (the gather before), and meanwhile the other threads' copies wait
+        // in the driver, the trainer's too (on one H200, products-like: 1.73–1.76 s per epoch
+        // against 1.56 s; BENCHMARKS, twelfth session)
+        let idx = if ids.is_empty() {
+            // SAFETY: one element never read (the gather below has no rows).
+            unsafe { side.alloc::<u32>(1) }.expect("CUDA alloc")
+        } else {
+            self.upload_pinned(side, ids)
+        };
         // SAFETY: every element is written by the gather below before any use.
         let mut data = unsafe { side.alloc::<f32>((n * d).max(1)) }.expect("CUDA alloc");
         if n > 0 && d > 0 {
@@ -358,15 +369,17 @@ impl Staging {
     }
 }
 
-/// Page-locked byte buffers for the copies of a few megabytes at most that must not go through
-/// the driver's pageable staging, which serialises them with every other thread's pageable
-/// copies (and a pageable upload waits for its stream to drain): the structures the sampling
-/// threads upload ahead, the loss's read-back and the zero-copy loss's node ids. On one H200
-/// the trainer's calls waited up to milliseconds behind the sampling threads' pageable uploads
-/// (BENCHMARKS, eleventh session). A buffer is taken for one copy and marked with an event
-/// after it; one whose copy has not finished is not taken again (a new one is made), so the
-/// pool grows to the copies in flight (bounded by the batches sampled ahead) and is kept.
-/// Large transfers go through [`Staging`] instead, whose two buffers make the host wait.
+/// Page-locked byte buffers (mapped into the device) for the transfers of a few megabytes at
+/// most that must not go through the driver's pageable staging, which serialises them with
+/// every other thread's pageable copies (and a pageable upload waits for its stream to drain):
+/// the structures the sampling threads upload ahead, the main stream's small uploads (a batch's
+/// labels), a zero-copy gather's row ids, and the loss kernel's outputs and node ids, which the
+/// kernel writes and reads in place (no copy at all). On one H200 the trainer's calls waited up
+/// to milliseconds behind pageable uploads (BENCHMARKS, eleventh and twelfth sessions). A
+/// buffer is taken for one copy or kernel and marked with an event after it; one whose work has
+/// not finished is not taken again (a new one is made), so the pool grows to the transfers in
+/// flight (bounded by the batches sampled ahead) and is kept. Large transfers go through
+/// [`Staging`] instead, whose two buffers make the host wait.
 #[derive(Default)]
 pub(crate) struct PinnedPool {
     free: Mutex<Vec<PinnedBuf>>,
@@ -374,7 +387,10 @@ pub(crate) struct PinnedPool {
 
 pub(crate) struct PinnedBuf {
     buf: PinnedHostSlice<u8>,
-    /// Recorded after the last copy that read or wrote `buf`.
+    /// `buf`'s address on the device (the memory is mapped: kernels read and write it over the
+    /// bus).
+    dptr: u64,
+    /// Recorded after the last copy or kernel that read or wrote `buf`.
     done: Option<CudaEvent>,
 }
 
@@ -384,6 +400,28 @@ impl Drop for PinnedBuf {
         if let Some(e) = &self.done {
             let _ = e.synchronize();
         }
+    }
+}
+
+/// A loss on its way to the host ([`grinnder_tensor::Backend::cross_entropy_later`]): its
+/// per-row values and hit flags, written by the loss kernel straight into mapped page-locked
+/// memory (no copy to queue), summed on the host when read
+/// ([`grinnder_tensor::Backend::loss_value`]).
+pub struct CudaLoss {
+    buf: Option<PinnedBuf>,
+    rows: usize,
+}
+
+impl CudaLoss {
+    /// The loss over no rows.
+    pub(crate) fn nothing() -> CudaLoss {
+        CudaLoss { buf: None, rows: 0 }
+    }
+
+    /// The loss of the kernel over `rows` rows just queued on `stream` with buffer `b`.
+    pub(crate) fn queued(mut b: PinnedBuf, rows: usize, stream: &CudaStream) -> CudaLoss {
+        b.queued(stream);
+        CudaLoss { buf: Some(b), rows }
     }
 }
 
@@ -411,12 +449,19 @@ unsafe fn dtoh(stream: &CudaStream, host: *mut u8, src: sys::CUdeviceptr, bytes:
 }
 
 impl PinnedBuf {
-    /// `bytes` of new page-locked memory (page-aligned), used by no copy yet.
+    /// `bytes` of new page-locked memory (page-aligned, mapped into the device), used by no copy
+    /// yet.
     fn new(ctx: &Arc<CudaContext>, bytes: usize) -> PinnedBuf {
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: the users write (or the device copies) the bytes they read.
-        let buf = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }
-            .expect("page-locked host memory");
-        PinnedBuf { buf, done: None }
+        let mut buf =
+            unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, flags) }.expect("page-locked host memory");
+        let host = buf.as_mut_ptr().expect("pinned host memory");
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated with DEVICEMAP in this context.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host as *mut std::ffi::c_void, 0) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemHostGetDevicePointer");
+        PinnedBuf { buf, dptr, done: None }
     }
 
     /// Waits for the last copy that used the buffer.
@@ -431,8 +476,14 @@ impl PinnedBuf {
         self.buf.as_mut_ptr().expect("pinned host memory")
     }
 
-    /// Marks the copy just queued on `stream` with this buffer: it is not reused, nor freed,
-    /// before that copy has finished (set at once, so that an unwinding caller is safe too).
+    /// The buffer's start as a device address.
+    pub(crate) fn dptr(&self) -> u64 {
+        self.dptr
+    }
+
+    /// Marks the copy (or kernel) just queued on `stream` with this buffer: it is not reused,
+    /// nor freed, before that work has finished (set at once, so that an unwinding caller is
+    /// safe too).
     pub(crate) fn queued(&mut self, stream: &CudaStream) -> &CudaEvent {
         self.done.insert(stream.record_event(None).expect("CUDA event"))
     }
@@ -487,29 +538,35 @@ impl Cuda {
         out
     }
 
-    /// `v` read back by the main stream through a page-locked buffer (waits for the copy).
-    pub(crate) fn download_pinned<T: cudarc::driver::DeviceRepr + Default + Clone>(
-        &self,
-        v: &CudaSlice<T>,
-    ) -> Vec<T> {
-        let bytes = v.len() * std::mem::size_of::<T>();
-        let mut out = vec![T::default(); v.len()];
-        if bytes == 0 {
-            return out;
-        }
-        let mut b = self.pinned.take(&self.ctx, bytes);
+    /// A page-locked buffer for a loss kernel over `n` rows: its per-row losses (f32) and hit
+    /// flags (i32) at device addresses `dptr` and `dptr + 4n`, then `extra` u32s written by the
+    /// host (the rows' node ids, for the kernel to read) at `dptr + 8n`.
+    pub(crate) fn loss_buffer(&self, n: usize, extra: &[u32]) -> PinnedBuf {
+        let mut b = self.pinned.take(&self.ctx, 4 * (2 * n + extra.len()));
         let host = b.ptr();
-        {
-            let (src, _sync) = v.device_ptr(&self.stream);
-            // SAFETY: `bytes` bytes of a live allocation into a page-locked buffer of as many,
-            // waited for below.
-            unsafe { dtoh(&self.stream, host, src, bytes) };
-        }
-        b.queued(&self.stream).synchronize().expect("CUDA event");
-        // SAFETY: the copy has finished; `out` holds `bytes` bytes of the same plain type.
-        unsafe { std::ptr::copy_nonoverlapping(host as *const u8, out.as_mut_ptr() as *mut u8, bytes) };
+        // SAFETY: the buffer holds at least 8n + 4·extra.len() bytes and no work is using it
+        // (taken from the pool); u32s are plain data.
+        unsafe { std::ptr::copy_nonoverlapping(extra.as_ptr(), host.add(8 * n) as *mut u32, extra.len()) };
+        b
+    }
+
+    /// `(Σ loss, hits)` of a loss kernel's buffer ([`Cuda::loss_buffer`]; waits for the kernel).
+    pub(crate) fn loss_sums(&self, l: CudaLoss) -> (f64, usize) {
+        let Some(mut b) = l.buf else { return (0.0, 0) };
+        b.wait();
+        let n = l.rows;
+        let host = b.ptr();
+        // SAFETY: the kernel has finished (its writes to mapped memory are visible); the buffer
+        // holds `n` f32 losses, then `n` i32 flags (page-aligned, so both are aligned).
+        let (loss, hit) = unsafe {
+            (
+                std::slice::from_raw_parts(host as *const f32, n),
+                std::slice::from_raw_parts(host.add(4 * n) as *const i32, n),
+            )
+        };
+        let sums = (loss.iter().map(|&x| x as f64).sum(), hit.iter().filter(|&&o| o != 0).count());
         self.pinned.give(b);
-        out
+        sums
     }
 
     /// Holds the stream of work made ahead ([`Backend::sparse_ahead`], [`Backend::upload_ahead`])

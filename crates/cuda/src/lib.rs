@@ -27,7 +27,7 @@ mod nccl;
 mod timeline;
 
 pub use handoff::Arriving;
-pub use host::{DeviceIndex, HostLabels, HostTable, StreamHold};
+pub use host::{CudaLoss, DeviceIndex, HostLabels, HostTable, StreamHold};
 pub use nccl::{nccl_present, Nccl};
 
 const SOURCE: &str = include_str!("kernels.cu");
@@ -197,6 +197,10 @@ impl<T: cudarc::driver::DeviceRepr + PartialEq + Clone> UploadCache<T> {
         d
     }
 }
+
+/// The largest upload by the main stream through the page-locked buffers of
+/// [`host::PinnedPool`] (kept for reuse: larger ones go through the driver's staging).
+const PINNED_UPLOAD_MAX: usize = 4 << 20;
 
 /// The CUDA backend on one device.
 pub struct Cuda {
@@ -525,39 +529,32 @@ impl Cuda {
         }
     }
 
-    /// Launches `name` (`cross_entropy` or `cross_entropy_ids`) over `idx.len()` rows with the
-    /// labels at device address `labels`; returns the summed loss and the correct count.
+    /// Launches `name` (`cross_entropy` or `cross_entropy_ids`) over `n` rows, the row numbers
+    /// or node ids at device address `idx`, the labels at `labels`, writing the per-row losses
+    /// and hits into `out` ([`Cuda::loss_buffer`]), which the returned loss holds until read.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn cross_entropy_launch(
         &self,
         name: &'static str,
         logits: &DMat,
         labels: u64,
-        idx: &CudaSlice<u32>,
+        idx: u64,
+        n: usize,
+        out: host::PinnedBuf,
         scale: f64,
         grad: &mut DMat,
-    ) -> (f64, usize) {
-        let n = idx.len();
+    ) -> CudaLoss {
         self.mark("logits");
-        let mut loss = self.stream.alloc_zeros::<f32>(n).expect("CUDA alloc");
-        let mut ok = self.stream.alloc_zeros::<i32>(n).expect("CUDA alloc");
+        let (loss, hit) = (out.dptr(), out.dptr() + 4 * n as u64);
         let (m, c32, s) = (n as i64, logits.cols as i32, scale as f32);
         let mut l = self.stream.launch_builder(self.func(name));
-        l.arg(&logits.data)
-            .arg(&labels)
-            .arg(idx)
-            .arg(&m)
-            .arg(&c32)
-            .arg(&s)
-            .arg(&mut grad.data)
-            .arg(&mut loss);
-        l.arg(&mut ok);
-        // SAFETY: the callers checked the rows against the logits and the labels' range.
+        l.arg(&logits.data).arg(&labels).arg(&idx).arg(&m).arg(&c32).arg(&s).arg(&mut grad.data);
+        l.arg(&loss).arg(&hit);
+        // SAFETY: the callers checked the rows against the logits and the labels' range; `out`
+        // holds n losses and n flags, mapped, and stays with the returned loss until the kernel
+        // has finished.
         unsafe { l.launch(grid(n)) }.expect(name);
-        // through page-locked memory: a pageable read-back waits behind other threads'
-        // pageable copies in the driver
-        let (loss, ok) = (self.download_pinned(&loss), self.download_pinned(&ok));
-        self.mark("loss read");
-        (loss.iter().map(|&x| x as f64).sum(), ok.iter().filter(|&&o| o != 0).count())
+        CudaLoss::queued(out, n, &self.stream)
     }
 
     /// Whether cuSPARSE was found.
@@ -579,9 +576,11 @@ impl Cuda {
         let s = if v.is_empty() {
             // SAFETY: a one-element allocation never read (lengths say it is empty).
             unsafe { stream.alloc::<T>(1) }.expect("CUDA alloc")
-        } else if !main {
-            // made ahead by a sampling thread: through page-locked memory, so that it neither
-            // waits for its stream to drain nor holds up other threads' pageable copies
+        } else if !main || std::mem::size_of_val(v) <= PINNED_UPLOAD_MAX {
+            // made ahead by a sampling thread, or small (a batch's labels and rows): through
+            // page-locked memory, so that it neither waits for its stream to drain (the host
+            // queues a training step's work ahead of the device) nor holds up other threads'
+            // pageable copies
             self.upload_pinned(stream, v)
         } else {
             self.charge(std::mem::size_of_val(v));
@@ -1018,6 +1017,7 @@ impl Backend for Cuda {
     type Sparse = DSparse;
     type HostBlock = host::HostTable;
     type Arriving = Arriving;
+    type Loss = CudaLoss;
 
     fn device_memory(&self) -> Option<DeviceMemory> {
         let p = self.pool.as_ref()?;
@@ -1492,14 +1492,14 @@ impl Backend for Cuda {
         self.col_reduce(&dy.data, None, None, x.rows, x.cols, 1, 0, 1.0, &mut dbeta.data);
     }
 
-    fn cross_entropy(
+    fn cross_entropy_later(
         &self,
         logits: &DMat,
         labels: &[i32],
         rows: &[u32],
         scale: f64,
         grad: &mut DMat,
-    ) -> (f64, usize) {
+    ) -> CudaLoss {
         let _p = self.span("cross_entropy");
         let c = logits.cols;
         assert_eq!(labels.len(), logits.rows, "one label per row");
@@ -1508,11 +1508,19 @@ impl Backend for Cuda {
             assert!(y >= 0 && (y as usize) < c, "row {r} has label {y}, outside 0..{c}");
         }
         if rows.is_empty() {
-            return (0.0, 0);
+            return CudaLoss::nothing();
         }
         let (dl, dr) = (self.labels.get(self, labels), self.rows.get(self, rows));
         let dl: u64 = dl.as_ref().device_ptr(&self.stream).0;
-        self.cross_entropy_launch("cross_entropy", logits, dl, dr.as_ref(), scale, grad)
+        let dr: u64 = dr.as_ref().device_ptr(&self.stream).0;
+        let out = self.loss_buffer(rows.len(), &[]);
+        self.cross_entropy_launch("cross_entropy", logits, dl, dr, rows.len(), out, scale, grad)
+    }
+
+    fn loss_value(&self, l: CudaLoss) -> (f64, usize) {
+        let sums = self.loss_sums(l);
+        self.mark("loss read");
+        sums
     }
 
     fn step(&self, rule: StepRule, p: &mut DMat, g: &DMat, s1: &mut DMat, s2: &mut DMat) {

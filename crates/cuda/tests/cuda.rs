@@ -236,10 +236,28 @@ fn every_operation_matches_the_cpu() {
     let (mut gw, mut gg) = (Mat::zeros(300, 7), g.upload(&random(300, 7, 29)));
     let (lw, cw) = c.cross_entropy(&logits, &labels, &all, 0.01, &mut gw);
     let mapped = g.host_labels(&table, 7).unwrap();
-    let (lg, cg) = g.cross_entropy_mapped(&g.upload(&logits), &mapped, &ids, 0.01, &mut gg);
+    let (lg, cg) = g.loss_value(g.cross_entropy_mapped(&g.upload(&logits), &mapped, &ids, 0.01, &mut gg));
     assert!((lw - lg).abs() <= 1e-5 * lw.abs(), "mapped labels: loss {lg} vs {lw}");
     assert_eq!(cw, cg, "mapped labels: correct count");
     check("cross_entropy grad, mapped labels", &g.download(&gg), &gw);
+    // losses read later (as the mini-batch trainer does): eight queued, each on logits that
+    // the work queued after it overwrites, read in the end; each is its own logits' loss
+    let mut queued = Vec::new();
+    let mut on_device = g.zeros(300, 7);
+    for k in 0..8u64 {
+        // a different logits matrix and number of rows each time (1 to 92 of the 100)
+        let (lk, some) = (random(300, 7, 40 + k), &rows[..1 + 13 * k as usize]);
+        let want = c.cross_entropy(&lk, &labels, some, 0.01, &mut Mat::zeros(300, 7));
+        g.copy(&g.upload(&lk), &mut on_device);
+        let later = g.cross_entropy_later(&on_device, &labels, some, 0.01, &mut gg);
+        g.unary(Unary::Scale(0.0), &mut on_device);
+        queued.push((later, want));
+    }
+    for (k, (later, (lw, cw))) in queued.into_iter().enumerate() {
+        let (lg, cg) = g.loss_value(later);
+        assert!((lw - lg).abs() <= 1e-5 * lw.abs(), "loss {k} read later: {lg} vs {lw}");
+        assert_eq!(cw, cg, "loss {k} read later: correct count");
+    }
     let rules = [
         StepRule::Adam {
             lr: 0.01,
@@ -600,6 +618,54 @@ fn minibatches_give_the_cpu_gradients() {
         for (p, w) in m.params_mut().into_iter().zip(&want.1) {
             let e = rel(&g.download(&p.grad), w);
             assert!(e <= 1e-4, "{kind:?} {}: relative error {e:.3e}", p.name);
+        }
+    }
+}
+
+/// Each epoch's training loss of [`grinnder_engine::minibatch::train_minibatch`] on `b`.
+fn epoch_losses<B: Backend>(
+    b: &B,
+    ds: &grinnder_graph::Dataset,
+    cfg: &grinnder_engine::TrainConfig,
+    mb: &grinnder_engine::minibatch::MiniBatchConfig,
+) -> Vec<f64> {
+    let mut seen = Vec::new();
+    grinnder_engine::minibatch::train_minibatch(b, ds, cfg, mb, None, &mut |m| seen.push(m.loss)).unwrap();
+    seen
+}
+
+#[test]
+fn the_minibatch_trainer_gives_the_cpu_losses() {
+    // the whole trainer: sampling threads staging rows, uploads ahead, and steps queued without
+    // waiting for the device (each batch's loss read after the next is queued): every epoch's
+    // loss as on the CPU
+    use grinnder_engine::minibatch::{MiniBatchConfig, Sampler};
+    use grinnder_engine::{FeatureNorm, TrainConfig};
+    use grinnder_nn::OptimConfig;
+    let Some(g) = gpu() else { return };
+    let ds =
+        generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
+    for kind in [Kind::Sage, Kind::Gcn] {
+        let cfg = TrainConfig {
+            model: ModelConfig { layers: 2, ..model_cfg(kind) },
+            optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
+            epochs: 3,
+            eval_every: 0,
+            feature_norm: FeatureNorm::Row,
+        };
+        let mb = MiniBatchConfig {
+            fanouts: vec![5, 3],
+            sampler: Sampler::Neighbor,
+            batch_size: 100,
+            eval_parts: 1,
+            max_batches: None,
+            loader_threads: Some(3),
+        };
+        let want = epoch_losses(&Cpu::<f32>::new(), &ds, &cfg, &mb);
+        let got = epoch_losses(&g, &ds, &cfg, &mb);
+        assert_eq!(got.len(), 3);
+        for (e, (l, w)) in got.iter().zip(&want).enumerate() {
+            assert!((l - w).abs() <= 1e-4 * w, "{kind:?} epoch {e}: loss {l} vs {w}");
         }
     }
 }

@@ -63,7 +63,8 @@ pub trait FeatureSource<B: Backend>: Sync {
         None
     }
     /// The cross-entropy of `logits` (row i: node `ids[i]`) into `grad`, where the source reads
-    /// the labels itself (zero-copy); `None`: the trainer passes host labels.
+    /// the labels itself (zero-copy), its sums read later ([`Backend::cross_entropy_later`]);
+    /// `None`: the trainer passes host labels.
     fn loss(
         &self,
         _b: &B,
@@ -71,7 +72,7 @@ pub trait FeatureSource<B: Backend>: Sync {
         _ids: &[u32],
         _scale: f64,
         _grad: &mut B::Mat,
-    ) -> Option<(f64, usize)> {
+    ) -> Option<B::Loss> {
         None
     }
     /// How the rows travel (reported once).
@@ -312,11 +313,13 @@ pub fn batch_forward_backward<B: Backend>(
 ) -> (f64, usize) {
     let kind = model.config.kind;
     let graphs: Vec<Graph<B>> = batch.blocks.iter().map(|blk| block_graph(b, ds, kind, blk)).collect();
-    batch_step(b, model, ds, batch, &graphs, x, epoch, None)
+    let loss = batch_step(b, model, ds, batch, &graphs, x, epoch, None);
+    b.loss_value(loss)
 }
 
-/// [`batch_forward_backward`] on the batch's graphs, already on the backend; the loss through
-/// `source` where it reads labels itself.
+/// [`batch_forward_backward`] on the batch's graphs, already on the backend, with the loss's
+/// sums still on their way ([`Backend::loss_value`] reads them); the loss through `source`
+/// where it reads labels itself.
 #[allow(clippy::too_many_arguments)]
 pub fn batch_step<B: Backend>(
     b: &B,
@@ -327,7 +330,7 @@ pub fn batch_step<B: Backend>(
     x: B::Mat,
     epoch: u64,
     source: Option<&dyn FeatureSource<B>>,
-) -> (f64, usize) {
+) -> B::Loss {
     let layers = model.layers();
     assert_eq!(graphs.len(), layers, "one block per layer");
     let mut inputs = vec![x];
@@ -342,10 +345,10 @@ pub fn batch_step<B: Backend>(
     let mut dy = b.zeros(n, c);
     let scale = 1.0 / batch.seeds.len().max(1) as f64;
     let mapped = source.and_then(|s| s.loss(b, &logits, &batch.seeds, scale, &mut dy));
-    let (loss, correct) = mapped.unwrap_or_else(|| {
+    let loss = mapped.unwrap_or_else(|| {
         let labels: Vec<i32> = batch.seeds.iter().map(|&v| ds.labels[v as usize]).collect();
         let rows: Vec<u32> = (0..batch.seeds.len() as u32).collect();
-        b.cross_entropy(&logits, &labels, &rows, scale, &mut dy)
+        b.cross_entropy_later(&logits, &labels, &rows, scale, &mut dy)
     });
     drop(logits);
     for l in (0..layers).rev() {
@@ -356,7 +359,7 @@ pub fn batch_step<B: Backend>(
             dy = dx;
         }
     }
-    (loss, correct)
+    loss
 }
 
 /// The exact evaluation of a model trained by batches: the tiered executor's full-neighbourhood
@@ -581,13 +584,19 @@ pub fn train_minibatch_from<B: Backend>(
                     }
                 }
             });
+            // this thread queues each step without waiting for the device to finish the one
+            // before: a batch's loss is read once the next batch's step is queued, so the host
+            // stays at most about two steps ahead, and the time it spends queueing (tens of
+            // kernels and library calls per step) overlaps the device's work
+            let mut last: Option<B::Loss> = None;
             loop {
                 let t = Instant::now();
                 let Ok((Sampled { batch, graphs, secs, .. }, x)) = ready.recv() else { break };
                 *st.batch_wait_s.get_or_insert(0.0) += t.elapsed().as_secs_f64();
                 *st.sample_s.as_mut().expect("set") += secs;
                 // the rows of this batch (on their way where the source can); the input-row
-                // time is this thread's, the compute time ends when the backend has finished
+                // and compute times are this thread's (compute: queueing the step and reading
+                // the loss before it; the epoch's last waits for the backend to finish)
                 let t = Instant::now();
                 let x = match x {
                     Some(x) => b.arrived(x),
@@ -597,13 +606,21 @@ pub fn train_minibatch_from<B: Backend>(
                 st.upload_bytes += (batch.input_nodes().len() * ds.features.dim) as u64 * elem;
                 let t = Instant::now();
                 model.zero_grad(b);
-                let (l, _) = batch_step(b, &mut model, ds, &batch, &graphs, x, epoch, Some(features));
+                let l = batch_step(b, &mut model, ds, &batch, &graphs, x, epoch, Some(features));
                 opt.borrow_mut().step(b, model.params_mut());
-                b.synchronize();
+                if let Some(l) = last.replace(l) {
+                    loss += b.loss_value(l).0;
+                    pb.inc(1);
+                }
                 st.compute_s += t.elapsed().as_secs_f64();
-                loss += l;
+            }
+            let t = Instant::now();
+            if let Some(l) = last.take() {
+                loss += b.loss_value(l).0;
                 pb.inc(1);
             }
+            b.synchronize();
+            st.compute_s += t.elapsed().as_secs_f64();
         });
         pb.finish_and_clear();
         Ok((loss, Some(st)))

@@ -108,6 +108,9 @@ pub trait Backend: Send + Sync + 'static {
     /// ([`Backend::upload_host_rows`]); [`Backend::arrived`] makes it a matrix to compute with.
     /// The matrix itself where copies finish within the call.
     type Arriving: Send;
+    /// A loss still on its way to the host ([`Backend::cross_entropy_later`]); the values
+    /// themselves where the call computes them.
+    type Loss: Send;
 
     /// Moves a sparse structure into the backend, with its transpose: built by the backend
     /// where `s` comes without one ([`SparseMatrix::csr_only`]).
@@ -310,7 +313,23 @@ pub trait Backend: Send + Sync + 'static {
         rows: &[u32],
         scale: f64,
         grad: &mut Self::Mat,
-    ) -> (f64, usize);
+    ) -> (f64, usize) {
+        let l = self.cross_entropy_later(logits, labels, rows, scale, grad);
+        self.loss_value(l)
+    }
+    /// [`Backend::cross_entropy`] whose sums the caller reads later ([`Backend::loss_value`]):
+    /// on a GPU their read-back is queued, so the host goes on queueing work (a training step's
+    /// backward pass, the next batch) instead of waiting for the forward pass to finish.
+    fn cross_entropy_later(
+        &self,
+        logits: &Self::Mat,
+        labels: &[i32],
+        rows: &[u32],
+        scale: f64,
+        grad: &mut Self::Mat,
+    ) -> Self::Loss;
+    /// `(Σ loss, correct count)` of a loss queued before (waits for its read-back).
+    fn loss_value(&self, l: Self::Loss) -> (f64, usize);
 
     /// Updates `p` in place from gradient `g` and optimizer state `s1`, `s2` (same shape;
     /// Adam's moments, or SGD's momentum buffer in `s1`).

@@ -28,6 +28,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     type Sparse = Arc<SparseMatrix>;
     type HostBlock = Mat<T>;
     type Arriving = Mat<T>;
+    type Loss = (f64, usize);
 
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse {
         Arc::new(s.clone().with_transpose())
@@ -168,7 +169,7 @@ impl<T: Scalar> Backend for Cpu<T> {
     ) {
         dense::layer_norm_backward(x, gamma, stats, dy, dx, dgamma, dbeta)
     }
-    fn cross_entropy(
+    fn cross_entropy_later(
         &self,
         logits: &Mat<T>,
         labels: &[i32],
@@ -177,6 +178,9 @@ impl<T: Scalar> Backend for Cpu<T> {
         grad: &mut Mat<T>,
     ) -> (f64, usize) {
         dense::cross_entropy(logits, labels, rows, scale, grad)
+    }
+    fn loss_value(&self, l: (f64, usize)) -> (f64, usize) {
+        l
     }
     fn step(&self, rule: StepRule, p: &mut Mat<T>, g: &Mat<T>, s1: &mut Mat<T>, s2: &mut Mat<T>) {
         dense::step(rule, p, g, s1, s2)
