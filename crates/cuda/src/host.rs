@@ -118,18 +118,11 @@ impl Cuda {
         n: usize,
     ) -> Result<(PinnedHostSlice<T>, u64), CudaError> {
         let n = n.max(1);
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: the memory is zeroed below before anything reads it.
-        let mut buf = unsafe { self.ctx.alloc_pinned_with_flags::<T>(n, flags) }.map_err(err)?;
+        let (mut buf, dptr) = unsafe { mapped_uninit::<T>(&self.ctx, n) }?;
         let host = buf.as_mut_ptr().map_err(err)?;
         // SAFETY: `host` points to `n` elements just allocated; all-zero bits are a valid `T`.
         unsafe { std::ptr::write_bytes(host, 0, n) };
-        let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `host` was allocated with DEVICEMAP in this context.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host as *mut std::ffi::c_void, 0) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(CudaError::Driver(format!("cuMemHostGetDevicePointer: {r:?}")));
-        }
         Ok((buf, dptr))
     }
 
@@ -165,7 +158,7 @@ impl Cuda {
         }
         // the node ids go with the outputs in one mapped buffer: the step queues no copy
         let b = self.loss_buffer(ids.len(), ids);
-        let idx = b.dptr() + 8 * ids.len() as u64;
+        let idx = b.dptr() + loss_offsets(ids.len()).2 as u64;
         self.cross_entropy_launch("cross_entropy_ids", logits, labels.dptr, idx, ids.len(), b, scale, grad)
     }
 
@@ -378,7 +371,9 @@ impl Staging {
 /// to milliseconds behind pageable uploads (BENCHMARKS, eleventh and twelfth sessions). A
 /// buffer is taken for one copy or kernel and marked with an event after it; one whose work has
 /// not finished is not taken again (a new one is made), so the pool grows to the transfers in
-/// flight (bounded by the batches sampled ahead) and is kept. Large transfers go through
+/// flight (those queued between two waits of the host: in mini-batch training, the batches
+/// sampled ahead and the steps queued ahead) and is kept, never shrunk (buffers of 64 KiB to
+/// 4 MiB, page-locked memory outside the `--host-mem` plan). Large transfers go through
 /// [`Staging`] instead, whose two buffers make the host wait.
 #[derive(Default)]
 pub(crate) struct PinnedPool {
@@ -425,6 +420,33 @@ impl CudaLoss {
     }
 }
 
+/// `n` elements of page-locked host memory mapped into the device, and their device address.
+///
+/// # Safety
+/// The memory is uninitialised: the caller writes what is read.
+unsafe fn mapped_uninit<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    ctx: &Arc<CudaContext>,
+    n: usize,
+) -> Result<(PinnedHostSlice<T>, u64), CudaError> {
+    let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+    // SAFETY: the caller's promise.
+    let mut buf = unsafe { ctx.alloc_pinned_with_flags::<T>(n, flags) }.map_err(err)?;
+    let host = buf.as_mut_ptr().map_err(err)?;
+    let mut dptr: sys::CUdeviceptr = 0;
+    // SAFETY: `host` was allocated with DEVICEMAP in this context.
+    let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host as *mut std::ffi::c_void, 0) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(CudaError::Driver(format!("cuMemHostGetDevicePointer: {r:?}")));
+    }
+    Ok((buf, dptr))
+}
+
+/// Byte offsets in a loss kernel's buffer over `n` rows ([`Cuda::loss_buffer`]): its per-row
+/// losses (f32), hit flags (i32) and the rows' node ids (u32, written by the host).
+pub(crate) const fn loss_offsets(n: usize) -> (usize, usize, usize) {
+    (0, 4 * n, 8 * n)
+}
+
 /// Queues a copy of `bytes` bytes from page-locked `host` to device address `dst` on `stream`.
 ///
 /// # Safety
@@ -452,15 +474,8 @@ impl PinnedBuf {
     /// `bytes` of new page-locked memory (page-aligned, mapped into the device), used by no copy
     /// yet.
     fn new(ctx: &Arc<CudaContext>, bytes: usize) -> PinnedBuf {
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: the users write (or the device copies) the bytes they read.
-        let mut buf =
-            unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, flags) }.expect("page-locked host memory");
-        let host = buf.as_mut_ptr().expect("pinned host memory");
-        let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `host` was allocated with DEVICEMAP in this context.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host as *mut std::ffi::c_void, 0) };
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemHostGetDevicePointer");
+        let (buf, dptr) = unsafe { mapped_uninit::<u8>(ctx, bytes) }.expect("page-locked host memory");
         PinnedBuf { buf, dptr, done: None }
     }
 
@@ -538,15 +553,16 @@ impl Cuda {
         out
     }
 
-    /// A page-locked buffer for a loss kernel over `n` rows: its per-row losses (f32) and hit
-    /// flags (i32) at device addresses `dptr` and `dptr + 4n`, then `extra` u32s written by the
-    /// host (the rows' node ids, for the kernel to read) at `dptr + 8n`.
-    pub(crate) fn loss_buffer(&self, n: usize, extra: &[u32]) -> PinnedBuf {
-        let mut b = self.pinned.take(&self.ctx, 4 * (2 * n + extra.len()));
+    /// A page-locked buffer for a loss kernel over `n` rows ([`loss_offsets`]): room for its
+    /// per-row losses and hit flags, then `ids` (the rows' node ids, for the kernel to read;
+    /// none where it reads row numbers elsewhere).
+    pub(crate) fn loss_buffer(&self, n: usize, ids: &[u32]) -> PinnedBuf {
+        let at = loss_offsets(n).2;
+        let mut b = self.pinned.take(&self.ctx, at + 4 * ids.len());
         let host = b.ptr();
-        // SAFETY: the buffer holds at least 8n + 4·extra.len() bytes and no work is using it
-        // (taken from the pool); u32s are plain data.
-        unsafe { std::ptr::copy_nonoverlapping(extra.as_ptr(), host.add(8 * n) as *mut u32, extra.len()) };
+        // SAFETY: the buffer holds at least `at` + 4·ids.len() bytes (page-aligned, so `at` is
+        // 4-byte aligned) and no work is using it (taken from the pool); u32s are plain data.
+        unsafe { std::ptr::copy_nonoverlapping(ids.as_ptr(), host.add(at) as *mut u32, ids.len()) };
         b
     }
 
@@ -554,14 +570,14 @@ impl Cuda {
     pub(crate) fn loss_sums(&self, l: CudaLoss) -> (f64, usize) {
         let Some(mut b) = l.buf else { return (0.0, 0) };
         b.wait();
-        let n = l.rows;
+        let (n, (at_loss, at_hit, _)) = (l.rows, loss_offsets(l.rows));
         let host = b.ptr();
         // SAFETY: the kernel has finished (its writes to mapped memory are visible); the buffer
-        // holds `n` f32 losses, then `n` i32 flags (page-aligned, so both are aligned).
+        // holds `n` f32 losses and `n` i32 flags at those offsets (4-byte aligned).
         let (loss, hit) = unsafe {
             (
-                std::slice::from_raw_parts(host as *const f32, n),
-                std::slice::from_raw_parts(host.add(4 * n) as *const i32, n),
+                std::slice::from_raw_parts(host.add(at_loss) as *const f32, n),
+                std::slice::from_raw_parts(host.add(at_hit) as *const i32, n),
             )
         };
         let sums = (loss.iter().map(|&x| x as f64).sum(), hit.iter().filter(|&&o| o != 0).count());
@@ -574,6 +590,16 @@ impl Cuda {
     /// behind a host function, so its copies are still in flight while the caller goes on (for
     /// tests of buffers that copies read later).
     pub fn hold_ahead_stream(&self) -> StreamHold {
+        self.hold(self.ahead_stream())
+    }
+
+    /// [`Cuda::hold_ahead_stream`] for the main stream (for tests of work read later: a loss
+    /// queued meanwhile is computed only once the guard is dropped).
+    pub fn hold_main_stream(&self) -> StreamHold {
+        self.hold(&self.stream)
+    }
+
+    fn hold(&self, stream: &CudaStream) -> StreamHold {
         unsafe extern "C" fn wait_for_release(data: *mut std::ffi::c_void) {
             // SAFETY: `data` is the receiver the launch below gave up; this function owns it
             // from here and makes no CUDA calls.
@@ -585,9 +611,7 @@ impl Cuda {
         self.ctx.bind_to_thread().expect("CUDA context");
         // SAFETY: the function and its argument stay valid until it runs (the receiver is
         // leaked to it); it never calls CUDA.
-        let r = unsafe {
-            sys::cuLaunchHostFunc(self.ahead_stream().cu_stream(), Some(wait_for_release), rx.cast())
-        };
+        let r = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(wait_for_release), rx.cast()) };
         if r != sys::CUresult::CUDA_SUCCESS {
             // SAFETY: a failed launch did not hand the receiver over.
             drop(unsafe { Box::from_raw(rx) });

@@ -95,8 +95,8 @@ struct Kernels {
 /// backend is dropped. `GRINNDER_CUDA_PROFILE=shapes` keeps GEMMs and SpMMs apart by their
 /// shapes (to two significant digits). The figures are host time: launch overheads included.
 /// `GRINNDER_CUDA_PROFILE=host` (also `host,shapes`) synchronises nothing: each figure is the
-/// time the calling thread spent in the call (queueing it, and waiting where it waits, as the
-/// loss's read-back and `synchronize` do), which shows whether the host or the device bounds.
+/// time the calling thread spent in the call (queueing it, and waiting where it waits, as
+/// reading a loss and `synchronize` do), which shows whether the host or the device bounds.
 #[derive(Default)]
 struct Profile {
     ops: std::sync::Mutex<std::collections::BTreeMap<String, (f64, u64)>>,
@@ -166,7 +166,8 @@ pub type SpmmShapeInfo = SpmmShape;
 /// Device copies of small host arrays that are passed again and again (labels, split rows):
 /// an array is uploaded once and found again by comparing its contents with a host copy (exact;
 /// the comparison runs on the host while the device computes). Besides the transfer, a hit
-/// saves a stream synchronisation: a copy from pageable memory waits for the stream to drain.
+/// over [`PINNED_UPLOAD_MAX`] saves a stream synchronisation: a copy from pageable memory
+/// waits for the stream to drain.
 struct UploadCache<T> {
     entries: std::sync::Mutex<Vec<Cached<T>>>,
     /// Arrays kept (most recently used first).
@@ -208,7 +209,8 @@ pub struct Cuda {
     /// See [`Cuda::set_gather_aligned`].
     gather_aligned: bool,
     staging: host::Staging,
-    /// Page-locked buffers for the uploads made ahead and the loss's transfers.
+    /// Page-locked buffers (mapped) for the uploads made ahead, the main stream's small
+    /// uploads, a zero-copy gather's row ids and the loss kernel's ids and outputs.
     pinned: host::PinnedPool,
     sparse_lib: Option<cusparse::CuSparse>,
     /// Per shape class ([`shape_class`]): whether cuSPARSE won, both times in ms, and the
@@ -545,7 +547,8 @@ impl Cuda {
         grad: &mut DMat,
     ) -> CudaLoss {
         self.mark("logits");
-        let (loss, hit) = (out.dptr(), out.dptr() + 4 * n as u64);
+        let (at_loss, at_hit, _) = host::loss_offsets(n);
+        let (loss, hit) = (out.dptr() + at_loss as u64, out.dptr() + at_hit as u64);
         let (m, c32, s) = (n as i64, logits.cols as i32, scale as f32);
         let mut l = self.stream.launch_builder(self.func(name));
         l.arg(&logits.data).arg(&labels).arg(&idx).arg(&m).arg(&c32).arg(&s).arg(&mut grad.data);
@@ -1115,9 +1118,9 @@ impl Backend for Cuda {
 
     fn synchronize(&self) {
         let _p = self.prof.as_ref().is_some_and(|p| p.host).then(|| self.span("synchronize (wait)"));
-        self.mark("step queued");
+        self.mark("synchronize queued");
         self.stream.synchronize().expect("CUDA synchronize");
-        self.mark("step done");
+        self.mark("synchronized");
     }
 
     fn dims(&self, m: &DMat) -> (usize, usize) {
@@ -1518,6 +1521,7 @@ impl Backend for Cuda {
     }
 
     fn loss_value(&self, l: CudaLoss) -> (f64, usize) {
+        let _p = self.prof.as_ref().is_some_and(|p| p.host).then(|| self.span("loss read (wait)"));
         let sums = self.loss_sums(l);
         self.mark("loss read");
         sums

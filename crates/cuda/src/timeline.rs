@@ -1,7 +1,7 @@
 //! `GRINNDER_CUDA_TIMELINE=FILE`: a timeline of the backend's streams, for finding where a
 //! pipelined run waits. At marked points (a gather or upload on the second stream starting and
-//! ending, a matrix arriving on the main stream, the logits of a loss, the end of a
-//! synchronised step) a timing event is recorded on the stream and the host's clock is read. At
+//! ending, a matrix arriving on the main stream, the logits of a loss, the host reading a
+//! loss, a synchronisation) a timing event is recorded on the stream and the host's clock is read. At
 //! the end both clocks go to `FILE` as tab-separated `stream label device_ms host_ms`, from one
 //! origin: the device time is when the stream reached the point, the host time when the host
 //! queued it (or, for marks after a wait, when the wait returned). `bench/timeline.py` sums

@@ -240,24 +240,37 @@ fn every_operation_matches_the_cpu() {
     assert!((lw - lg).abs() <= 1e-5 * lw.abs(), "mapped labels: loss {lg} vs {lw}");
     assert_eq!(cw, cg, "mapped labels: correct count");
     check("cross_entropy grad, mapped labels", &g.download(&gg), &gw);
-    // losses read later (as the mini-batch trainer does): eight queued, each on logits that
-    // the work queued after it overwrites, read in the end; each is its own logits' loss
-    let mut queued = Vec::new();
-    let mut on_device = g.zeros(300, 7);
+    // losses read later (as the mini-batch trainer does): eight queued while the main stream
+    // is held (none is computed before the reading starts), each on logits that the work queued
+    // after it overwrites; each read waits for its kernel and gives its own logits' loss
+    let mut wanted = Vec::new();
     for k in 0..8u64 {
         // a different logits matrix and number of rows each time (1 to 92 of the 100)
         let (lk, some) = (random(300, 7, 40 + k), &rows[..1 + 13 * k as usize]);
-        let want = c.cross_entropy(&lk, &labels, some, 0.01, &mut Mat::zeros(300, 7));
-        g.copy(&g.upload(&lk), &mut on_device);
-        let later = g.cross_entropy_later(&on_device, &labels, some, 0.01, &mut gg);
-        g.unary(Unary::Scale(0.0), &mut on_device);
-        queued.push((later, want));
+        wanted.push((
+            g.upload(&lk),
+            some,
+            c.cross_entropy(&lk, &labels, some, 0.01, &mut Mat::zeros(300, 7)),
+        ));
     }
+    let mut on_device = g.zeros(300, 7);
+    let hold = g.hold_main_stream();
+    let mut queued = Vec::new();
+    for (lk, some, want) in &wanted {
+        g.copy(lk, &mut on_device);
+        queued.push((g.cross_entropy_later(&on_device, &labels, some, 0.01, &mut gg), *want));
+        g.unary(Unary::Scale(0.0), &mut on_device);
+    }
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(hold);
+    });
     for (k, (later, (lw, cw))) in queued.into_iter().enumerate() {
         let (lg, cg) = g.loss_value(later);
         assert!((lw - lg).abs() <= 1e-5 * lw.abs(), "loss {k} read later: {lg} vs {lw}");
         assert_eq!(cw, cg, "loss {k} read later: correct count");
     }
+    release.join().unwrap();
     let rules = [
         StepRule::Adam {
             lr: 0.01,
@@ -622,24 +635,62 @@ fn minibatches_give_the_cpu_gradients() {
     }
 }
 
-/// Each epoch's training loss of [`grinnder_engine::minibatch::train_minibatch`] on `b`.
+/// Each epoch's training loss of the mini-batch trainer on `b`, its rows from `rows` (the
+/// default source where `None`).
 fn epoch_losses<B: Backend>(
     b: &B,
     ds: &grinnder_graph::Dataset,
     cfg: &grinnder_engine::TrainConfig,
     mb: &grinnder_engine::minibatch::MiniBatchConfig,
+    rows: Option<&dyn grinnder_engine::minibatch::FeatureSource<B>>,
 ) -> Vec<f64> {
+    use grinnder_engine::minibatch::{train_minibatch, train_minibatch_from};
     let mut seen = Vec::new();
-    grinnder_engine::minibatch::train_minibatch(b, ds, cfg, mb, None, &mut |m| seen.push(m.loss)).unwrap();
+    let mut push = |m: &grinnder_engine::EpochMetrics| seen.push(m.loss);
+    match rows {
+        None => train_minibatch(b, ds, cfg, mb, None, &mut push),
+        Some(f) => train_minibatch_from(b, ds, cfg, mb, f, None, &mut push),
+    }
+    .unwrap();
     seen
+}
+
+/// The CLI's `--feature-access zero-copy` source, rebuilt here (the CLI is a binary): rows
+/// gathered by GPU threads from mapped host memory on the second stream, labels read by the
+/// loss kernel by node id.
+struct ZeroCopy {
+    table: grinnder_cuda::HostTable,
+    labels: grinnder_cuda::HostLabels,
+}
+
+impl grinnder_engine::minibatch::FeatureSource<Cuda> for ZeroCopy {
+    fn gather(&self, g: &Cuda, ids: &[u32]) -> grinnder_cuda::DMat {
+        g.arrived(g.gather_host_async(&self.table, ids))
+    }
+    fn start(&self, g: &Cuda, ids: &[u32]) -> Option<grinnder_cuda::Arriving> {
+        Some(g.gather_host_async(&self.table, ids))
+    }
+    fn loss(
+        &self,
+        g: &Cuda,
+        logits: &grinnder_cuda::DMat,
+        ids: &[u32],
+        scale: f64,
+        grad: &mut grinnder_cuda::DMat,
+    ) -> Option<grinnder_cuda::CudaLoss> {
+        Some(g.cross_entropy_mapped(logits, &self.labels, ids, scale, grad))
+    }
+    fn describe(&self) -> String {
+        "zero-copy (test)".into()
+    }
 }
 
 #[test]
 fn the_minibatch_trainer_gives_the_cpu_losses() {
-    // the whole trainer: sampling threads staging rows, uploads ahead, and steps queued without
-    // waiting for the device (each batch's loss read after the next is queued): every epoch's
-    // loss as on the CPU
-    use grinnder_engine::minibatch::{MiniBatchConfig, Sampler};
+    // the whole trainer: sampling threads putting blocks on the device ahead, rows staged and
+    // uploaded or gathered by the GPU, and steps queued without waiting for the device (each
+    // batch's loss read after the next is queued): every epoch's loss as on the CPU
+    use grinnder_engine::minibatch::{FeatureSource, MiniBatchConfig, Sampler};
     use grinnder_engine::{FeatureNorm, TrainConfig};
     use grinnder_nn::OptimConfig;
     let Some(g) = gpu() else { return };
@@ -661,11 +712,20 @@ fn the_minibatch_trainer_gives_the_cpu_losses() {
             max_batches: None,
             loader_threads: Some(3),
         };
-        let want = epoch_losses(&Cpu::<f32>::new(), &ds, &cfg, &mb);
-        let got = epoch_losses(&g, &ds, &cfg, &mb);
-        assert_eq!(got.len(), 3);
-        for (e, (l, w)) in got.iter().zip(&want).enumerate() {
-            assert!((l - w).abs() <= 1e-4 * w, "{kind:?} epoch {e}: loss {l} vs {w}");
+        let want = epoch_losses(&Cpu::<f32>::new(), &ds, &cfg, &mb, None);
+        // the staged copy path, then zero-copy: every batch's rows gathered by the GPU on the
+        // second stream (their ids through reused page-locked buffers), the loss reading its
+        // node ids and labels from mapped memory
+        let host = grinnder_engine::minibatch::HostFeatures::new(&ds, FeatureNorm::Row);
+        let mut table = g.host_table(ds.num_nodes(), host.dim()).unwrap();
+        host.write_rows(None, table.as_mut_slice());
+        let zc = ZeroCopy { table, labels: g.host_labels(&ds.labels, ds.num_classes).unwrap() };
+        for (how, rows) in [("copy", None), ("zero-copy", Some(&zc as &dyn FeatureSource<Cuda>))] {
+            let got = epoch_losses(&g, &ds, &cfg, &mb, rows);
+            assert_eq!(got.len(), 3);
+            for (e, (l, w)) in got.iter().zip(&want).enumerate() {
+                assert!((l - w).abs() <= 1e-4 * w, "{kind:?} {how} epoch {e}: loss {l} vs {w}");
+            }
         }
     }
 }

@@ -562,8 +562,9 @@ pub fn train_minibatch_from<B: Backend>(
             // and the feeder prepares the next, so that the second stream's copies or gathers
             // follow one another without a gap (on one H200, products-like zero-copy: with the
             // feeder handing over one batch at a time, each gather was queued ≈ 2.8 ms into the
-            // step before, and the steps took about the gather plus that gap); up to three
-            // batches' rows are on the device
+            // step before, and the steps took about the gather plus that gap); with the host
+            // up to two steps ahead of the device (below), up to five batches' rows are on the
+            // device (counted by `--gpu-mem`)
             let (ready_tx, ready) = std::sync::mpsc::sync_channel::<(Sampled<B>, Option<B::Arriving>)>(1);
             let (n, staging) = (all.len(), &staging);
             s.spawn(move || {
@@ -589,6 +590,10 @@ pub fn train_minibatch_from<B: Backend>(
             // stays at most about two steps ahead, and the time it spends queueing (tens of
             // kernels and library calls per step) overlaps the device's work
             let mut last: Option<B::Loss> = None;
+            let read = |l: B::Loss, sum: &mut f64| {
+                *sum += b.loss_value(l).0;
+                pb.inc(1);
+            };
             loop {
                 let t = Instant::now();
                 let Ok((Sampled { batch, graphs, secs, .. }, x)) = ready.recv() else { break };
@@ -609,15 +614,13 @@ pub fn train_minibatch_from<B: Backend>(
                 let l = batch_step(b, &mut model, ds, &batch, &graphs, x, epoch, Some(features));
                 opt.borrow_mut().step(b, model.params_mut());
                 if let Some(l) = last.replace(l) {
-                    loss += b.loss_value(l).0;
-                    pb.inc(1);
+                    read(l, &mut loss);
                 }
                 st.compute_s += t.elapsed().as_secs_f64();
             }
             let t = Instant::now();
             if let Some(l) = last.take() {
-                loss += b.loss_value(l).0;
-                pb.inc(1);
+                read(l, &mut loss);
             }
             b.synchronize();
             st.compute_s += t.elapsed().as_secs_f64();

@@ -318,8 +318,9 @@ pub trait Backend: Send + Sync + 'static {
         self.loss_value(l)
     }
     /// [`Backend::cross_entropy`] whose sums the caller reads later ([`Backend::loss_value`]):
-    /// on a GPU their read-back is queued, so the host goes on queueing work (a training step's
-    /// backward pass, the next batch) instead of waiting for the forward pass to finish.
+    /// on a GPU the loss kernel writes them into host memory, so the host goes on queueing
+    /// work (a training step's backward pass, the next batch) instead of waiting for the
+    /// forward pass to finish.
     fn cross_entropy_later(
         &self,
         logits: &Self::Mat,
@@ -328,7 +329,7 @@ pub trait Backend: Send + Sync + 'static {
         scale: f64,
         grad: &mut Self::Mat,
     ) -> Self::Loss;
-    /// `(Σ loss, correct count)` of a loss queued before (waits for its read-back).
+    /// `(Σ loss, correct count)` of a loss queued before (waits for the work that computes it).
     fn loss_value(&self, l: Self::Loss) -> (f64, usize);
 
     /// Updates `p` in place from gradient `g` and optimizer state `s1`, `s2` (same shape;
