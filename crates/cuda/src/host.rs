@@ -211,12 +211,7 @@ impl Cuda {
         // stream to drain (the gather before), and meanwhile the other threads' copies wait
         // in the driver, the trainer's too (on one H200, products-like: 1.73–1.76 s per epoch
         // against 1.56 s; BENCHMARKS, twelfth session)
-        let idx = if ids.is_empty() {
-            // SAFETY: one element never read (the gather below has no rows).
-            unsafe { side.alloc::<u32>(1) }.expect("CUDA alloc")
-        } else {
-            self.upload_pinned(side, ids)
-        };
+        let idx = self.upload_pinned(side, ids);
         // SAFETY: every element is written by the gather below before any use.
         let mut data = unsafe { side.alloc::<f32>((n * d).max(1)) }.expect("CUDA alloc");
         if n > 0 && d > 0 {
@@ -499,8 +494,8 @@ impl PinnedBuf {
     /// Marks the copy (or kernel) just queued on `stream` with this buffer: it is not reused,
     /// nor freed, before that work has finished (set at once, so that an unwinding caller is
     /// safe too).
-    pub(crate) fn queued(&mut self, stream: &CudaStream) -> &CudaEvent {
-        self.done.insert(stream.record_event(None).expect("CUDA event"))
+    pub(crate) fn queued(&mut self, stream: &CudaStream) {
+        self.done = Some(stream.record_event(None).expect("CUDA event"));
     }
 }
 
@@ -524,14 +519,18 @@ impl PinnedPool {
 }
 
 impl Cuda {
-    /// `v` (not empty) on the device by `stream`, copied from a page-locked buffer (see
-    /// [`PinnedPool`]).
+    /// `v` on the device by `stream`, copied from a page-locked buffer (see [`PinnedPool`]);
+    /// nothing to copy where `v` is empty (a one-element allocation, never read: lengths say
+    /// it is empty).
     pub(crate) fn upload_pinned<T: cudarc::driver::DeviceRepr>(
         &self,
         stream: &Arc<CudaStream>,
         v: &[T],
     ) -> CudaSlice<T> {
-        assert!(!v.is_empty(), "an upload of nothing");
+        if v.is_empty() {
+            // SAFETY: never read (see above).
+            return unsafe { stream.alloc::<T>(1) }.expect("CUDA alloc");
+        }
         let bytes = std::mem::size_of_val(v);
         self.charge(bytes);
         // SAFETY: written whole by the copy below before any use; freed in its stream's order

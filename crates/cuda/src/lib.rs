@@ -576,10 +576,7 @@ impl Cuda {
         v: &[T],
     ) -> CudaSlice<T> {
         let main = Arc::ptr_eq(stream, &self.stream);
-        let s = if v.is_empty() {
-            // SAFETY: a one-element allocation never read (lengths say it is empty).
-            unsafe { stream.alloc::<T>(1) }.expect("CUDA alloc")
-        } else if !main || std::mem::size_of_val(v) <= PINNED_UPLOAD_MAX {
+        let s = if !main || std::mem::size_of_val(v) <= PINNED_UPLOAD_MAX {
             // made ahead by a sampling thread, or small (a batch's labels and rows): through
             // page-locked memory, so that it neither waits for its stream to drain (the host
             // queues a training step's work ahead of the device) nor holds up other threads'
