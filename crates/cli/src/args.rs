@@ -170,6 +170,9 @@ pub struct Input {
     /// Native files: skip verifying the feature checksums (for feature sections far larger than RAM).
     #[arg(long)]
     pub skip_feature_checksums: bool,
+    /// Accept a dataset whose splits share nodes (warned about) instead of refusing it.
+    #[arg(long)]
+    pub allow_split_overlap: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -707,12 +710,15 @@ impl TieredPlan {
     }
 }
 
+/// The largest `--config` file read: a run's settings take a few hundred bytes.
+const CONFIG_BYTES_MAX: u64 = 1 << 20;
+
 impl TrainArgs {
     /// Merges flags over the config file over the defaults, and validates once.
     pub fn plan(&self) -> anyhow::Result<TrainPlan> {
         let file: TrainSettings = match &self.config {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
+                let text = grinnder_graph::io::files::read_text_bounded(p, CONFIG_BYTES_MAX, "config file")
                     .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))?;
                 toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
             }
@@ -1014,6 +1020,7 @@ impl Input {
             num_nodes: self.num_nodes,
             igb_classes: self.igb_classes,
             verify: if self.skip_feature_checksums { Verify::SkipFeatures } else { Verify::Full },
+            allow_split_overlap: self.allow_split_overlap,
             ..LoadOptions::default()
         })
     }

@@ -277,7 +277,9 @@ fn plot_scaling(a: PlotScalingArgs) -> anyhow::Result<()> {
         let (series, gpus, file) = parse()
             .with_context(|| format!("{run:?}: expected SERIES:GPUS=METRICS, e.g. gcn:2=gcn-2gpu.jsonl"))?;
         anyhow::ensure!(gpus > 0, "{run:?}: at least one GPU");
-        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {file}"))?;
+        // a metrics file holds a line per epoch: a gigabyte is far beyond any run
+        let text = grinnder_graph::io::files::read_text_bounded(Path::new(file), 1 << 30, "metrics file")
+            .with_context(|| format!("cannot read {file}"))?;
         let summary = text
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

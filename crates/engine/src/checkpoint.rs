@@ -3,11 +3,16 @@
 //! last checkpoint left it and ends with the same parameters bit for bit.
 //!
 //! File (`ckpt-epoch-NNNNNNNN.grnd-ckpt`): a first line `GRNDCKPT <version>`, one line of JSON,
-//! and a last line `xxh3 <hex>` of the JSON bytes. Written to a temporary name, synced, renamed
-//! into place, and the directory synced: a crash leaves the previous checkpoint or the new one,
-//! never half of one. Values are stored as f64 (exact for f32) in JSON's shortest round-trip
-//! form. The `keep` newest checkpoints are kept, and temporaries left by writers killed
-//! mid-write are removed at the next save.
+//! and a last line `xxh3 <hex>` of the JSON bytes. Written to a new temporary under an
+//! unpredictable name (`O_EXCL`: never through a link), synced, renamed into place, and the
+//! directory synced: a crash leaves the previous checkpoint or the new one, never half of one;
+//! a failed write removes its temporary. Values are stored as f64 (exact for f32) in JSON's
+//! shortest round-trip form, so a checkpoint's size is bounded by its parameter count
+//! ([`max_bytes`]) and reads beyond that bound are refused. The `keep` newest checkpoints up
+//! to the one just written are kept (files of later epochs — left by another run, or damaged —
+//! take no slot), and temporaries left by writers killed mid-write are removed at the next
+//! save. Resuming from a directory whose every checkpoint is damaged is an error, not a fresh
+//! start.
 //!
 //! Dropout masks are keyed by (seed, epoch, site, node, column), so the epoch is all the random
 //! state there is.
@@ -75,6 +80,20 @@ pub enum CheckpointError {
     OtherDataset { path: PathBuf, then: String, now: String },
     #[error("checkpoint directory {dir}: {source}")]
     Io { dir: PathBuf, source: std::io::Error },
+    #[error("writing checkpoint {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error(
+        "every checkpoint in {dir} is damaged ({count} tried; the newest: {newest}); remove them \
+         to start afresh, or drop --resume"
+    )]
+    AllDamaged { dir: PathBuf, count: usize, newest: String },
+}
+
+/// The largest checkpoint file of a model of `values` parameter values over `epochs` epochs:
+/// each value and its two optimizer moments as f64 text (at most 24 characters and a comma),
+/// one time per epoch, and a MiB for the rest.
+pub fn max_bytes(values: usize, epochs: usize) -> u64 {
+    75 * values as u64 + 32 * epochs as u64 + (1 << 20)
 }
 
 /// xxh3 over the graph structure, labels, splits, feature shape and the first and last MiB of
@@ -177,15 +196,20 @@ pub fn save(cfg: &CheckpointConfig, ck: &Checkpoint) -> Result<PathBuf, Checkpoi
     let json = serde_json::to_string(ck).expect("a checkpoint serialises");
     let body = format!("{MAGIC} {VERSION}\n{json}\nxxh3 {:016x}\n", xxh3_64(json.as_bytes()));
     let path = dir.join(file_name(ck.epoch));
-    let tmp = dir.join(format!(".{}.tmp-{}", file_name(ck.epoch), std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io_err(dir))?;
-        f.write_all(body.as_bytes()).map_err(io_err(dir))?;
-        f.sync_all().map_err(io_err(dir))?;
-    }
-    std::fs::rename(&tmp, &path).map_err(io_err(dir))?;
+    let write_err = |source| CheckpointError::Write { path: path.clone(), source };
+    // removed on any failure below (dropped), renamed into place on success
+    let mut tmp = grinnder_graph::io::files::temp_in(dir, &format!(".{}.tmp-", file_name(ck.epoch)))
+        .map_err(write_err)?;
+    let tmp_err = |source: std::io::Error, tmp: &Path| CheckpointError::Write {
+        path: tmp.to_path_buf(),
+        source: std::io::Error::new(source.kind(), format!("{source} (the temporary is removed)")),
+    };
+    tmp.write_all(body.as_bytes()).map_err(|e| tmp_err(e, tmp.path()))?;
+    tmp.as_file().sync_all().map_err(|e| tmp_err(e, tmp.path()))?;
+    tmp.persist(&path).map_err(|e| write_err(e.error))?;
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))?;
     let mut all = list(dir).map_err(io_err(dir))?;
+    all.retain(|e| e.0 <= ck.epoch);
     all.sort_by_key(|e| std::cmp::Reverse(e.0));
     for (_, old) in all.into_iter().skip(cfg.keep.max(1)) {
         let _ = std::fs::remove_file(old);
@@ -216,10 +240,11 @@ fn list(dir: &Path) -> std::io::Result<Vec<(usize, PathBuf)>> {
     Ok(out)
 }
 
-/// Reads and verifies one checkpoint file.
-pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+/// Reads and verifies one checkpoint file of at most `max_bytes` (see [`max_bytes`]).
+pub fn load(path: &Path, max_bytes: u64) -> Result<Checkpoint, CheckpointError> {
     let bad = |reason: String| CheckpointError::Invalid { path: path.to_path_buf(), reason };
-    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let bytes = grinnder_graph::io::files::read_bounded(path, max_bytes, "checkpoint of this model")
+        .map_err(|e| bad(e.to_string()))?;
     let text = std::str::from_utf8(&bytes).map_err(|_| bad("not text (corrupted)".into()))?;
     let mut lines = text.split('\n');
     let head = lines.next().unwrap_or("");
@@ -240,20 +265,28 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
 }
 
 /// The newest checkpoint in `dir` that verifies (older ones are tried when a newer one is
-/// damaged, with a warning); `None` when there is none.
-pub fn latest(dir: &Path) -> Result<Option<(PathBuf, Checkpoint)>, CheckpointError> {
+/// damaged, with a warning); `None` when there is none; an error when there are checkpoints
+/// and every one is damaged. Files longer than `max_bytes` count as damaged.
+pub fn latest(dir: &Path, max_bytes: u64) -> Result<Option<(PathBuf, Checkpoint)>, CheckpointError> {
     if !dir.exists() {
         return Ok(None);
     }
     let mut all = list(dir).map_err(io_err(dir))?;
     all.sort_by_key(|e| std::cmp::Reverse(e.0));
-    for (_, p) in all {
-        match load(&p) {
-            Ok(ck) => return Ok(Some((p, ck))),
-            Err(e) => tracing::warn!("skipping a damaged checkpoint: {e}"),
+    let mut newest = None;
+    for (_, p) in &all {
+        match load(p, max_bytes) {
+            Ok(ck) => return Ok(Some((p.clone(), ck))),
+            Err(e) => {
+                tracing::warn!("skipping a damaged checkpoint: {e}");
+                newest.get_or_insert(e.to_string());
+            }
         }
     }
-    Ok(None)
+    match newest {
+        None => Ok(None),
+        Some(newest) => Err(CheckpointError::AllDamaged { dir: dir.to_path_buf(), count: all.len(), newest }),
+    }
 }
 
 /// Refuses a checkpoint made for another configuration (naming the first field that differs;

@@ -198,12 +198,14 @@ pub fn run_epochs(
     let mut first = 0;
     let lead = group.is_none_or(|g| g.rank() == 0);
     if let Some(c) = ckpt.filter(|c| c.resume) {
+        let values: usize = state.capture().0.iter().map(|p| p.value.len()).sum();
+        let max_bytes = checkpoint::max_bytes(values, cfg.epochs);
         let found = match group.filter(|g| g.size() > 1) {
-            None => checkpoint::latest(&c.dir).map_err(ck_err)?,
+            None => checkpoint::latest(&c.dir, max_bytes).map_err(ck_err)?,
             Some(g) => {
                 // rank 0 reads; every rank gets its reading (or its error)
                 let mine = if lead {
-                    let r = checkpoint::latest(&c.dir).map_err(|e| e.to_string());
+                    let r = checkpoint::latest(&c.dir, max_bytes).map_err(|e| e.to_string());
                     serde_json::to_vec(&r).expect("a checkpoint serialises")
                 } else {
                     Vec::new()

@@ -486,7 +486,9 @@ fn storage_faults_mid_epoch_stop_with_the_file_named_and_keep_the_last_good_stat
         if epoch != 1 {
             return;
         }
-        let f = std::fs::read_dir(dir.path())
+        // the run's private directory is the one entry in the storage directory
+        let run = std::fs::read_dir(dir.path()).unwrap().next().unwrap().unwrap().path();
+        let f = std::fs::read_dir(run)
             .unwrap()
             .map(|e| e.unwrap().path())
             .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("act-l0-"))

@@ -100,6 +100,48 @@ impl Dataset {
     }
 }
 
+impl Splits {
+    /// The first node in two splits: `(node, first split's name, second's)`.
+    pub fn overlap(&self) -> Option<(u32, &'static str, &'static str)> {
+        let named = self.named();
+        for a in 0..3 {
+            for b in a + 1..3 {
+                let (x, y) = (named[a].1, named[b].1);
+                // both ascending: a merge walk
+                let (mut i, mut j) = (0, 0);
+                while i < x.len() && j < y.len() {
+                    match x[i].cmp(&y[j]) {
+                        std::cmp::Ordering::Less => i += 1,
+                        std::cmp::Ordering::Greater => j += 1,
+                        std::cmp::Ordering::Equal => return Some((x[i], named[a].0, named[b].0)),
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Refuses splits that share a node (evaluation would see training nodes) unless `allow`,
+    /// which only warns.
+    pub fn check_disjoint(&self, origin: &Path, allow: bool) -> Result<()> {
+        let Some((v, a, b)) = self.overlap() else { return Ok(()) };
+        if allow {
+            tracing::warn!(
+                "{}: node {v} is in both the {a} and the {b} split (kept: --allow-split-overlap)",
+                origin.display()
+            );
+            return Ok(());
+        }
+        Err(GraphError::invalid(
+            origin,
+            format!(
+                "node {v} is in both the {a} and the {b} split, so evaluation would see training \
+                 nodes; fix the split files, or pass --allow-split-overlap to train anyway"
+            ),
+        ))
+    }
+}
+
 /// A split must hold ascending, distinct node ids below `n`.
 pub(crate) fn check_split(origin: &Path, name: &str, ids: &[u32], n: usize) -> Result<()> {
     if let Some(i) = ids.iter().position(|&v| v as usize >= n) {

@@ -4,7 +4,8 @@
 //! One file per key: magic `GRNDPART`, format version, key, node and partition counts, the
 //! owner of every node, and an xxh3 checksum of everything before it. A file that does not
 //! verify — wrong version, another key, truncated, flipped bits, owners out of range — is
-//! reported and rebuilt; files are written to a temporary name and renamed into place.
+//! reported and rebuilt; files are written to a new, unpredictably named temporary and renamed into place; reads are
+//! bounded by the length the node count gives.
 
 use std::path::{Path, PathBuf};
 
@@ -54,18 +55,22 @@ pub fn partition_cached(
     };
     let k = key(graph, parts, method);
     let file = dir.join(format!("{k:016x}.part"));
-    let stale = match std::fs::read(&file) {
+    // the file holds a header, one owner per node and a checksum: nothing longer is read
+    let max_bytes = (HEADER + graph.num_nodes() * 4 + 8) as u64;
+    let stale = match grinnder_graph::io::files::read_bounded(&file, max_bytes, "partition cache file") {
         Ok(bytes) => match decode(&bytes, k, graph.num_nodes(), parts) {
             Ok(part) => return Ok((Partitioning::from_parts(parts, part), CacheOutcome::Hit(file))),
             Err(why) => Some(why),
         },
-        Err(_) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(e.to_string()),
     };
     let p = partition(graph, parts, method)?;
     let written = std::fs::create_dir_all(dir).and_then(|_| {
-        let tmp = file.with_extension("part.partial");
-        std::fs::write(&tmp, encode(k, parts, &p.part))?;
-        std::fs::rename(&tmp, &file)
+        // a new file under an unpredictable name, renamed into place (never through a link)
+        let mut tmp = grinnder_graph::io::files::temp_in(dir, &format!(".{k:016x}.part."))?;
+        std::io::Write::write_all(&mut tmp, &encode(k, parts, &p.part))?;
+        tmp.persist(&file).map(|_| ()).map_err(|e| e.error)
     });
     let outcome = match (written, stale) {
         (Err(e), _) => {

@@ -236,3 +236,37 @@ fn gather_and_scatter_add_are_adjoint() {
     let want: Vec<f64> = (0..3).map(|j| y.data[j] + y.data[2 * 3 + j]).collect();
     assert!(s.row(4).iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-15), "repeated rows add up");
 }
+
+/// Runs `f` on a rayon pool of `threads` threads.
+fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f)
+}
+
+#[test]
+fn reductions_give_the_same_bits_on_any_thread_count() {
+    // gemm shapes of a training step: the gemm crate's own parallel path (node rows × hidden),
+    // the split inner dimension (weight gradients over every node, k ≥ 8192), and column sums
+    // (bias gradients) over many row blocks; f32 as training runs
+    let cpu = Cpu::<f32>::new();
+    let x = rand_mat(30_000, 64, 21).cast::<f32>();
+    let w = rand_mat(64, 40, 22).cast::<f32>();
+    let g = rand_mat(30_000, 40, 23).cast::<f32>();
+    let run = || {
+        let mut y = Mat::zeros(30_000, 40);
+        cpu.gemm(1.0, &x, false, &w, false, 0.0, &mut y);
+        let mut dw = Mat::zeros(64, 40);
+        cpu.gemm(1.0, &x, true, &g, false, 0.0, &mut dw);
+        let mut db = Mat::zeros(1, 40);
+        cpu.col_sums(&g, 0.0, &mut db);
+        (y, dw, db)
+    };
+    let one = on_threads(1, run);
+    for threads in [2, 3] {
+        for rep in 0..3 {
+            let got = on_threads(threads, run);
+            assert!(got.0 == one.0, "gemm output differs at {threads} threads (repeat {rep})");
+            assert!(got.1 == one.1, "weight-gradient gemm differs at {threads} threads (repeat {rep})");
+            assert!(got.2 == one.2, "column sums differ at {threads} threads (repeat {rep})");
+        }
+    }
+}

@@ -200,6 +200,10 @@ pub fn free_bytes(dir: &Path) -> io::Result<u64> {
 /// Reads or writes `len` bytes at `ptr` from offset 0 of `file` through `ring`, at most
 /// [`QUEUE_DEPTH`] requests of [`CHUNK`] bytes in flight; returns the bytes transferred before
 /// the end of the file (reads) or all of them (writes).
+///
+/// On the first failed request no more are queued, and every request still in flight is
+/// reaped before the error is returned (the caller's buffer may then go away). Completions
+/// are reaped one at a time, so none is ever taken from the ring without being accounted for.
 fn uring_transfer(
     ring: &mut IoUring,
     file: &File,
@@ -214,8 +218,9 @@ fn uring_transfer(
     let mut inflight: std::collections::HashMap<u64, (usize, usize)> = std::collections::HashMap::new();
     let (mut done, mut eof_at) = (0usize, usize::MAX);
     let mut next_id = 0u64;
-    while !pending.is_empty() || !inflight.is_empty() {
-        while inflight.len() < QUEUE_DEPTH as usize {
+    let mut failure: Option<io::Error> = None;
+    while (failure.is_none() && !pending.is_empty()) || !inflight.is_empty() {
+        while failure.is_none() && inflight.len() < QUEUE_DEPTH as usize {
             let Some((off, n)) = pending.pop() else { break };
             if off >= eof_at {
                 continue;
@@ -230,63 +235,100 @@ fn uring_transfer(
             };
             next_id += 1;
             // SAFETY: the entry's buffer stays valid until its completion is reaped below.
-            unsafe { ring.submission().push(&entry.user_data(next_id)) }
-                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
-            inflight.insert(next_id, (off, n));
+            match unsafe { ring.submission().push(&entry.user_data(next_id)) } {
+                Ok(()) => {
+                    inflight.insert(next_id, (off, n));
+                }
+                Err(_) => {
+                    pending.push((off, n));
+                    failure = Some(io::Error::other("io_uring submission queue full"));
+                }
+            }
         }
-        ring.submit_and_wait(1)?;
-        let completed: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
-        for (id, res) in completed {
+        if inflight.is_empty() {
+            break;
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if retry_wait(&e) => continue,
+            Err(e) => {
+                // the kernel still owns the buffers of the requests in flight: returning (or
+                // unwinding) would free memory it may write into; a ring that cannot be waited
+                // on is a kernel or program fault, not an I/O error
+                eprintln!("io_uring: waiting with {} requests in flight failed: {e}", inflight.len());
+                std::process::abort();
+            }
+        }
+        while let Some(c) = ring.completion().next() {
+            let (id, res) = (c.user_data(), c.result());
             let (off, n) = inflight.remove(&id).expect("a request we submitted");
+            if failure.is_some() {
+                continue; // reaped only so that the buffer is free again
+            }
             if res < 0 {
                 let e = io::Error::from_raw_os_error(-res);
                 if e.kind() == io::ErrorKind::Interrupted {
                     pending.push((off, n));
-                    continue;
+                } else {
+                    failure = Some(e);
                 }
-                // drain what is still in flight before the buffer may go away
-                while !inflight.is_empty() {
-                    ring.submit_and_wait(1)?;
-                    for c in ring.completion() {
-                        inflight.remove(&c.user_data());
-                    }
-                }
-                return Err(e);
+                continue;
             }
             let k = res as usize;
             done += k;
             if k == 0 {
                 if write {
-                    return Err(io::Error::new(io::ErrorKind::WriteZero, "io_uring wrote nothing"));
+                    failure = Some(io::Error::new(io::ErrorKind::WriteZero, "io_uring wrote nothing"));
+                } else {
+                    eof_at = eof_at.min(off);
                 }
-                eof_at = eof_at.min(off);
             } else if k < n {
                 pending.push((off + k, n - k));
             }
         }
     }
-    Ok(done)
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(done),
+    }
+}
+
+/// Errors of `io_uring_enter` after which waiting again is right: a signal (EINTR), or the
+/// kernel short of resources for the moment (EAGAIN, EBUSY).
+fn retry_wait(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::Interrupted || matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EBUSY))
 }
 
 const O_DIRECT: i32 = 0o40000;
 
+/// The prefix of a run's private storage directory: `grinnder-run-<pid>-<random>`.
+pub const RUN_DIR_PREFIX: &str = "grinnder-run-";
+
 impl BlockFiles {
-    /// Checks that `dir` exists and is writable, and whether it takes `O_DIRECT`.
-    pub fn new(dir: &Path) -> io::Result<BlockFiles> {
-        let meta = std::fs::metadata(dir)
-            .map_err(|e| io::Error::new(e.kind(), format!("storage directory {}: {e}", dir.display())))?;
+    /// Checks that `parent` exists and is writable, creates the run's private directory in it
+    /// (mode 0700, an unpredictable name: no other process or run can plant or see files
+    /// there), and finds out whether it takes `O_DIRECT`. The directory and everything in it
+    /// is removed when the returned guard is dropped.
+    pub fn create(parent: &Path) -> io::Result<(BlockFiles, tempfile::TempDir)> {
+        let meta = std::fs::metadata(parent)
+            .map_err(|e| io::Error::new(e.kind(), format!("storage directory {}: {e}", parent.display())))?;
         if !meta.is_dir() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("storage directory {} is not a directory", dir.display()),
+                format!("storage directory {} is not a directory", parent.display()),
             ));
         }
-        let probe = dir.join(format!(".grinnder-probe-{}", std::process::id()));
+        let not_writable = |e: io::Error| {
+            io::Error::new(e.kind(), format!("storage directory {} is not writable: {e}", parent.display()))
+        };
+        let prefix = format!("{RUN_DIR_PREFIX}{}-", std::process::id());
+        let run = grinnder_graph::io::files::private_dir_in(parent, &prefix).map_err(not_writable)?;
+        let dir = run.path().to_path_buf();
+        let probe = dir.join("probe");
         let direct = match OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(O_DIRECT)
+            .create_new(true)
+            .custom_flags(O_DIRECT | libc::O_NOFOLLOW)
             .open(&probe)
         {
             Ok(f) => {
@@ -296,18 +338,18 @@ impl BlockFiles {
                 ok
             }
             Err(e) if e.raw_os_error() == Some(22) => false, // EINVAL: no O_DIRECT here
-            Err(e) => {
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("storage directory {} is not writable: {e}", dir.display()),
-                ))
-            }
+            Err(e) => return Err(not_writable(e)),
         };
         if !direct {
             // buffered must work at least
-            std::fs::write(&probe, b"probe").map_err(|e| {
-                io::Error::new(e.kind(), format!("storage directory {} is not writable: {e}", dir.display()))
-            })?;
+            let _ = std::fs::remove_file(&probe);
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&probe)
+                .and_then(|f| f.write_all_at(b"probe", 0))
+                .map_err(not_writable)?;
         }
         let _ = std::fs::remove_file(&probe);
         let ring = match IoUring::new(QUEUE_DEPTH * 2) {
@@ -317,14 +359,20 @@ impl BlockFiles {
                 None
             }
         };
-        Ok(BlockFiles {
-            dir: dir.to_path_buf(),
+        let files = BlockFiles {
+            dir,
             direct,
             ring,
             faults: Faults::default(),
             writes: std::sync::atomic::AtomicUsize::new(0),
             reads: std::sync::atomic::AtomicUsize::new(0),
-        })
+        };
+        Ok((files, run))
+    }
+
+    /// The run's private directory, where the block files are.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Whether transfers go through io_uring.
@@ -343,9 +391,8 @@ impl BlockFiles {
         } else {
             o.read(true);
         }
-        if self.direct {
-            o.custom_flags(O_DIRECT);
-        }
+        // the directory is private, and still no link is followed
+        o.custom_flags(libc::O_NOFOLLOW | if self.direct { O_DIRECT } else { 0 });
         o.open(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
     }
 
@@ -418,5 +465,60 @@ impl BlockFiles {
 
     pub fn remove(&self, name: &str) {
         let _ = std::fs::remove_file(self.path(name));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` on its own thread; fails the test if it has not returned after `secs` (a hang
+    /// must fail, not stall the suite).
+    fn within<R: Send + 'static>(secs: u64, f: impl FnOnce() -> R + Send + 'static) -> R {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(secs)).expect("the transfer hung")
+    }
+
+    #[test]
+    fn a_full_disk_fails_every_request_in_flight_without_hanging() {
+        // /dev/full fails every write with ENOSPC; 8 MiB is QUEUE_DEPTH requests of CHUNK bytes
+        // in flight at once, whose failures the kernel completes together
+        let Ok(mut ring) = IoUring::new(QUEUE_DEPTH * 2) else {
+            eprintln!("io_uring unavailable here: the pread/pwrite path needs no draining");
+            return;
+        };
+        for len in [QUEUE_DEPTH as usize * CHUNK, 3 * QUEUE_DEPTH as usize * CHUNK + 4096] {
+            let err = within(30, move || {
+                let full = OpenOptions::new().write(true).open("/dev/full").unwrap();
+                let buf = AlignedBuf::new(len);
+                uring_transfer(&mut ring, &full, buf.as_slice().as_ptr() as *mut u8, len, true).map(|_| ring)
+            });
+            match err {
+                Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}"),
+                Ok(_) => panic!("a write to /dev/full succeeded"),
+            }
+            ring = IoUring::new(QUEUE_DEPTH * 2).unwrap();
+        }
+        // the ring is usable after a failure: nothing of the failed transfer is left in it
+        let dir = tempfile::tempdir().unwrap();
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("b"))
+            .unwrap();
+        let full = OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let mut buf = AlignedBuf::new(2 * CHUNK);
+        buf.as_mut_slice()[5] = 7;
+        let ptr = buf.as_mut_slice().as_mut_ptr();
+        assert!(uring_transfer(&mut ring, &full, ptr, 2 * CHUNK, true).is_err());
+        assert_eq!(uring_transfer(&mut ring, &f, ptr, 2 * CHUNK, true).unwrap(), 2 * CHUNK);
+        let mut back = AlignedBuf::new(2 * CHUNK);
+        let got = uring_transfer(&mut ring, &f, back.as_mut_slice().as_mut_ptr(), 2 * CHUNK, false).unwrap();
+        assert_eq!((got, back.as_slice()[5]), (2 * CHUNK, 7));
     }
 }

@@ -796,17 +796,8 @@ impl<'a, B: Backend> Executor<'a, B> {
             dtype: tc.tier_dtype,
             faults: tc.faults,
         };
-        // ranks sharing a storage directory keep their blocks apart
-        let storage_dir = match &tc.storage_dir {
-            Some(d) if ranks > 1 => {
-                let d = d.join(format!("rank-{rank}"));
-                std::fs::create_dir_all(&d)
-                    .map_err(|e| TrainError::Storage(format!("storage directory {}: {e}", d.display())))?;
-                Some(d)
-            }
-            d => d.clone(),
-        };
-        let store = Store::new(store_cfg, storage_dir.as_deref(), tc.keep_storage).map_err(io_err)?;
+        // each store (each rank's too) makes a private directory of its own inside the given one
+        let store = Store::new(store_cfg, tc.storage_dir.as_deref(), tc.keep_storage).map_err(io_err)?;
         let mut ex = Executor {
             b,
             model,
@@ -1144,6 +1135,11 @@ impl<'a, B: Backend> Executor<'a, B> {
         let agg = self.model.aggregate_input(self.b, &self.parts[q].graph, &x).expect("GCN or SAGE");
         drop(x);
         self.put(Kind::Pre, 0, q, agg)
+    }
+
+    /// The run's private storage directory (inside `--storage-dir`), `None` without storage.
+    pub fn storage_dir(&self) -> Option<&std::path::Path> {
+        self.store.storage_dir()
     }
 
     /// Block-file reads and writes attempted since the start (setup included).

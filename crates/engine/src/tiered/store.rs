@@ -243,6 +243,8 @@ pub struct Store<T: Scalar> {
     /// The first error of an asynchronous write, reported at the next call.
     deferred: Option<io::Error>,
     keep_files: bool,
+    /// The run's private storage directory (removed on drop unless `keep_files`).
+    run_dir: Option<tempfile::TempDir>,
     stats: TierStats,
 }
 
@@ -255,9 +257,13 @@ fn elem_dtype<T: Scalar>() -> Dtype {
 }
 
 impl<T: Scalar> Store<T> {
-    /// A store spilling into `dir` when given (checked to exist and be writable).
+    /// A store spilling into a private directory of its own inside `dir` when given (checked
+    /// to exist and be writable); the directory goes when the store does, unless `keep_files`.
     pub fn new(cfg: StoreConfig, dir: Option<&Path>, keep_files: bool) -> io::Result<Store<T>> {
-        let mut files = dir.map(BlockFiles::new).transpose()?;
+        let (mut files, run_dir) = match dir.map(BlockFiles::create).transpose()? {
+            Some((f, d)) => (Some(f), Some(d)),
+            None => (None, None),
+        };
         if let Some(f) = files.as_mut() {
             f.faults = cfg.faults;
         }
@@ -285,6 +291,7 @@ impl<T: Scalar> Store<T> {
             prefetch_bytes: 0,
             deferred: None,
             keep_files,
+            run_dir,
             stats: TierStats::default(),
         })
     }
@@ -452,6 +459,11 @@ impl<T: Scalar> Store<T> {
         );
         self.resident += bytes;
         self.make_room(Some(id))
+    }
+
+    /// The run's private directory holding the block files (`None` without storage).
+    pub fn storage_dir(&self) -> Option<&Path> {
+        self.files.as_ref().map(|f| f.dir())
     }
 
     /// Block-file reads and writes attempted so far (`(0, 0)` without storage).
@@ -806,16 +818,15 @@ impl<T: Scalar> Store<T> {
 
 impl<T: Scalar> Drop for Store<T> {
     fn drop(&mut self) {
-        // finish (or fail) every write before files are removed
+        // finish (or fail) every write before the directory goes
         self.io.take();
-        if self.keep_files {
-            return;
-        }
-        if let Some(f) = &self.files {
-            for (id, e) in &self.entries {
-                if e.on_disk {
-                    f.remove(&id.file_name());
-                }
+        if let Some(d) = self.run_dir.take() {
+            if self.keep_files {
+                // (outside the macro: its arguments are evaluated only when the level is on)
+                let kept = d.keep();
+                tracing::info!("block files kept in {}", kept.display());
+            } else if let Err(e) = d.close() {
+                tracing::warn!("cannot remove the storage directory: {e}");
             }
         }
     }
@@ -887,7 +898,7 @@ mod tests {
         s.put(id(0, 0), 100, 8, vec![1.0; 800]).unwrap();
         s.put(id(0, 1), 100, 8, vec![2.0; 800]).unwrap(); // evicts (0, 0) to its file
         s.sync().unwrap();
-        let path = dir.path().join(id(0, 0).file_name());
+        let path = s.storage_dir().unwrap().join(id(0, 0).file_name());
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[ALIGN + 17] ^= 0x10;
         std::fs::write(&path, &bytes).unwrap();
@@ -918,9 +929,14 @@ mod tests {
             let mut out = vec![0f32; 40];
             s.read_rows(id(1, 0), None, &mut out).unwrap();
             assert_eq!(out, vec![0.5; 40]);
+            let run = s.storage_dir().unwrap().to_path_buf();
+            assert!(run.starts_with(dir.path()) && run != dir.path());
+            let mode =
+                std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&run).unwrap().permissions());
+            assert_eq!(mode & 0o777, 0o700, "a private directory");
             drop(s);
-            let left = std::fs::read_dir(dir.path()).unwrap().count();
-            assert_eq!(left > 0, keep);
+            assert_eq!(run.exists(), keep);
+            assert_eq!(std::fs::read_dir(&run).map_or(0, |d| d.count()) > 0, keep);
         }
     }
 }

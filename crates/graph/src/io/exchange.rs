@@ -49,6 +49,8 @@ pub(crate) fn checked_pairs(
 fn ids(dir: &Path, file: &str, name: &str, n: u64) -> Result<Vec<u32>> {
     let path = dir.join(file);
     let npy = Npy::open(&path)?;
+    // a 0-d array is one number, not a list of nodes
+    npy.expect_shape(&["nodes"])?;
     let v = npy.to_i64()?;
     let (ids, _) = checked_pairs(&path, v.iter().map(|&x| (x, x)), n)?;
     normalise_split(&path, name, ids, n as usize)

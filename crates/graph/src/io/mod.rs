@@ -4,6 +4,7 @@
 //! exchange folder) unless told, and returns a validated [`Dataset`].
 
 pub mod exchange;
+pub mod files;
 pub mod igb;
 pub mod native;
 pub mod npy;
@@ -46,6 +47,8 @@ pub struct LoadOptions {
     pub build: BuildOptions,
     /// Native files: what to verify when opening.
     pub verify: native::Verify,
+    /// Accept splits that share nodes (with a warning) instead of refusing them.
+    pub allow_split_overlap: bool,
 }
 
 impl Default for LoadOptions {
@@ -57,6 +60,7 @@ impl Default for LoadOptions {
             igb_classes: 19,
             build: BuildOptions::default(),
             verify: native::Verify::Full,
+            allow_split_overlap: false,
         }
     }
 }
@@ -66,7 +70,7 @@ pub fn detect(path: &Path) -> Result<Format> {
     if path.is_file() {
         let mut magic = [0u8; 8];
         use std::io::Read;
-        let mut f = std::fs::File::open(path).map_err(|e| GraphError::io(path, e))?;
+        let mut f = files::open_input(path).map_err(|e| GraphError::io(path, e))?;
         if f.read_exact(&mut magic).is_ok() && &magic == native::MAGIC {
             return Ok(Format::Native);
         }
@@ -103,11 +107,13 @@ pub fn open(path: &Path, format: Format, opts: &LoadOptions) -> Result<Dataset> 
         f => f,
     };
     let _span = tracing::info_span!("load", path = %path.display(), ?format).entered();
-    match format {
+    let ds = match format {
         Format::Native => native::open(path, opts.verify),
         Format::Ogb => ogb::load(path, opts),
         Format::Igb => igb::load(path, opts),
         Format::Npy => exchange::load(path, opts),
         Format::Auto => unreachable!("resolved above"),
-    }
+    }?;
+    ds.splits.check_disjoint(path, opts.allow_split_overlap)?;
+    Ok(ds)
 }

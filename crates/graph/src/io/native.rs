@@ -188,6 +188,9 @@ impl Leaves {
 /// where each section landed, so file order need not be table order.
 pub struct NativeWriter {
     path: PathBuf,
+    /// The file being written, under an unpredictable name beside `path`; removed if the
+    /// writer is dropped before [`NativeWriter::finish`].
+    tmp: tempfile::TempPath,
     out: Out,
     name: String,
     num_nodes: u64,
@@ -196,16 +199,23 @@ pub struct NativeWriter {
 }
 
 impl NativeWriter {
-    /// Starts `path` (written as `path.grnd.partial` until [`NativeWriter::finish`]).
+    /// Starts `path`, written under a new unpredictable name beside it (`.NAME.XXXXXX`, created
+    /// with `O_EXCL`) until [`NativeWriter::finish`] renames it into place.
     pub fn create(path: &Path, name: &str, num_nodes: u64) -> Result<NativeWriter> {
         crate::csr::check_node_count(num_nodes)?;
-        let tmp = path.with_extension("grnd.partial");
-        let file = File::create(&tmp).map_err(|e| GraphError::io(&tmp, e))?;
-        let mut out = Out { path: tmp, w: BufWriter::with_capacity(8 << 20, file), pos: 0 };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let prefix = format!(".{}.", path.file_name().map(|f| f.to_string_lossy()).unwrap_or_default());
+        let (file, tmp) =
+            super::files::temp_in(dir, &prefix).map_err(|e| GraphError::io(path, e))?.into_parts();
+        let mut out = Out { path: tmp.to_path_buf(), w: BufWriter::with_capacity(8 << 20, file), pos: 0 };
         out.write(&[0u8; HEADER_BYTES])?;
         let col = Some((out.pos, Leaves::new(CHUNK_BYTES)));
         Ok(NativeWriter {
             path: path.to_path_buf(),
+            tmp,
             out,
             name: name.to_string(),
             num_nodes,
@@ -267,7 +277,7 @@ impl NativeWriter {
         file.seek(SeekFrom::Start(0)).map_err(|e| GraphError::io(&tmp, e))?;
         file.write_all(&header).map_err(|e| GraphError::io(&tmp, e))?;
         file.sync_all().map_err(|e| GraphError::io(&tmp, e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| GraphError::io(&self.path, e))
+        self.tmp.persist(&self.path).map_err(|e| GraphError::io(&self.path, e.error))
     }
 }
 
@@ -472,7 +482,7 @@ pub fn read_header(path: &Path) -> Result<Header> {
 }
 
 fn map(path: &Path) -> Result<Mmap> {
-    let file = File::open(path).map_err(|e| GraphError::io(path, e))?;
+    let file = super::files::open_input(path).map_err(|e| GraphError::io(path, e))?;
     // SAFETY: read-only mapping; the file must not be truncated by another process while
     // mapped (ARCHITECTURE.md documents this for all mapped inputs).
     unsafe { Mmap::map(&file) }.map_err(|e| GraphError::io(path, e))

@@ -103,7 +103,7 @@ pub struct Npy {
 }
 
 fn map_file(path: &Path) -> Result<(Arc<Mmap>, u64)> {
-    let file = File::open(path).map_err(|e| GraphError::io(path, e))?;
+    let file = super::files::open_input(path).map_err(|e| GraphError::io(path, e))?;
     let len = file.metadata().map_err(|e| GraphError::io(path, e))?.len();
     // SAFETY: the file is opened read-only; like every mmap-based reader we rely on no other
     // process truncating it while mapped (documented in ARCHITECTURE.md).
@@ -158,7 +158,7 @@ impl Npy {
 
     /// True when the file starts with the `.npy` magic.
     pub fn has_header(path: &Path) -> Result<bool> {
-        let mut f = File::open(path).map_err(|e| GraphError::io(path, e))?;
+        let mut f = super::files::open_input(path).map_err(|e| GraphError::io(path, e))?;
         let mut m = [0u8; 6];
         use std::io::Read;
         Ok(f.read_exact(&mut m).is_ok() && &m == MAGIC)
@@ -298,10 +298,12 @@ impl Npy {
         self.to_i64()
     }
 
-    /// The data as f32: a zero-copy view for aligned little-endian f32, a converted copy for
-    /// f64 (half precision is refused).
+    /// The data as f32, row-major: a zero-copy view for aligned little-endian f32 in C order,
+    /// a converted copy for f64 and for Fortran-ordered (column-major) arrays, which are
+    /// transposed while loading (half precision is refused).
     pub fn to_f32(&self) -> Result<Buf<f32>> {
         match self.dtype {
+            DType::F32 if self.fortran => Ok(Buf::Owned(self.transposed_f32())),
             DType::F32 => {
                 Ok(Buf::mapped(self.map.clone(), self.data_offset, self.len()).unwrap_or_else(|| {
                     Buf::Owned((0..self.len()).into_par_iter().map(|i| self.elem::<f32>(i)).collect())
@@ -316,6 +318,32 @@ impl Npy {
                 format!("expected float32 or float64 features, found {other:?}"),
             )),
         }
+    }
+
+    /// A column-major f32 matrix copied into row-major order, a band of rows at a time so that
+    /// each column is read as one sequential run per band.
+    fn transposed_f32(&self) -> Vec<f32> {
+        let (r, c) = (self.shape[0] as usize, self.shape[1] as usize);
+        tracing::warn!(
+            "{} is Fortran-ordered (column-major): transposing it costs a copy of {:.1} MiB in memory; \
+             save it with np.ascontiguousarray to map it without one",
+            self.path.display(),
+            (r * c * 4) as f64 / (1 << 20) as f64
+        );
+        const BAND: usize = 256;
+        let mut out = vec![0f32; r * c];
+        let bytes = self.bytes();
+        out.par_chunks_mut(BAND * c.max(1)).enumerate().for_each(|(b, rows)| {
+            let r0 = b * BAND;
+            let n = rows.len() / c.max(1);
+            for j in 0..c {
+                let col = &bytes[(j * r + r0) * 4..(j * r + r0 + n) * 4];
+                for (i, v) in col.chunks_exact(4).enumerate() {
+                    rows[i * c + j] = f32::from_le_bytes(v.try_into().expect("4 bytes"));
+                }
+            }
+        });
+        out
     }
 }
 

@@ -5,7 +5,6 @@
 //! first line, so an error names `file:line` exactly. Memory is bounded by the batch size, not
 //! by the file size.
 
-use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +19,11 @@ use crate::progress;
 
 /// Size of one decompressed block handed to a parser.
 const BLOCK_BYTES: usize = 4 << 20;
+
+/// The longest line accepted. The widest feature rows in the wild (IGB's 1,024 columns, OGB's
+/// 100-dimensional products, bag-of-words rows of a few thousand columns) take well under
+/// 100 KiB as text; a longer line is a damaged or foreign file, refused before it takes memory.
+pub const LINE_BYTES_MAX: usize = 16 << 20;
 
 /// A run of whole lines of a text file.
 pub struct Block {
@@ -57,7 +61,7 @@ impl<R: Read> Read for Counting<R> {
 
 /// Opens `path`, transparently decompressing gzip (recognised by its magic bytes).
 fn open(path: &Path, count: Arc<AtomicU64>) -> Result<Box<dyn Read + Send>> {
-    let mut file = File::open(path).map_err(|e| GraphError::io(path, e))?;
+    let mut file = super::files::open_input(path).map_err(|e| GraphError::io(path, e))?;
     let mut magic = [0u8; 2];
     let got = file.read(&mut magic).map_err(|e| GraphError::io(path, e))?;
     let head = std::io::Cursor::new(magic[..got].to_vec());
@@ -73,7 +77,8 @@ fn open(path: &Path, count: Arc<AtomicU64>) -> Result<Box<dyn Read + Send>> {
 pub fn find_csv(dir: &Path, stem: &str) -> Result<PathBuf> {
     for ext in ["csv.gz", "csv"] {
         let p = dir.join(format!("{stem}.{ext}"));
-        if p.is_file() {
+        // anything by that name: opening it says what is wrong when it is not a regular file
+        if p.exists() {
             return Ok(p);
         }
     }
@@ -99,6 +104,10 @@ where
     let (tx, rx) = sync_channel::<Result<Block>>(batch);
     let mut out = Vec::new();
     std::thread::scope(|s| -> Result<()> {
+        // the receiver is dropped when this closure returns, early on an error too: the reader
+        // then fails its next send and ends, and the scope can join it (held outside, a reader
+        // blocked on a full channel would wait forever)
+        let rx = rx;
         s.spawn(move || {
             let mut carry: Vec<u8> = Vec::new();
             let mut line = 1u64;
@@ -133,6 +142,17 @@ where
                 } else {
                     match buf.iter().rposition(|&b| b == b'\n') {
                         Some(i) => i + 1,
+                        None if buf.len() >= LINE_BYTES_MAX => {
+                            let _ = tx.send(Err(GraphError::parse(
+                                path,
+                                line,
+                                format!(
+                                    "line longer than {} MiB (not a CSV file of this kind?)",
+                                    LINE_BYTES_MAX >> 20
+                                ),
+                            )));
+                            return;
+                        }
                         None => {
                             // a line longer than a block: keep reading into a bigger buffer
                             carry = buf;

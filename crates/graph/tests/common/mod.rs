@@ -63,3 +63,19 @@ pub fn assert_same(a: &Dataset, b: &Dataset) {
     assert_eq!(*a.splits.valid, *b.splits.valid, "valid");
     assert_eq!(*a.splits.test, *b.splits.test, "test");
 }
+
+/// Writes an `n × dim` float32 `.npy` file in Fortran (column-major) order, as NumPy does for
+/// `np.asfortranarray(x)`: `col_major[c * n + r]` is row `r`, column `c`.
+pub fn write_npy_fortran(path: &std::path::Path, n: usize, dim: usize, col_major: &[f32]) {
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': True, 'shape': ({n}, {dim}), }}");
+    let total = 10 + header.len() + 1;
+    header.push_str(&" ".repeat((64 - total % 64) % 64));
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for v in col_major {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(path, bytes).unwrap();
+}

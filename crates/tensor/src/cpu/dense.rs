@@ -8,7 +8,14 @@ use crate::dropout::{keep4, threshold};
 use crate::mat::Mat;
 use crate::scalar::Scalar;
 
+/// Inner dimension from which a small-output gemm is split along it (see [`gemm`]).
+const SPLIT_K_MIN: usize = 1 << 13;
+/// At most this many partial products of a split gemm (memory: `parts × m × n` elements).
+const SPLIT_K_PARTS_MAX: usize = 32;
+
 /// `c = alpha · op(a) · op(b) + beta · c`.
+///
+/// The result's bits are a function of the operands alone: the same on any thread count.
 pub fn gemm<T: Scalar>(alpha: f64, a: &Mat<T>, ta: bool, b: &Mat<T>, tb: bool, beta: f64, c: &mut Mat<T>) {
     // op(a) is m×k, op(b) is k×n; row-major strides: element (i, j) of a at i·cols + j
     let (m, k) = if ta { (a.cols, a.rows) } else { (a.rows, a.cols) };
@@ -29,9 +36,10 @@ pub fn gemm<T: Scalar>(alpha: f64, a: &Mat<T>, ta: bool, b: &Mat<T>, tb: bool, b
     let threads = rayon::current_num_threads();
     // A small output with a long inner dimension (weight gradients: out × in over all nodes)
     // leaves the gemm crate little to split; split the inner dimension instead, one partial
-    // product per task, summed in a fixed order.
-    if threads > 1 && k >= 1 << 13 && m * n <= 1 << 18 {
-        let parts = threads * 2;
+    // product per task, summed in a fixed order. The split follows the shape alone, never the
+    // thread count, so every thread count gives the same bits.
+    if k >= SPLIT_K_MIN && m * n <= 1 << 18 {
+        let parts = (k / SPLIT_K_MIN).clamp(2, SPLIT_K_PARTS_MAX);
         let bounds: Vec<usize> = (0..=parts).map(|p| k * p / parts).collect();
         let partials: Vec<Vec<T>> = bounds
             .windows(2)
@@ -142,7 +150,9 @@ pub fn add_row<T: Scalar>(row: &Mat<T>, x: &mut Mat<T>) {
 pub fn col_sums<T: Scalar>(x: &Mat<T>, beta: f64, out: &mut Mat<T>) {
     assert_eq!((out.rows, out.cols), (1, x.cols), "column-sum shape");
     let d = x.cols;
-    let sums = x
+    // partial sums over fixed blocks of rows, added in block order: the same bits every run
+    // and on any thread count (a fold/reduce adds in an order that follows work stealing)
+    let partials: Vec<Vec<T>> = x
         .data
         .par_chunks(d.max(1) * 256)
         .map(|rows| {
@@ -152,13 +162,11 @@ pub fn col_sums<T: Scalar>(x: &Mat<T>, beta: f64, out: &mut Mat<T>) {
             }
             acc
         })
-        .reduce(
-            || vec![T::zero(); d],
-            |mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, &y)| *x += y);
-                a
-            },
-        );
+        .collect();
+    let mut sums = vec![T::zero(); d];
+    for p in partials {
+        sums.iter_mut().zip(&p).for_each(|(s, &v)| *s += v);
+    }
     let beta = T::of(beta);
     out.data.iter_mut().zip(sums).for_each(|(o, s)| *o = s + beta * *o);
 }
