@@ -525,7 +525,8 @@ pub struct TrainSettings {
     /// (auto) [default: auto].
     #[arg(long, value_enum)]
     pub cache_mode: Option<CacheModeArg>,
-    /// Host memory budget of the whole process, e.g. 8GiB or 500MB; blocks beyond it go to
+    /// Host memory budget of the whole process, e.g. 8GiB or 500MB (peak RSS stays within it;
+    /// a budget below the minimum is refused, naming it); blocks beyond it go to
     /// --storage-dir [default: no limit].
     #[arg(long)]
     pub host_mem: Option<String>,

@@ -186,6 +186,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     }
     let lead = launch.as_ref().is_none_or(|l| l.groups.global.rank() == 0);
     let groups = launch.as_ref().map(|l| &l.groups);
+    let host_mem = plan.tiered.as_ref().and_then(|t| t.host_mem);
+    if host_mem.is_some() {
+        crate::return_freed_memory_at_once();
+    }
     let path = a.input.path()?;
     let ds = io::open(&path, a.input.format(), &a.input.options()?)
         .with_context(|| format!("cannot load {}", path.display()))?;
@@ -283,6 +287,14 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         gib(summary.peak_host_bytes),
         summary.peak_device_bytes.map_or(String::new(), |b| format!(", peak GPU memory {:.2} GiB", gib(b)))
     );
+    if let Some(h) = host_mem.filter(|&h| summary.peak_host_bytes > h) {
+        tracing::warn!(
+            "peak host memory {:.1} MiB exceeded --host-mem {:.1} MiB by {:.1} %",
+            summary.peak_host_bytes as f64 / 1048576.0,
+            h as f64 / 1048576.0,
+            (summary.peak_host_bytes as f64 / h as f64 - 1.0) * 100.0
+        );
+    }
     Ok(())
 }
 

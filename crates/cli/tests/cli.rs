@@ -363,9 +363,9 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
         "-q",
         "generate",
         "--preset",
-        "products-like",
+        "arxiv-like",
         "--scale",
-        "0.01",
+        "0.5",
         "--seed",
         "1",
         "--out",
@@ -384,7 +384,7 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
             "--partitioner",
             "lpa",
             "--hidden",
-            "512",
+            "128",
             "--epochs",
             "2",
             "--host-mem",
@@ -396,42 +396,54 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
         ])
     };
     // far too small: refused up front, naming the minimum
-    let o = train("1MiB", "none.jsonl");
-    assert!(!o.status.success());
-    let err = stderr(&o);
-    assert!(err.contains("--host-mem") && err.contains("too small") && !err.contains("panicked"), "{err}");
-    let min: u64 = err
-        .split("needs at least ")
-        .nth(1)
-        .and_then(|t| t.split(" MiB").next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no minimum in {err}"));
-    // the minimum plus less than the blocks need (about 150 MB here, at hidden 512): the run
-    // spills, and stays within the budget. The minimum moves by up to about 25 MiB between
-    // identical runs (what the process holds after partitioning depends on thread timing),
-    // hence 48 MiB over it; at hidden 256 (about 75 MB of blocks) a minimum read 25 MiB high
-    // once left room for every block, and the run did not spill (CI, 2026-11-30).
-    let budget = (min + 48) << 20;
-    let o = train(&format!("{budget}B"), "m.jsonl");
-    assert!(o.status.success(), "{}", stderr(&o));
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(p("m.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let epochs = &lines[..lines.len() - 1];
-    // blocks go through storage every epoch (written, or read back: what was spilled in the
-    // first epoch may stay on disk), so the budget bound
-    let io = |m: &serde_json::Value, k: &str| m[k].as_u64().unwrap();
-    assert!(io(&epochs[0], "storage_write_bytes") > 0, "it spilled: {epochs:?}");
-    assert!(
-        epochs.iter().all(|m| io(m, "storage_write_bytes") + io(m, "storage_read_bytes") > 0),
-        "storage every epoch: {epochs:?}"
-    );
-    let peak = lines.last().unwrap()["peak_host_bytes"].as_u64().unwrap();
-    assert!(peak > 0, "peak RSS is measured");
-    assert!(peak <= budget, "peak RSS {} MiB over the {} MiB budget", peak >> 20, budget >> 20);
-    eprintln!("budget {} MiB, peak RSS {} MiB", budget >> 20, peak >> 20);
+    let minimum = || {
+        let o = train("1MiB", "none.jsonl");
+        assert!(!o.status.success());
+        let err = stderr(&o);
+        assert!(
+            err.contains("--host-mem") && err.contains("too small") && !err.contains("panicked"),
+            "{err}"
+        );
+        err.split("needs at least ")
+            .nth(1)
+            .and_then(|t| t.split(" MiB").next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no minimum in {err}"))
+    };
+    // the plan counts what the process holds by construction (heap in use, mapped files), not
+    // a sampled RSS: identical runs give the same minimum
+    let min = minimum();
+    assert_eq!(minimum(), min, "the minimum moved between identical runs");
+    // the minimum and budgets over it (84,672 nodes at hidden 128: blocks of about 170 MB): the
+    // run spills through storage every epoch and peak RSS stays within the budget (the bar: at
+    // most 10 % over it, for every budget accepted; before 2026-12-01 this graph went 11 % over
+    // at 1.2 times the minimum, the allocator's kept pages uncounted)
+    for (i, budget) in [min << 20, (min << 20) * 11 / 10, (min << 20) * 12 / 10].into_iter().enumerate() {
+        let metrics = format!("m{i}.jsonl");
+        let o = train(&format!("{budget}B"), &metrics);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(p(&metrics))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let epochs = &lines[..lines.len() - 1];
+        let io = |m: &serde_json::Value, k: &str| m[k].as_u64().unwrap();
+        assert!(io(&epochs[0], "storage_write_bytes") > 0, "it spilled: {epochs:?}");
+        assert!(
+            epochs.iter().all(|m| io(m, "storage_write_bytes") + io(m, "storage_read_bytes") > 0),
+            "storage every epoch: {epochs:?}"
+        );
+        let peak = lines.last().unwrap()["peak_host_bytes"].as_u64().unwrap();
+        assert!(peak > 0, "peak RSS is measured");
+        assert!(
+            peak * 10 <= budget * 11,
+            "peak RSS {} MiB over the {} MiB budget by more than 10 %",
+            peak >> 20,
+            budget >> 20
+        );
+        eprintln!("budget {} MiB, peak RSS {} MiB", budget >> 20, peak >> 20);
+    }
 }
 
 #[test]

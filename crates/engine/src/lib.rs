@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod coop;
+pub mod heap;
 pub mod memory;
 pub mod metrics;
 pub mod minibatch;

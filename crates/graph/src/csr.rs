@@ -153,6 +153,11 @@ impl Csr {
         self.col_idx.len()
     }
 
+    /// Whether the structure is a view of a memory-mapped file (else owned).
+    pub fn is_mapped(&self) -> bool {
+        self.row_ptr.is_mapped() || self.col_idx.is_mapped()
+    }
+
     pub fn row_ptr(&self) -> &[u64] {
         &self.row_ptr
     }

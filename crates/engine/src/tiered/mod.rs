@@ -436,7 +436,9 @@ pub struct PhaseStats {
 pub struct Plan {
     /// Bytes resident outside the store (graph structures, model, process) when the plan was made.
     pub resident_bytes: u64,
-    /// Largest per-partition working set (gathered inputs, layer temporaries).
+    /// Largest per-partition working set (gathered inputs, layer temporaries) and, with a
+    /// storage tier, two of the largest blocks (the one in use, which the store holds beyond
+    /// its budget, and a block's file buffer while it is decoded).
     pub working_bytes: u64,
     /// The same on a device, counted as if every layer held six matrices of the widest layer
     /// over the columns: a GPU's kernels add temporaries the host count does not model (split-K
@@ -751,7 +753,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         let pre = model_cfg.kind != ModelKind::Gat
             && model_cfg.input_dropout == 0.0
             && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
-        let plan = make_plan(&model, &parts, tc, std::mem::size_of::<B::T>(), pre);
+        let plan =
+            make_plan(&model, &parts, tc, std::mem::size_of::<B::T>(), pre, crate::metrics::mapped_bytes(ds));
         if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
             let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
             if need > h {
@@ -761,7 +764,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                     mib(plan.resident_bytes),
                     mib(plan.working_bytes),
                     mib(plan.margin_bytes),
-                    (mib(need) / 0.95).ceil() as u64
+                    mib(min_host_budget(plan.resident_bytes + plan.working_bytes)).ceil() as u64
                 )));
             }
         }
@@ -942,7 +945,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let (cache_bytes, margin_bytes) = match (tc.device_cache_bytes, tc.gpu_mem) {
             (Some(c), _) => (c, 0),
             (None, Some(g)) => {
-                let margin = g / 20;
+                let margin = g / MARGIN_DIVISOR;
                 let need = resident_bytes + working_bytes + margin;
                 if need > g {
                     return Err(TrainError::Memory(format!(
@@ -2065,6 +2068,7 @@ fn make_plan<B: Backend>(
     tc: &TieredConfig,
     elem: usize,
     pre: bool,
+    mapped_bytes: u64,
 ) -> Plan {
     let elem_tier = match tc.tier_dtype {
         TierDtype::F32 => elem,
@@ -2118,12 +2122,18 @@ fn make_plan<B: Backend>(
         .map(|&(_, _, d)| nodes * d as u64 * elem_tier)
         .sum();
     let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
-    let resident_bytes = crate::metrics::rss_bytes();
+    // with a storage tier the store holds one block beyond its budget (the one in use), and
+    // reading a block holds its file buffer beside the decoded block: two of the largest
+    let largest_block = parts.iter().map(|p| p.own as u64).max().unwrap_or(0)
+        * block_kinds(model, pre, fusible(model, pre)).iter().map(|&(_, _, d)| d as u64).max().unwrap_or(0)
+        * elem_tier;
+    let working_bytes = working_bytes + if tc.storage_dir.is_some() { 2 * largest_block } else { 0 };
+    let resident_bytes = crate::metrics::held_bytes(mapped_bytes);
     let (cache_bytes, margin_bytes) = match tc.host_mem {
         _ if tc.cache_bytes.is_some() => (tc.cache_bytes, 0),
         None => (None, 0),
         Some(h) => {
-            let margin = h / 20;
+            let margin = host_margin(h);
             (Some(h.saturating_sub(resident_bytes + working_bytes + margin)), margin)
         }
     };
@@ -2148,6 +2158,36 @@ fn make_plan<B: Backend>(
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// The plan keeps 1 / 20 (5 %) of a memory budget free: of `--gpu-mem` for the allocations
+/// its model does not count, of `--host-mem` as well, but there at least
+/// [`HOST_MARGIN_MIN_BYTES`].
+const MARGIN_DIVISOR: u64 = 20;
+
+/// The least host margin: the allocator's slack (memory of freed blocks not yet back with the
+/// kernel, fragmentation) and what lives outside the counted heap (thread stacks, the C
+/// allocations of METIS and io_uring) took 13–18 MiB beyond the counted figures on the 2-core
+/// machine (arxiv-like at scale 0.5, 4 and 8 partitions, 2026-12-01).
+const HOST_MARGIN_MIN_BYTES: u64 = 32 << 20;
+
+/// The margin kept free of a host budget of `h` bytes.
+fn host_margin(h: u64) -> u64 {
+    (h / MARGIN_DIVISOR).max(HOST_MARGIN_MIN_BYTES)
+}
+
+/// The smallest host budget `h` with `need + host_margin(h) <= h`.
+fn min_host_budget(need: u64) -> u64 {
+    // h − ⌊h / 20⌋ grows by 0 or 1 with h: start near need · 20 / 19 and step to the least h
+    let leaves = |h: u64| h - h / MARGIN_DIVISOR >= need;
+    let mut h = need / (MARGIN_DIVISOR - 1) * MARGIN_DIVISOR;
+    while !leaves(h) {
+        h += 1;
+    }
+    while h > 0 && leaves(h - 1) {
+        h -= 1;
+    }
+    h.max(need + HOST_MARGIN_MIN_BYTES)
+}
+
 /// Bytes in MiB, for messages.
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / 1048576.0
@@ -2157,4 +2197,18 @@ fn mib(bytes: u64) -> f64 {
 fn par_to_vec<T: Scalar>(h: &[T]) -> Vec<T> {
     use rayon::prelude::*;
     h.par_iter().with_min_len(1 << 16).copied().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_host_budget_is_the_least_that_leaves_its_margin() {
+        for need in [0, 1, 1 << 20, 100 << 20, 607 << 20, 640 << 20, 641 << 20, 10 << 30, (10 << 30) + 7] {
+            let h = min_host_budget(need);
+            assert!(need + host_margin(h) <= h, "need {need}: {h} leaves no margin");
+            assert!(need + host_margin(h - 1) > h - 1 || h - 1 < need, "need {need}: {} would do", h - 1);
+        }
+    }
 }
