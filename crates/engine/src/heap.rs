@@ -20,6 +20,17 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// A global allocator that counts the bytes of `A` in use.
 pub struct Counting<A>(pub A);
 
+/// Counts a successful allocation of `bytes` at `p` (nothing for a failed one).
+fn allocated(p: *mut u8, bytes: usize) -> *mut u8 {
+    if !p.is_null() {
+        if !INSTALLED.load(Relaxed) {
+            INSTALLED.store(true, Relaxed);
+        }
+        grew(bytes as u64);
+    }
+    p
+}
+
 fn grew(bytes: u64) {
     let now = LIVE.fetch_add(bytes, Relaxed) + bytes;
     if now > PEAK.load(Relaxed) {
@@ -32,26 +43,12 @@ fn grew(bytes: u64) {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded from the caller's contract.
-        let p = unsafe { self.0.alloc(layout) };
-        if !p.is_null() {
-            if !INSTALLED.load(Relaxed) {
-                INSTALLED.store(true, Relaxed);
-            }
-            grew(layout.size() as u64);
-        }
-        p
+        allocated(unsafe { self.0.alloc(layout) }, layout.size())
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded from the caller's contract.
-        let p = unsafe { self.0.alloc_zeroed(layout) };
-        if !p.is_null() {
-            if !INSTALLED.load(Relaxed) {
-                INSTALLED.store(true, Relaxed);
-            }
-            grew(layout.size() as u64);
-        }
-        p
+        allocated(unsafe { self.0.alloc_zeroed(layout) }, layout.size())
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
