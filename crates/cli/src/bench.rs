@@ -341,12 +341,10 @@ fn sample(
     loader_threads: Option<usize>,
     max_batches: Option<usize>,
 ) -> anyhow::Result<serde_json::Value> {
-    use grinnder_engine::minibatch::{
-        batches, block_matrix, default_loader_threads, sampling_graph, HostFeatures,
-    };
+    use grinnder_engine::minibatch::{batches, default_loader_threads, sampling_graph, HostFeatures};
     use grinnder_engine::FeatureNorm;
     use grinnder_graph::sample::{NeighborSampler, Scratch};
-    use grinnder_nn::Kind;
+    use grinnder_nn::Aggregation;
     anyhow::ensure!(
         !fanout.is_empty() && fanout.iter().all(|&f| f == -1 || f > 0),
         "--fanout takes positive counts or -1"
@@ -382,7 +380,7 @@ fn sample(
                             match work {
                                 LoaderWork::Sample => {}
                                 LoaderWork::Blocks => batch.blocks.iter().for_each(|blk| {
-                                    std::hint::black_box(block_matrix(ds, Kind::Sage, blk));
+                                    std::hint::black_box(Aggregation::Mean.sampled(&ds.graph, blk));
                                 }),
                                 LoaderWork::Gather => {
                                     buf.resize(ids.len() * dim, 0.0);

@@ -95,7 +95,7 @@ pub fn coop_step<B: Backend>(
     stats: &mut CommStats,
 ) -> (f64, usize) {
     let (me, size) = (server.rank(), server.size());
-    let kind = model.config.kind;
+    let aggregation = model.aggregation();
     let layers = model.layers();
     assert_eq!(batch.blocks.len(), layers, "one block per layer");
     // every rank's piece of every layer (each rank derives all of them: no requests travel)
@@ -115,7 +115,7 @@ pub fn coop_step<B: Backend>(
     let graphs: Vec<Graph<B>> = (0..layers)
         .map(|l| {
             let blk = &pieces[l][me].0;
-            block_graph(b, ds, kind, blk)
+            block_graph(b, ds, aggregation, blk)
         })
         .collect();
     let dims: Vec<usize> = (0..=layers).map(|l| model.dim(l)).collect();

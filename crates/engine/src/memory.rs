@@ -349,10 +349,11 @@ pub fn train_with<B: Backend>(
     on_epoch: &mut dyn FnMut(&EpochMetrics),
 ) -> Result<Summary, TrainError> {
     check_dataset(ds)?;
-    let g = Graph::new(b, &ds.graph);
-    let x = features(b, ds, cfg.feature_norm);
     let model =
         std::cell::RefCell::new(Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize));
+    // only the adjacency the model's layers aggregate over
+    let g = Graph::with(b, &ds.graph, &[model.borrow().aggregation()]);
+    let x = features(b, ds, cfg.feature_norm);
     model.borrow_mut().prepare(b, &g, &x);
     // GCN's layer 0 reads only `Â x` from here: the features need not stay beside it
     let x = if model.borrow().reads_only_pre() {

@@ -14,8 +14,8 @@ use grinnder_graph::rng::hash_key;
 use grinnder_graph::sample::{Block, KHopSampler, MiniBatch, NeighborSampler, Scratch};
 use grinnder_graph::Dataset;
 use grinnder_nn::graph::Adjacency;
-use grinnder_nn::{Graph, Kind, Model, Optimizer};
-use grinnder_tensor::{Backend, Scalar, SparseMatrix};
+use grinnder_nn::{Aggregation, Graph, Model, Optimizer};
+use grinnder_tensor::{Backend, Scalar};
 
 use crate::checkpoint::CheckpointConfig;
 use crate::memory::{
@@ -242,63 +242,21 @@ impl<B: Backend> Drop for CloseOnDrop<'_, B> {
     }
 }
 
-/// A block's sparse structure with the normalisation of the model's aggregation (host side:
-/// the sampling thread builds it), without its transpose: the backend builds that where the
-/// block goes (a GPU on the device; [`grinnder_tensor::SparseMatrix::csr_only`]).
-pub fn block_matrix(ds: &Dataset, kind: Kind, blk: &Block) -> (SparseMatrix, Vec<f64>) {
-    let g = &ds.graph;
-    let deg = |v: u32| (g.row_ptr()[v as usize + 1] - g.row_ptr()[v as usize]) as f64;
-    let sampled = |r: usize| (blk.row_ptr[r + 1] - blk.row_ptr[r]) as f64;
-    let row_ids = blk.row_ids().to_vec();
-    match kind {
-        Kind::Sage => {
-            let vals: Vec<f64> = (0..blk.rows)
-                .flat_map(|r| std::iter::repeat_n(1.0 / sampled(r), sampled(r) as usize))
-                .collect();
-            let s = SparseMatrix::csr_only(blk.rows, blk.cols, blk.row_ptr.clone(), blk.col_idx.clone())
-                .with_ids(row_ids, blk.col_ids.clone());
-            (s, vals)
-        }
-        Kind::Gcn | Kind::Gat => {
-            // each row gets its self loop (column r is row r's own node), then its neighbours
-            let mut ptr = vec![0u64];
-            let (mut idx, mut vals) = (Vec::new(), Vec::new());
-            for r in 0..blk.rows {
-                let v = blk.col_ids[r];
-                let dv = deg(v) + 1.0;
-                let scale = if sampled(r) > 0.0 { deg(v) / sampled(r) } else { 0.0 };
-                idx.push(r as u32);
-                vals.push(1.0 / dv);
-                for &c in &blk.col_idx[blk.row_ptr[r] as usize..blk.row_ptr[r + 1] as usize] {
-                    let du = deg(blk.col_ids[c as usize]) + 1.0;
-                    idx.push(c);
-                    vals.push(scale / (dv * du).sqrt());
-                }
-                ptr.push(idx.len() as u64);
-            }
-            (
-                SparseMatrix::csr_only(blk.rows, blk.cols, ptr, idx).with_ids(row_ids, blk.col_ids.clone()),
-                vals,
-            )
-        }
-    }
-}
-
-/// A block as a graph on the backend (see [`block_matrix`]).
-pub fn block_graph<B: Backend>(b: &B, ds: &Dataset, kind: Kind, blk: &Block) -> Graph<B> {
-    let m = block_matrix(ds, kind, blk);
-    block_graph_of(kind, blk, Adjacency::new(b, &m.0, &m.1))
+/// A block as a graph on the backend, with the values of the model's aggregation
+/// ([`Aggregation::sampled`]).
+pub fn block_graph<B: Backend>(b: &B, ds: &Dataset, aggregation: Aggregation, blk: &Block) -> Graph<B> {
+    let m = aggregation.sampled(&ds.graph, blk);
+    block_graph_of(aggregation, blk, Adjacency::new(b, &m.0, &m.1))
 }
 
 /// [`block_graph`] made ahead of its use by a sampling thread ([`Adjacency::ahead`]).
-pub fn block_graph_ahead<B: Backend>(b: &B, ds: &Dataset, kind: Kind, blk: &Block) -> Graph<B> {
-    let m = block_matrix(ds, kind, blk);
-    block_graph_of(kind, blk, Adjacency::ahead(b, &m.0, &m.1))
+pub fn block_graph_ahead<B: Backend>(b: &B, ds: &Dataset, aggregation: Aggregation, blk: &Block) -> Graph<B> {
+    let m = aggregation.sampled(&ds.graph, blk);
+    block_graph_of(aggregation, blk, Adjacency::ahead(b, &m.0, &m.1))
 }
 
-fn block_graph_of<B: Backend>(kind: Kind, blk: &Block, adj: Adjacency<B>) -> Graph<B> {
-    let (looped, plain) = if kind == Kind::Sage { (None, Some(adj)) } else { (Some(adj), None) };
-    Graph { rows: blk.rows, cols: blk.cols, looped, plain, ids: Some(blk.col_ids.clone()) }
+fn block_graph_of<B: Backend>(aggregation: Aggregation, blk: &Block, adj: Adjacency<B>) -> Graph<B> {
+    Graph::single(blk.rows, blk.cols, aggregation, adj, Some(blk.col_ids.clone()))
 }
 
 /// One batch's forward and backward: accumulates every parameter's gradient of the mean loss
@@ -311,8 +269,8 @@ pub fn batch_forward_backward<B: Backend>(
     x: B::Mat,
     epoch: u64,
 ) -> (f64, usize) {
-    let kind = model.config.kind;
-    let graphs: Vec<Graph<B>> = batch.blocks.iter().map(|blk| block_graph(b, ds, kind, blk)).collect();
+    let aggregation = model.aggregation();
+    let graphs: Vec<Graph<B>> = batch.blocks.iter().map(|blk| block_graph(b, ds, aggregation, blk)).collect();
     let loss = batch_step(b, model, ds, batch, &graphs, x, epoch, None);
     b.loss_value(loss)
 }
@@ -497,7 +455,7 @@ pub fn train_minibatch_from<B: Backend>(
     let layers = cfg.model.layers;
     tracing::info!("mini-batch input rows: {}", features.describe());
     let elem = std::mem::size_of::<B::T>() as u64;
-    let kind = cfg.model.kind;
+    let aggregation = model.borrow().aggregation();
     // staging blocks (page-locked on a GPU: kept from epoch to epoch), one per sampling thread
     // and two for the batch uploading and the next; the threads block for one beyond that
     let workers = mb.loader_threads.unwrap_or_else(default_loader_threads).max(1);
@@ -537,8 +495,11 @@ pub fn train_minibatch_from<B: Backend>(
                                 .into_batch(&ds.graph, layers),
                         };
                         // the blocks' graphs go to the backend from here, beside the compute
-                        let graphs: Vec<Graph<B>> =
-                            batch.blocks.iter().map(|blk| block_graph_ahead(b, ds, kind, blk)).collect();
+                        let graphs: Vec<Graph<B>> = batch
+                            .blocks
+                            .iter()
+                            .map(|blk| block_graph_ahead(b, ds, aggregation, blk))
+                            .collect();
                         let staged = stager.and_then(|f| {
                             let (ids, d) = (batch.input_nodes(), f.dim());
                             let mut h = staging.take(b, k, ids.len(), d)?;

@@ -93,7 +93,7 @@ pub fn share(ds: &Dataset, part: &[u32], server: usize, expansion: Expansion, cf
 /// a gradient row per layer (f32).
 fn node_bytes(ds: &Dataset, cfg: &TrainConfig) -> u64 {
     let m = &cfg.model;
-    let width = if m.kind == grinnder_nn::Kind::Gat { m.hidden * m.heads.max(1) } else { m.hidden };
+    let width = m.hidden_width();
     4 * (ds.features.dim + 2 * m.layers * width.max(ds.num_classes as usize)) as u64
 }
 

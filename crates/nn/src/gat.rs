@@ -9,6 +9,7 @@
 
 use grinnder_tensor::{Backend, MaskKey, Mat};
 
+use crate::aggregation::Aggregation;
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::param::Param;
@@ -78,7 +79,7 @@ impl<B: Backend> GatConv<B> {
         let (r, c) = b.dims(alpha);
         let mut a = b.output(r, c);
         b.copy(alpha, &mut a);
-        b.edge_dropout(&g.looped().s, key, p, &mut a);
+        b.edge_dropout(&g.adjacency(Aggregation::GcnNorm).s, key, p, &mut a);
         Some(a)
     }
 
@@ -91,7 +92,7 @@ impl<B: Backend> GatConv<B> {
         dropout: Option<(MaskKey, f64)>,
     ) -> (B::Mat, GatCache<B>) {
         let n = g.rows;
-        let a = g.looped();
+        let a = g.adjacency(Aggregation::GcnNorm);
         let z = self.lin.forward(b, x);
         let ni = b.dims(&z).0;
         // destination scores are only read for the output rows, which come first
@@ -129,7 +130,7 @@ impl<B: Backend> GatConv<B> {
         need_dx: bool,
     ) -> Option<B::Mat> {
         let GatCache { z, s_src, s_dst, alpha } = cache;
-        let a = g.looped();
+        let a = g.adjacency(Aggregation::GcnNorm);
         let (ni, width) = b.dims(&z);
         let n = g.rows;
         b.col_sums(dy, 1.0, &mut self.bias.grad);

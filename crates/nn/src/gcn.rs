@@ -1,5 +1,5 @@
 //! GCNConv (Kipf & Welling): `y = Â x Wᵀ + b` with `Â = D̂^{-1/2} (A + I) D̂^{-1/2}` computed on
-//! the whole graph (`Graph::looped`). Shapes: `x` `[n, in]`, `W` `[out, in]`, `b` `[1, out]`,
+//! the whole graph (`Aggregation::GcnNorm`). Shapes: `x` `[n, in]`, `W` `[out, in]`, `b` `[1, out]`,
 //! `y` `[n, out]`.
 //!
 //! The product is evaluated on the narrower side: `(Â x) Wᵀ` when `in ≤ out`, else `Â (x Wᵀ)`;
@@ -9,6 +9,7 @@
 use grinnder_tensor::Backend;
 
 use crate::aggregate;
+use crate::aggregation::Aggregation;
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::param::Param;
@@ -27,12 +28,12 @@ impl<B: Backend> GcnConv<B> {
 
     /// `Â x`, the aggregation of an input (what a fixed input can have done once).
     pub fn aggregate(b: &B, g: &Graph<B>, x: &B::Mat) -> B::Mat {
-        aggregate::aggregate(b, g, g.looped(), x)
+        aggregate::aggregate(b, g, g.adjacency(Aggregation::GcnNorm), x)
     }
 
     /// Forward; `pre` is `Â x` when the caller has it.
     pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, GcnCache<B>) {
-        let (y, agg) = aggregate::forward(b, &self.lin, g, g.looped(), x, pre);
+        let (y, agg) = aggregate::forward(b, &self.lin, g, g.adjacency(Aggregation::GcnNorm), x, pre);
         (y, GcnCache { agg })
     }
 
@@ -51,7 +52,17 @@ impl<B: Backend> GcnConv<B> {
     ) -> Option<B::Mat> {
         let agg = pre.or(cache.agg.as_ref());
         let mut dx = None;
-        aggregate::backward(b, &mut self.lin, g, g.looped(), x, agg, dy, need_dx, &mut dx);
+        aggregate::backward(
+            b,
+            &mut self.lin,
+            g,
+            g.adjacency(Aggregation::GcnNorm),
+            x,
+            agg,
+            dy,
+            need_dx,
+            &mut dx,
+        );
         dx
     }
 

@@ -6,8 +6,10 @@
 //! halo. The whole graph is the square case. Node ids key dropout masks, so that a node gets
 //! the same mask in every partition that computes it.
 
-use grinnder_graph::{norm, Csr};
+use grinnder_graph::Csr;
 use grinnder_tensor::{Backend, Mat, Rows, Scalar, SparseMatrix};
+
+use crate::aggregation::Aggregation;
 
 /// A sparse structure and one value set on it.
 pub struct Adjacency<B: Backend> {
@@ -35,16 +37,15 @@ impl<B: Backend> Adjacency<B> {
     }
 }
 
-/// Adjacency for message passing (rows = targets), with and without self loops.
+/// Adjacency for message passing (rows = targets): one structure and value set per
+/// [`Aggregation`] a layer on it may ask for (an executor builds only its model's).
 pub struct Graph<B: Backend> {
     /// Output rows.
     pub rows: usize,
     /// Input rows: the `rows` targets first, then halo sources.
     pub cols: usize,
-    /// `A + I` with GCN's `D̂^{-1/2} (A + I) D̂^{-1/2}` (GCN and GAT).
-    pub looped: Option<Adjacency<B>>,
-    /// `A` with mean aggregation's `1 / in-degree(v)` (SAGE).
-    pub plain: Option<Adjacency<B>>,
+    /// The adjacencies, by aggregation.
+    pub adjacencies: Vec<(Aggregation, Adjacency<B>)>,
     /// Node id of every input row (the first `rows` are the outputs'); `None`: the index.
     pub ids: Option<Vec<u32>>,
 }
@@ -55,27 +56,46 @@ fn sparse(csr: &Csr) -> SparseMatrix {
 }
 
 impl<B: Backend> Graph<B> {
-    /// The whole graph, from a CSR without self loops, with both adjacencies.
+    /// The whole graph, from a CSR without self loops, with every aggregation's adjacency
+    /// (tests and small graphs; executors use [`Graph::with`]).
     pub fn new(b: &B, csr: &Csr) -> Self {
-        let looped_csr = csr.with_self_loops();
+        Self::with(b, csr, &[Aggregation::GcnNorm, Aggregation::Mean, Aggregation::Sum])
+    }
+
+    /// The whole graph with the adjacencies of the given aggregations.
+    pub fn with(b: &B, csr: &Csr, aggregations: &[Aggregation]) -> Self {
         let n = csr.num_nodes();
-        Graph {
-            rows: n,
-            cols: n,
-            looped: Some(Adjacency::new(b, &sparse(&looped_csr), &norm::gcn_norm(&looped_csr))),
-            plain: Some(Adjacency::new(b, &sparse(csr), &norm::mean_norm(csr))),
-            ids: None,
-        }
+        let adjacencies = aggregations
+            .iter()
+            .map(|&a| {
+                let (s, v) = a.adjacency(csr);
+                (a, Adjacency::new(b, &sparse(&s), &v))
+            })
+            .collect();
+        Graph { rows: n, cols: n, adjacencies, ids: None }
     }
 
-    /// `A + I` (panics when the graph was built without it: GCN and GAT need it).
-    pub fn looped(&self) -> &Adjacency<B> {
-        self.looped.as_ref().expect("this graph was built without self loops, which GCN and GAT need")
+    /// A bipartite graph with one adjacency (a partition's, a block's).
+    pub fn single(
+        rows: usize,
+        cols: usize,
+        aggregation: Aggregation,
+        adj: Adjacency<B>,
+        ids: Option<Vec<u32>>,
+    ) -> Self {
+        Graph { rows, cols, adjacencies: vec![(aggregation, adj)], ids }
     }
 
-    /// `A` (panics when the graph was built without it: SAGE needs it).
-    pub fn plain(&self) -> &Adjacency<B> {
-        self.plain.as_ref().expect("this graph was built without the plain adjacency, which SAGE needs")
+    /// The adjacency of `aggregation` (panics when the graph was built without it).
+    pub fn adjacency(&self, aggregation: Aggregation) -> &Adjacency<B> {
+        self.adjacencies.iter().find(|(a, _)| *a == aggregation).map(|(_, adj)| adj).unwrap_or_else(|| {
+            panic!("this graph was built without the {aggregation:?} adjacency its layer needs")
+        })
+    }
+
+    /// Entries of the largest adjacency (0 for a graph with none).
+    pub fn nnz(&self) -> usize {
+        self.adjacencies.iter().map(|(_, a)| a.nnz).max().unwrap_or(0)
     }
 
     /// Node ids of the output rows (`None`: the row index).

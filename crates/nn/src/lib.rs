@@ -6,6 +6,7 @@
 //! `params_mut`. Each layer's module documents its formula and shapes.
 
 pub mod aggregate;
+pub mod aggregation;
 pub mod gat;
 pub mod gcn;
 pub mod graph;
@@ -16,6 +17,7 @@ pub mod optim;
 pub mod param;
 pub mod sage;
 
+pub use aggregation::Aggregation;
 pub use graph::Graph;
 pub use model::{Kind, Model, ModelConfig, Norm};
 pub use optim::{OptimConfig, Optimizer};

@@ -12,6 +12,7 @@
 use grinnder_tensor::{Backend, Binary, MaskKey, Unary};
 use serde::{Deserialize, Serialize};
 
+use crate::aggregation::Aggregation;
 use crate::gat::{GatCache, GatConv};
 use crate::gcn::{GcnCache, GcnConv};
 use crate::graph::{Adjacency, Graph};
@@ -27,6 +28,16 @@ pub enum Kind {
     Gcn,
     Sage,
     Gat,
+}
+
+impl Kind {
+    /// The neighbourhood aggregation of the family (what graph its layers run on).
+    pub fn aggregation(self) -> Aggregation {
+        match self {
+            Kind::Gcn | Kind::Gat => Aggregation::GcnNorm,
+            Kind::Sage => Aggregation::Mean,
+        }
+    }
 }
 
 /// Normalisation between layers.
@@ -55,6 +66,22 @@ pub struct ModelConfig {
     /// GAT: dropout on the attention coefficients.
     pub attn_dropout: f64,
     pub seed: u64,
+}
+
+impl ModelConfig {
+    /// Width of a hidden layer's output (a GAT hidden layer concatenates its heads).
+    pub fn hidden_width(&self) -> usize {
+        self.hidden * self.heads_of_hidden()
+    }
+
+    /// Attention heads of a hidden layer (1 without attention).
+    fn heads_of_hidden(&self) -> usize {
+        if self.kind == Kind::Gat {
+            self.heads.max(1)
+        } else {
+            1
+        }
+    }
 }
 
 enum Conv<B: Backend> {
@@ -165,10 +192,9 @@ impl<B: Backend> Model<B> {
     /// Initialises a model for `in_dim` input features and `classes` outputs.
     pub fn init(b: &B, config: ModelConfig, in_dim: usize, classes: usize) -> Self {
         assert!(config.layers >= 1, "a model has at least one layer");
-        let heads = if config.kind == Kind::Gat { config.heads.max(1) } else { 1 };
-        // widths between layers (a GAT hidden layer concatenates its heads)
+        let heads = config.heads_of_hidden();
         let dims: Vec<usize> = std::iter::once(in_dim)
-            .chain(std::iter::repeat_n(config.hidden * heads, config.layers - 1))
+            .chain(std::iter::repeat_n(config.hidden_width(), config.layers - 1))
             .chain([classes])
             .collect();
         let convs = (0..config.layers)
@@ -187,7 +213,7 @@ impl<B: Backend> Model<B> {
             .collect();
         let norms = match config.norm {
             Norm::Layer => (0..config.layers - 1)
-                .map(|l| LayerNorm::init(b, &format!("norms.{l}"), config.hidden * heads))
+                .map(|l| LayerNorm::init(b, &format!("norms.{l}"), config.hidden_width()))
                 .collect(),
             Norm::None => Vec::new(),
         };
@@ -206,6 +232,30 @@ impl<B: Backend> Model<B> {
             // attention depends on the parameters: nothing to precompute
             Kind::Gat => None,
         }
+    }
+
+    /// Whether the first layer's aggregation of the input can be computed once: the input is
+    /// fixed (no input dropout) and the layer aggregates it before anything trainable (not
+    /// attention, whose weights depend on the parameters).
+    pub fn precomputes_input(&self) -> bool {
+        self.config.input_dropout == 0.0 && self.config.kind != Kind::Gat
+    }
+
+    /// The neighbourhood aggregation of the model's layers (what graph they run on).
+    pub fn aggregation(&self) -> Aggregation {
+        self.config.kind.aggregation()
+    }
+
+    /// Values per adjacency entry that a layer's working set holds: one per attention head
+    /// (GAT's scores and coefficients), else one (the entry's value).
+    pub fn edge_width(&self) -> usize {
+        self.config.heads_of_hidden()
+    }
+
+    /// Whether split layer `l`'s aggregation phase also reads the own input rows (SAGE's root
+    /// term, `x_own W_rᵀ`).
+    pub fn split_reads_own_input(&self, l: usize) -> bool {
+        matches!(self.convs[l], Conv::Sage(_))
     }
 
     /// Precomputes the first layer's aggregation of a fixed input for [`Model::forward`].
@@ -522,10 +572,7 @@ impl<B: Backend> Model<B> {
 
     /// The adjacency a split layer aggregates over: `A + I` for GCN, `A` for SAGE.
     fn split_adjacency<'g>(&self, g: &'g Graph<B>) -> &'g Adjacency<B> {
-        match self.config.kind {
-            Kind::Gcn => g.looped(),
-            _ => g.plain(),
-        }
+        g.adjacency(self.aggregation())
     }
 
     /// [`Model::split_maps`] for accumulating their gradients.

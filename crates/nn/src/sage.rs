@@ -1,12 +1,13 @@
 //! SAGEConv with mean aggregation and root weight (Hamilton et al.; PyG's defaults):
 //! `y = mean_{u ∈ N(v)} x_u · W_lᵀ + b + x_v · W_rᵀ`, the mean taken with whole-graph in-degrees
-//! (`Graph::plain`, `Ā`). Shapes: `x` `[n, in]`, `W_l`, `W_r` `[out, in]`, `b` `[1, out]`,
+//! (`Aggregation::Mean`, `Ā`). Shapes: `x` `[n, in]`, `W_l`, `W_r` `[out, in]`, `b` `[1, out]`,
 //! `y` `[n, out]`. The neighbour term is evaluated on the narrower side, like GCN's, and may
 //! take `Ā x` precomputed for a fixed input.
 
 use grinnder_tensor::Backend;
 
 use crate::aggregate;
+use crate::aggregation::Aggregation;
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::param::Param;
@@ -31,11 +32,11 @@ impl<B: Backend> SageConv<B> {
 
     /// `Ā x`.
     pub fn aggregate(b: &B, g: &Graph<B>, x: &B::Mat) -> B::Mat {
-        aggregate::aggregate(b, g, g.plain(), x)
+        aggregate::aggregate(b, g, g.adjacency(Aggregation::Mean), x)
     }
 
     pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, SageCache<B>) {
-        let (mut y, agg) = aggregate::forward(b, &self.lin_l, g, g.plain(), x, pre);
+        let (mut y, agg) = aggregate::forward(b, &self.lin_l, g, g.adjacency(Aggregation::Mean), x, pre);
         let own = g.own_rows(b, x);
         self.lin_r.forward_into(b, own.as_ref().unwrap_or(x), 1.0, &mut y);
         (y, SageCache { agg })
@@ -65,7 +66,17 @@ impl<B: Backend> SageConv<B> {
             g.add_own_rows(b, &d, &mut dx);
             dx
         });
-        aggregate::backward(b, &mut self.lin_l, g, g.plain(), x, agg, dy, need_dx, &mut dx);
+        aggregate::backward(
+            b,
+            &mut self.lin_l,
+            g,
+            g.adjacency(Aggregation::Mean),
+            x,
+            agg,
+            dy,
+            need_dx,
+            &mut dx,
+        );
         dx
     }
 

@@ -23,9 +23,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use grinnder_dist::{from_bytes, to_bytes, Comm, Groups, Layout};
-use grinnder_graph::{norm, Csr, Dataset};
+use grinnder_graph::{Csr, Dataset};
 use grinnder_nn::graph::Adjacency;
-use grinnder_nn::{Graph, Kind as ModelKind, Model, ModelConfig};
+use grinnder_nn::{Graph, Model, ModelConfig};
 use grinnder_partition::{partition_cached, Method, PartitionedGraph, Partitioning};
 use grinnder_tensor::{Backend, Mat, MatComm, Rows, Scalar, SparseMatrix};
 use serde::Serialize;
@@ -639,36 +639,10 @@ impl<'a, B: Backend> Executor<'a, B> {
         // the adjacency the model needs, with its whole-graph normalisation
         // (a server's share: the whole graph's degrees)
         let sub = dist.and_then(|d| d.subgraph);
-        let (csr, vals): (Csr, Vec<f64>) = match (model_cfg.kind, sub) {
-            (ModelKind::Gcn | ModelKind::Gat, None) => {
-                let looped = ds.graph.with_self_loops();
-                let v = norm::gcn_norm(&looped);
-                (looped, v)
-            }
-            (ModelKind::Gcn | ModelKind::Gat, Some(s)) => {
-                // the whole graph's normalisation; a node missing neighbours in the share has
-                // its neighbour sum scaled by (degree there / degree here), as a sampled
-                // mini-batch block (a node with every neighbour present: by 1, exactly)
-                let looped = ds.graph.with_self_loops();
-                let looped_degree: Vec<u32> = s.degree.iter().map(|d| d + 1).collect();
-                let mut v = norm::gcn_norm_with(&looped, &looped_degree);
-                let ptr = looped.row_ptr();
-                for (r, &whole) in s.degree.iter().enumerate() {
-                    let here = looped.row(r).len() - 1;
-                    if here as u32 == whole {
-                        continue;
-                    }
-                    let scale = if here == 0 { 0.0 } else { whole as f64 / here as f64 };
-                    for (e, &c) in (ptr[r] as usize..).zip(looped.row(r)) {
-                        if c as usize != r {
-                            v[e] *= scale;
-                        }
-                    }
-                }
-                (looped, v)
-            }
-            // the mean over the neighbours present (all of them where the share holds them)
-            (ModelKind::Sage, _) => (ds.graph.clone(), norm::mean_norm(&ds.graph)),
+        let aggregation = model.aggregation();
+        let (csr, vals): (Csr, Vec<f64>) = match sub {
+            None => aggregation.adjacency(&ds.graph),
+            Some(s) => aggregation.share_adjacency(&ds.graph, &s.degree),
         };
         // node ids of dropout keys: the whole graph's
         let key = |v: u32| sub.map_or(v, |s| s.ids[v as usize]);
@@ -710,7 +684,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             if !local.contains(&q) {
                 // another rank's: only the rows mirrored here, as a block of that many rows
                 let own = mirrors.get(&q).map_or(0, Vec::len);
-                let graph = Graph { rows: 0, cols: 0, looped: None, plain: None, ids: None };
+                let graph = Graph { rows: 0, cols: 0, adjacencies: Vec::new(), ids: None };
                 parts.push(Part {
                     graph,
                     own,
@@ -737,11 +711,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids.clone());
             let adj = Adjacency::new(b, &sm, &g.values[0]);
             drop(sm);
-            let (looped, plain) = match model_cfg.kind {
-                ModelKind::Sage => (None, Some(adj)),
-                _ => (Some(adj), None),
-            };
-            let graph = Graph { rows: g.own, cols, looped, plain, ids: Some(col_ids) };
+            let graph = Graph::single(g.own, cols, aggregation, adj, Some(col_ids));
             parts.push(Part { graph, own: g.own, fetch: g.fetch, labels, split_rows });
         }
         // the fixed input's aggregation is kept where it is no wider than layer 0's output
@@ -750,9 +720,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         // layer 0 needs no halo rows and no aggregation per epoch. Wider inputs of a layer that
         // also reads them (SAGE's root term) run layer 0 split (transform own rows, aggregate
         // the narrow result), which spares a second set of blocks as large as the features.
-        let pre = model_cfg.kind != ModelKind::Gat
-            && model_cfg.input_dropout == 0.0
-            && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
+        let pre =
+            model.precomputes_input() && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
         let plan =
             make_plan(&model, &parts, tc, std::mem::size_of::<B::T>(), pre, crate::metrics::mapped_bytes(ds));
         if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
@@ -1300,7 +1269,7 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// Own input rows a split layer needs besides `h` (SAGE's root term).
     fn split_own_input(&mut self, l: usize, q: usize) -> Result<Option<Own<B>>, TrainError> {
-        if self.model.config.kind == ModelKind::Sage {
+        if self.model.split_reads_own_input(l) {
             Ok(Some(self.own(Kind::Act, l, q)?))
         } else {
             Ok(None)
@@ -2025,7 +1994,7 @@ fn fusible<B: Backend>(model: &Model<B>, pre: bool) -> bool {
     pre && !model.reads_input_beside_pre()
         && model.layers() >= 2
         && model.split(1, false)
-        && model.config.kind == ModelKind::Gcn
+        && !model.split_reads_own_input(1)
 }
 
 /// The kinds of block an epoch makes, as (kind, layer, width), in [`Executor::block_list`]'s
@@ -2080,7 +2049,7 @@ fn make_plan<B: Backend>(
     let first = usize::from(pre);
     let (pre_width, out_width) = if pre { (model.dim(0) as u64, model.dim(1) as u64) } else { (0, 0) };
     let fused = fusible(model, pre);
-    let heads = if model.config.kind == ModelKind::Gat { model.config.heads.max(1) as u64 } else { 1 };
+    let heads = model.edge_width() as u64;
     let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
     // per partition and layer: the gathered input, the layer's temporaries and its input
     // gradient, about six matrices over the partition's columns — of the input's width, or of
@@ -2090,7 +2059,7 @@ fn make_plan<B: Backend>(
     let (working_bytes, device_working_bytes) = parts
         .iter()
         .map(|p| {
-            let nnz = p.graph.looped.as_ref().or(p.graph.plain.as_ref()).map_or(0, |a| a.nnz) as u64;
+            let nnz = p.graph.nnz() as u64;
             // layer 0 on `Â x` works on own rows: this partition's `Â x` rows and the next's
             // (uploaded ahead), and (run inside layer 1) its output, that output's gradient and
             // their temporaries; making `Â x` reads the input rows of the columns. Layers run
