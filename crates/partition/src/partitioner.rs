@@ -123,6 +123,12 @@ fn metis_kway(graph: &Csr, parts: usize, seed: u64) -> Result<Vec<u32>, Partitio
     let xadj: Vec<metis::Idx> = graph.row_ptr().iter().map(|&x| x as metis::Idx).collect();
     let adjncy: Vec<metis::Idx> = graph.col_idx().iter().map(|&x| x as metis::Idx).collect();
     let mut part = vec![0 as metis::Idx; graph.num_nodes()];
+    // METIS keeps its random generator in process globals (GKlib's `gk_randinit` state), so
+    // two partitionings running at once in one process — ranks as threads, tests in
+    // parallel, a Python caller's threads — draw from each other's streams and the result
+    // depends on timing. One at a time keeps a seed's partitioning the same on every run.
+    static METIS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = METIS.lock().unwrap_or_else(|e| e.into_inner());
     metis::Graph::new(1, parts as metis::Idx, &xadj, &adjncy)
         .map_err(|e| PartitionError::Metis(e.to_string()))?
         .set_option(metis::option::Seed(seed as metis::Idx & metis::Idx::MAX))

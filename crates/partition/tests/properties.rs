@@ -179,3 +179,26 @@ fn label_propagation_is_balanced_deterministic_and_beats_random() {
         assert_eq!(one, p, "{m:?} depends on the thread count");
     }
 }
+
+#[test]
+fn metis_gives_a_seed_the_same_parts_while_other_threads_partition() {
+    // METIS's random generator is process-global: partitionings on several threads at once
+    // (ranks as threads, a Python caller) must not draw from each other's streams
+    use grinnder_graph::generate::{generate, preset, GenConfig};
+    let graphs: Vec<Csr> = (0..4)
+        .map(|s| generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, s)).unwrap().graph)
+        .collect();
+    let alone: Vec<_> = graphs.iter().map(|g| partition(g, 8, Method::Metis { seed: 3 }).unwrap()).collect();
+    for round in 0..4 {
+        let together: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = graphs
+                .iter()
+                .map(|g| s.spawn(move || partition(g, 8, Method::Metis { seed: 3 }).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+            assert!(a == b, "round {round}: graph {i} partitioned differently beside other threads");
+        }
+    }
+}
