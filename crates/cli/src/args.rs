@@ -343,6 +343,7 @@ pub enum ModelArg {
     Gcn,
     Sage,
     Gat,
+    Gin,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -451,6 +452,13 @@ pub struct TrainSettings {
     /// GAT: dropout on attention coefficients [default: the --dropout value].
     #[arg(long)]
     pub attn_dropout: Option<f64>,
+    /// GIN: ε, a node's own row weighs 1 + ε in its sum (the initial value with --train-eps)
+    /// [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    pub gin_eps: Option<f64>,
+    /// GIN: train ε (PyG's train_eps) [default: false].
+    #[arg(long)]
+    pub train_eps: Option<bool>,
     /// Normalisation between layers [default: none].
     #[arg(long, value_enum)]
     pub norm: Option<NormArg>,
@@ -764,7 +772,10 @@ impl TrainArgs {
                 ModelArg::Gcn => grinnder_nn::Kind::Gcn,
                 ModelArg::Sage => grinnder_nn::Kind::Sage,
                 ModelArg::Gat => grinnder_nn::Kind::Gat,
+                ModelArg::Gin => grinnder_nn::Kind::Gin,
             },
+            gin_eps: pick!(gin_eps, 0.0),
+            train_eps: pick!(train_eps, false),
             heads,
             attn_dropout,
             layers,

@@ -45,7 +45,7 @@ fn epochs(path: &Path) -> Vec<serde_json::Value> {
 #[test]
 fn mpirun_trains_partition_parallel_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    for model in ["gcn", "sage", "gat"] {
+    for model in ["gcn", "sage", "gat", "gin"] {
         let one = dir.path().join(format!("{model}-1.jsonl"));
         let two = dir.path().join(format!("{model}-2.jsonl"));
         let args = |out: &Path| -> Vec<String> {

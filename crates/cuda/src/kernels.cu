@@ -455,11 +455,12 @@ extern "C" __global__ void unary(float* x, i64 n, int op, float s) {
     x[t] = op == 0 ? fmaxf(x[t], 0.0f) : x[t] * s;
 }
 
-// op 0: b += a, 1: b = b · [a > 0]
+// op 0: b += a, 1: b = b · [a > 0], 2: b = a · b
 extern "C" __global__ void binary(const float* a, float* b, i64 n, int op) {
     i64 t = global_thread();
     if (t >= n) return;
     if (op == 0) b[t] += a[t];
+    else if (op == 2) b[t] *= a[t];
     else if (a[t] <= 0.0f) b[t] = 0.0f;
 }
 

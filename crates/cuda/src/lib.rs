@@ -1397,6 +1397,7 @@ impl Backend for Cuda {
         let code = match op {
             Binary::Add => 0i32,
             Binary::ReluGrad => 1,
+            Binary::Mul => 2,
         };
         let n64 = n as i64;
         let mut l = self.stream.launch_builder(self.func("binary"));

@@ -62,6 +62,8 @@ fn model_cfg(kind: Kind) -> ModelConfig {
         residual: true,
         heads: 2,
         attn_dropout: 0.2,
+        gin_eps: 0.1,
+        train_eps: true,
         seed: 5,
     }
 }
@@ -175,7 +177,7 @@ fn every_operation_matches_the_cpu() {
         check(&format!("{op:?}"), &g.download(&got), &want);
     }
     let y = random(300, 37, 22);
-    for op in [Binary::Add, Binary::ReluGrad] {
+    for op in [Binary::Add, Binary::ReluGrad, Binary::Mul] {
         let (mut want, mut got) = (y.clone(), g.upload(&y));
         c.binary(op, &x, &mut want);
         g.binary(op, &g.upload(&x), &mut got);
@@ -544,7 +546,7 @@ fn the_tiered_executor_on_the_gpu_gives_the_cpu_gradients() {
     // two GCN layers with hidden wider than the classes: layer 0 runs inside layer 1's transform;
     // with every layer, layer 0's aggregation (host blocks: page-locked, uploaded ahead)
     for (kind, layers, hidden) in
-        [(Kind::Gcn, 3, 32), (Kind::Sage, 3, 32), (Kind::Gat, 3, 32), (Kind::Gcn, 2, 64)]
+        [(Kind::Gcn, 3, 32), (Kind::Sage, 3, 32), (Kind::Gat, 3, 32), (Kind::Gin, 3, 32), (Kind::Gcn, 2, 64)]
     {
         let cfg = ModelConfig {
             input_dropout: 0.0,
@@ -612,7 +614,7 @@ fn minibatches_give_the_cpu_gradients() {
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
     let host = HostFeatures::new(&ds, FeatureNorm::Row);
     let seeds: Vec<u32> = ds.splits.train.iter().copied().take(64).collect();
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
         let cfg = ModelConfig { layers: 2, residual: false, ..model_cfg(kind) };
         let batch = NeighborSampler::new(vec![5, 3], 2).sample(&ds.graph, &seeds, 1);
         let run = |b: &dyn Fn() -> (f64, Vec<Mat<f32>>)| b();
@@ -756,7 +758,7 @@ fn models_give_the_cpu_gradients() {
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
     let x = Mat::from_vec(ds.num_nodes(), ds.features.dim, ds.features.data.to_vec());
     let n = ds.splits.train.len() as f64;
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
         let cfg = model_cfg(kind);
         let run = |b: &dyn Fn() -> (f64, Vec<(String, Mat<f32>)>)| b();
         let cpu = run(&|| {
@@ -834,7 +836,7 @@ fn nccl_partition_parallel_on_two_gpus_gives_the_cpu_gradients() {
     for s in &sums {
         assert_eq!(s.data, want, "all-reduce of two ranks");
     }
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
         let cfg = ModelConfig { input_dropout: 0.0, norm: Norm::None, residual: false, ..model_cfg(kind) };
         let tc0 = TieredConfig::in_ram(4, Method::Metis { seed: 0 });
         let mut ex_c = Executor::new(&c, &ds, &cfg, FeatureNorm::Row, &tc0).unwrap();

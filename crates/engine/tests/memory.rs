@@ -17,6 +17,8 @@ fn config(kind: Kind, epochs: usize) -> TrainConfig {
             residual: false,
             heads: 2,
             attn_dropout: 0.1,
+            gin_eps: 0.1,
+            train_eps: true,
             seed: 1,
         },
         optim: OptimConfig::Adam { lr: 0.02, weight_decay: 0.0 },
@@ -30,7 +32,7 @@ fn config(kind: Kind, epochs: usize) -> TrainConfig {
 fn every_model_learns_a_generated_graph() {
     let ds =
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.005, 2)).unwrap().into_dataset().unwrap();
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
         let mut seen = Vec::new();
         let s = train(&Cpu::<f32>::new(), &ds, &config(kind, 30), &mut |m| seen.push(m.clone())).unwrap();
         assert_eq!(seen.len(), 30);

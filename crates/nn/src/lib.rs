@@ -9,6 +9,7 @@ pub mod aggregate;
 pub mod aggregation;
 pub mod gat;
 pub mod gcn;
+pub mod gin;
 pub mod graph;
 pub mod layer_norm;
 pub mod linear;

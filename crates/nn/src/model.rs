@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::aggregation::Aggregation;
 use crate::gat::{GatCache, GatConv};
 use crate::gcn::{GcnCache, GcnConv};
+use crate::gin::{GinCache, GinConv};
 use crate::graph::{Adjacency, Graph};
 use crate::layer_norm::LayerNorm;
 use crate::linear::Linear;
@@ -28,6 +29,7 @@ pub enum Kind {
     Gcn,
     Sage,
     Gat,
+    Gin,
 }
 
 impl Kind {
@@ -36,6 +38,7 @@ impl Kind {
         match self {
             Kind::Gcn | Kind::Gat => Aggregation::GcnNorm,
             Kind::Sage => Aggregation::Mean,
+            Kind::Gin => Aggregation::Sum,
         }
     }
 }
@@ -65,7 +68,17 @@ pub struct ModelConfig {
     pub heads: usize,
     /// GAT: dropout on the attention coefficients.
     pub attn_dropout: f64,
+    /// GIN: ε, the weight of a node's own row is `1 + ε` (initial value when trained).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gin_eps: f64,
+    /// GIN: train ε (PyG's `train_eps`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub train_eps: bool,
     pub seed: u64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl ModelConfig {
@@ -88,12 +101,14 @@ enum Conv<B: Backend> {
     Gcn(GcnConv<B>),
     Sage(SageConv<B>),
     Gat(GatConv<B>),
+    Gin(GinConv<B>),
 }
 
 enum Cache<B: Backend> {
     Gcn(GcnCache<B>),
     Sage(SageCache<B>),
     Gat(GatCache<B>),
+    Gin(GinCache<B>),
 }
 
 impl<B: Backend> Conv<B> {
@@ -118,6 +133,10 @@ impl<B: Backend> Conv<B> {
                 let (y, k) = c.forward(b, g, x, pre);
                 (y, Cache::Sage(k))
             }
+            Conv::Gin(c) => {
+                let (y, k) = c.forward(b, g, x, pre);
+                (y, Cache::Gin(k))
+            }
         }
     }
 
@@ -137,6 +156,7 @@ impl<B: Backend> Conv<B> {
             (Conv::Gat(c), Cache::Gat(k)) => c.backward(b, g, x, k, dy, attn, need_dx),
             (Conv::Gcn(c), Cache::Gcn(k)) => c.backward(b, g, x, pre, k, dy, need_dx),
             (Conv::Sage(c), Cache::Sage(k)) => c.backward(b, g, x, pre, k, dy, need_dx),
+            (Conv::Gin(c), Cache::Gin(k)) => c.backward(b, g, x, k, dy, need_dx),
             _ => unreachable!("a cache always comes from its own layer"),
         }
     }
@@ -146,6 +166,7 @@ impl<B: Backend> Conv<B> {
             Conv::Gcn(c) => c.params_mut(),
             Conv::Sage(c) => c.params_mut(),
             Conv::Gat(c) => c.params_mut(),
+            Conv::Gin(c) => c.params_mut(),
         }
     }
 }
@@ -208,6 +229,17 @@ impl<B: Backend> Model<B> {
                         Conv::Gat(GatConv::init(b, &name, dims[l], config.hidden, heads, true, seed))
                     }
                     Kind::Gat => Conv::Gat(GatConv::init(b, &name, dims[l], classes, 1, false, seed)),
+                    // PyG's GIN model: MLP([in, out, out])
+                    Kind::Gin => Conv::Gin(GinConv::init(
+                        b,
+                        &name,
+                        dims[l],
+                        dims[l + 1],
+                        dims[l + 1],
+                        config.gin_eps,
+                        config.train_eps,
+                        seed,
+                    )),
                 }
             })
             .collect();
@@ -229,6 +261,7 @@ impl<B: Backend> Model<B> {
         match self.config.kind {
             Kind::Gcn => Some(GcnConv::aggregate(b, g, x)),
             Kind::Sage => Some(SageConv::aggregate(b, g, x)),
+            Kind::Gin => Some(GinConv::aggregate(b, g, x)),
             // attention depends on the parameters: nothing to precompute
             Kind::Gat => None,
         }
@@ -462,7 +495,7 @@ impl<B: Backend> Model<B> {
         let cache = match self.config.kind {
             Kind::Gcn => Cache::Gcn(GcnCache::without_aggregation()),
             Kind::Sage => Cache::Sage(SageCache::without_aggregation()),
-            Kind::Gat => return None,
+            Kind::Gat | Kind::Gin => return None,
         };
         Some(LayerTape {
             epoch,
@@ -550,7 +583,8 @@ impl<B: Backend> Model<B> {
     /// root term, or a residual connection of matching width. When not, callers may pass the
     /// aggregation in the input's place.
     pub fn reads_input_beside_pre(&self) -> bool {
-        self.config.kind == Kind::Sage || (self.config.residual && self.dims[0] == self.dims[1])
+        matches!(self.config.kind, Kind::Sage | Kind::Gin)
+            || (self.config.residual && self.dims[0] == self.dims[1])
     }
 
     /// Whether [`Model::forward`] and [`Model::backward`] read nothing of the input features
@@ -566,7 +600,7 @@ impl<B: Backend> Model<B> {
         match &self.convs[l] {
             Conv::Gcn(c) => (&c.lin, None),
             Conv::Sage(c) => (&c.lin_l, Some(&c.lin_r)),
-            Conv::Gat(_) => panic!("GAT layers do not run split"),
+            Conv::Gat(_) | Conv::Gin(_) => panic!("only GCN and SAGE layers run split"),
         }
     }
 
@@ -580,7 +614,7 @@ impl<B: Backend> Model<B> {
         match &mut self.convs[l] {
             Conv::Gcn(c) => (&mut c.lin, None),
             Conv::Sage(c) => (&mut c.lin_l, Some(&mut c.lin_r)),
-            Conv::Gat(_) => panic!("GAT layers do not run split"),
+            Conv::Gat(_) | Conv::Gin(_) => panic!("only GCN and SAGE layers run split"),
         }
     }
 

@@ -52,7 +52,7 @@ fn loss_and_grads<B: Backend>(
 
 fn configs() -> Vec<ModelConfig> {
     let mut out = Vec::new();
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
         for (layers, hidden) in [(1, 4), (2, 3), (2, 7), (3, 6)] {
             for norm in [Norm::None, Norm::Layer] {
                 for residual in [false, true] {
@@ -69,6 +69,9 @@ fn configs() -> Vec<ModelConfig> {
                             residual,
                             heads,
                             attn_dropout,
+                            // GIN: ε trained with the residual variants, fixed without
+                            gin_eps: 0.3,
+                            train_eps: residual,
                             seed: 11,
                         });
                     }
@@ -123,7 +126,7 @@ fn fixed_input_precomputation_changes_nothing() {
     let b = Cpu::<f64>::new();
     let g = Graph::new(&b, &random_graph(5));
     let x = random_x(6);
-    for kind in [Kind::Gcn, Kind::Sage] {
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gin] {
         for hidden in [3, 8] {
             let cfg = ModelConfig {
                 kind,
@@ -135,6 +138,8 @@ fn fixed_input_precomputation_changes_nothing() {
                 residual: false,
                 heads: 1,
                 attn_dropout: 0.0,
+                gin_eps: -0.2,
+                train_eps: true,
                 seed: 2,
             };
             let mut plain = Model::init(&b, cfg.clone(), F, C);
@@ -206,7 +211,7 @@ fn relabelling_nodes_permutes_outputs_and_keeps_gradients() {
         px.row_mut(perm[v] as usize).copy_from_slice(x.row(v));
     }
     let (g, pg) = (Graph::new(&b, &csr), Graph::new(&b, &pcsr));
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat] {
+    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
         for norm in [Norm::None, Norm::Layer] {
             let cfg = ModelConfig {
                 kind,
@@ -216,6 +221,8 @@ fn relabelling_nodes_permutes_outputs_and_keeps_gradients() {
                 input_dropout: 0.0,
                 heads: 3,
                 attn_dropout: 0.0,
+                gin_eps: 0.2,
+                train_eps: true,
                 norm,
                 residual: true,
                 seed: 4,

@@ -7,6 +7,7 @@ use grinnder_graph::io::npy::Npy;
 use grinnder_graph::{BuildOptions, Csr, SelfLoops};
 use grinnder_nn::gat::GatConv;
 use grinnder_nn::gcn::GcnConv;
+use grinnder_nn::gin::GinConv;
 use grinnder_nn::layer_norm::LayerNorm;
 use grinnder_nn::sage::SageConv;
 use grinnder_nn::{Graph, OptimConfig, Optimizer, Param};
@@ -97,6 +98,48 @@ fn sage_conv_matches_pyg_in_both_evaluation_orders() {
         close(&conv.lin_l.bias.as_ref().unwrap().grad, case, "grad_lin_l_bias.npy");
         close(&conv.lin_r.weight.grad, case, "grad_lin_r_weight.npy");
     }
+}
+
+/// A GINConv case: ε fixed (`eps.npy`) or trained (`param_eps.npy`, with its gradient).
+fn gin_case(case: &str, train_eps: bool) {
+    let b = B::new();
+    let x = load(case, "x.npy");
+    let g = graph(case, x.rows as u64);
+    let dy = load(case, "upstream.npy");
+    let w1 = load(case, "param_nn_0_weight.npy");
+    let w2 = load(case, "param_nn_2_weight.npy");
+    let eps = load(case, if train_eps { "param_eps.npy" } else { "eps.npy" }).data[0];
+    for precomputed in [false, true] {
+        let mut conv = GinConv::init(&b, "gin", x.cols, w1.rows, w2.rows, eps, train_eps, 0);
+        set(&mut conv.lin1.weight, case, "param_nn_0_weight.npy");
+        set(conv.lin1.bias.as_mut().unwrap(), case, "param_nn_0_bias.npy");
+        set(&mut conv.lin2.weight, case, "param_nn_2_weight.npy");
+        set(conv.lin2.bias.as_mut().unwrap(), case, "param_nn_2_bias.npy");
+        let pre = precomputed.then(|| GinConv::aggregate(&b, &g, &x));
+        let (y, cache) = conv.forward(&b, &g, &x, pre.as_ref());
+        close(&y, case, "out.npy");
+        let dx = conv.backward(&b, &g, &x, cache, &dy, true).unwrap();
+        close(&dx, case, "grad_x.npy");
+        close(&conv.lin1.weight.grad, case, "grad_nn_0_weight.npy");
+        close(&conv.lin1.bias.as_ref().unwrap().grad, case, "grad_nn_0_bias.npy");
+        close(&conv.lin2.weight.grad, case, "grad_nn_2_weight.npy");
+        close(&conv.lin2.bias.as_ref().unwrap().grad, case, "grad_nn_2_bias.npy");
+        if train_eps {
+            close(&conv.eps.grad, case, "grad_eps.npy");
+        }
+        let names: Vec<String> = conv.params_mut().iter().map(|p| p.name.clone()).collect();
+        let mut want = vec!["gin.nn.0.weight", "gin.nn.0.bias", "gin.nn.2.weight", "gin.nn.2.bias"];
+        if train_eps {
+            want.push("gin.eps");
+        }
+        assert_eq!(names, want, "PyG's parameter names");
+    }
+}
+
+#[test]
+fn gin_conv_matches_pyg_with_fixed_and_trained_eps() {
+    gin_case("gin_fixed_eps", false);
+    gin_case("gin_train_eps", true);
 }
 
 fn gat_case(case: &str, heads: usize, concat: bool) {

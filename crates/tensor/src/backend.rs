@@ -74,6 +74,8 @@ pub enum Binary {
     Add,
     /// `b = b · [a > 0]` (ReLU backward given the ReLU output `a`)
     ReluGrad,
+    /// `b = a ⊙ b` (element-wise product)
+    Mul,
 }
 
 /// Which side of a sparse matrix an edge reduction collects on.

@@ -137,6 +137,7 @@ pub fn binary<T: Scalar>(op: Binary, a: &Mat<T>, b: &mut Mat<T>) {
                 *b = T::zero()
             }
         }),
+        Binary::Mul => b.data.par_iter_mut().zip(&a.data).for_each(|(b, &a)| *b *= a),
     }
 }
 

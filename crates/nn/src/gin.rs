@@ -1,0 +1,142 @@
+//! GINConv (Xu et al., "How Powerful are Graph Neural Networks?"; PyG's definition):
+//! `y_v = MLP((1 + ε) x_v + Σ_{u ∈ N(v)} x_u)`, the sum over the in-neighbours without
+//! normalisation ([`Aggregation::Sum`]), the MLP two linear maps with a ReLU between
+//! (`Linear(in, hid) → ReLU → Linear(hid, out)`; PyG's `GIN` model takes `hid = out`), ε fixed
+//! or trained (`train_eps`). Shapes: `x` `[n, in]`, `W₁` `[hid, in]`, `b₁` `[1, hid]`, `W₂`
+//! `[out, hid]`, `b₂` `[1, out]`, `ε` `[1, 1]`, `y` `[n, out]`. Parameter names follow PyG's
+//! (`nn.0.*`, `nn.2.*`, `eps`).
+//!
+//! The neighbour sum of a fixed input may be given precomputed (`pre`); the root term still
+//! reads the node's own row. Backward, with `ds` the gradient at the MLP's input:
+//! `dε = Σ ds ⊙ x_own`, `dx = Aᵀ ds` plus `(1 + ε) ds` on the own rows.
+
+use grinnder_tensor::{Backend, Binary, Mat, Scalar, Unary};
+
+use crate::aggregation::Aggregation;
+use crate::graph::Graph;
+use crate::linear::Linear;
+use crate::param::Param;
+
+pub struct GinConv<B: Backend> {
+    /// `nn.0`: the MLP's first map.
+    pub lin1: Linear<B>,
+    /// `nn.2`: the MLP's second map (after the ReLU, PyG's module 1).
+    pub lin2: Linear<B>,
+    /// ε as a `1 × 1` parameter (trained only when `train_eps`).
+    pub eps: Param<B>,
+    pub train_eps: bool,
+}
+
+/// What backward needs besides the layer input.
+pub struct GinCache<B: Backend> {
+    /// The MLP's input `(1 + ε) x_own + A x`.
+    s: B::Mat,
+    /// The ReLU's output inside the MLP.
+    a: B::Mat,
+    /// `1 + ε` as forward used it.
+    scale: f64,
+}
+
+impl<B: Backend> GinConv<B> {
+    /// `hid` is the MLP's hidden width; `eps` ε's initial (or fixed) value.
+    #[allow(clippy::too_many_arguments)]
+    pub fn init(
+        b: &B,
+        name: &str,
+        in_dim: usize,
+        hid: usize,
+        out_dim: usize,
+        eps: f64,
+        train_eps: bool,
+        seed: u64,
+    ) -> Self {
+        GinConv {
+            lin1: Linear::init(b, &format!("{name}.nn.0"), in_dim, hid, true, seed),
+            lin2: Linear::init(b, &format!("{name}.nn.2"), hid, out_dim, true, seed.wrapping_add(1 << 32)),
+            eps: Param::new(b, format!("{name}.eps"), &Mat::from_vec(1, 1, vec![B::T::of(eps)])),
+            train_eps,
+        }
+    }
+
+    /// `A x`, the neighbour sum of an input (what a fixed input can have done once).
+    pub fn aggregate(b: &B, g: &Graph<B>, x: &B::Mat) -> B::Mat {
+        crate::aggregate::aggregate(b, g, g.adjacency(Aggregation::Sum), x)
+    }
+
+    /// `1 + ε` (read from the device: one value).
+    fn scale(&self, b: &B) -> f64 {
+        1.0 + b.download(&self.eps.value).data[0].f64()
+    }
+
+    /// Forward; `pre` is `A x` when the caller has it. `x` holds the input rows (`g.cols`, own
+    /// rows first; with `pre`, the own rows may be all).
+    pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, GinCache<B>) {
+        let scale = self.scale(b);
+        let own = g.own_rows(b, x);
+        let own = own.as_ref().unwrap_or(x);
+        let mut s = b.output(g.rows, b.dims(x).1);
+        b.copy(own, &mut s);
+        b.unary(Unary::Scale(scale), &mut s);
+        match pre {
+            Some(t) => b.binary(Binary::Add, t, &mut s),
+            None => {
+                let a = g.adjacency(Aggregation::Sum);
+                b.spmm(&a.s, &a.vals, false, x, 1.0, &mut s);
+            }
+        }
+        let mut a = self.lin1.forward(b, &s);
+        b.unary(Unary::Relu, &mut a);
+        let y = self.lin2.forward(b, &a);
+        (y, GinCache { s, a, scale })
+    }
+
+    /// Backward: accumulates parameter gradients, returns `dx` (`g.cols` rows) when asked.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &mut self,
+        b: &B,
+        g: &Graph<B>,
+        x: &B::Mat,
+        cache: GinCache<B>,
+        dy: &B::Mat,
+        need_dx: bool,
+    ) -> Option<B::Mat> {
+        let GinCache { s, a, scale } = cache;
+        let mut da = self.lin2.backward(b, &a, dy, true).expect("asked for");
+        b.binary(Binary::ReluGrad, &a, &mut da);
+        drop(a);
+        let ds = self.lin1.backward(b, &s, &da, need_dx || self.train_eps);
+        drop((s, da));
+        let ds = ds?;
+        if self.train_eps {
+            // dε = Σ ds ⊙ x_own: column sums of the product, then their sum
+            let own = g.own_rows(b, x);
+            let mut t = b.output(g.rows, b.dims(&ds).1);
+            b.copy(own.as_ref().unwrap_or(x), &mut t);
+            b.binary(Binary::Mul, &ds, &mut t);
+            let mut cols = b.zeros(1, b.dims(&t).1);
+            b.col_sums(&t, 0.0, &mut cols);
+            let ones = b.upload(&Mat::from_vec(b.dims(&t).1, 1, vec![B::T::of(1.0); b.dims(&t).1]));
+            b.gemm(1.0, &cols, false, &ones, false, 1.0, &mut self.eps.grad);
+        }
+        if !need_dx {
+            return None;
+        }
+        let adj = g.adjacency(Aggregation::Sum);
+        let mut dx = b.output(g.cols, b.dims(&ds).1);
+        b.spmm(&adj.s, &adj.vals, true, &ds, 0.0, &mut dx);
+        let mut root = ds;
+        b.unary(Unary::Scale(scale), &mut root);
+        g.add_own_rows(b, &root, &mut dx);
+        Some(dx)
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+        let mut v = self.lin1.params_mut();
+        v.extend(self.lin2.params_mut());
+        if self.train_eps {
+            v.push(&mut self.eps);
+        }
+        v
+    }
+}
