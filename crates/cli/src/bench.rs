@@ -341,8 +341,9 @@ fn sample(
     loader_threads: Option<usize>,
     max_batches: Option<usize>,
 ) -> anyhow::Result<serde_json::Value> {
-    use grinnder_engine::minibatch::{batches, default_loader_threads, sampling_graph, HostFeatures};
+    use grinnder_engine::minibatch::{batches, default_loader_threads, sampling_graph};
     use grinnder_engine::FeatureNorm;
+    use grinnder_engine::HostFeatures;
     use grinnder_graph::sample::{NeighborSampler, Scratch};
     use grinnder_nn::Aggregation;
     anyhow::ensure!(

@@ -5,8 +5,8 @@ use std::io::Write;
 
 use anyhow::Context;
 use grinnder_engine::{
-    train_coop, train_minibatch, train_minibatch_from, train_servers, train_tiered_with, train_with,
-    CheckpointConfig, DeviceGroups, EpochMetrics, FeatureSource, HostFeatures, Summary, TieredConfig,
+    CheckpointConfig, DeviceGroups, EpochMetrics, FeatureSource, HostFeatures, Mode, Summary, TieredConfig,
+    Trainer,
 };
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
@@ -368,15 +368,14 @@ fn run_on<B: Backend>(
         }
         history.push(m.clone());
     };
-    let summary = match (&plan.tiered, &plan.minibatch) {
-        (_, Some(mb)) => match (groups, features) {
-            (Some(g), f) => train_coop(b, ds, &plan.config, mb, g, f, ckpt, &mut on_epoch)?,
-            (None, Some(f)) => train_minibatch_from(b, ds, &plan.config, mb, f, ckpt, &mut on_epoch)?,
-            (None, None) => train_minibatch(b, ds, &plan.config, mb, ckpt, &mut on_epoch)?,
+    let mode = match (&plan.tiered, &plan.minibatch) {
+        (_, Some(mb)) => match groups {
+            Some(groups) => Mode::Cooperative { config: mb.clone(), groups, features },
+            None => Mode::MiniBatch { config: mb.clone(), features },
         },
-        (None, None) => train_with(b, ds, &plan.config, ckpt, &mut on_epoch)?,
+        (None, None) => Mode::FullGraph,
         (Some(t), None) => {
-            let tc = TieredConfig {
+            let tiered = TieredConfig {
                 parts: t.parts,
                 method: t.partitioner.method(plan.config.model.seed),
                 partition_cache: crate::args::default_cache_dir(),
@@ -391,13 +390,20 @@ fn run_on<B: Backend>(
                 device_cache_bytes: None,
             };
             match groups {
-                Some(g) => {
-                    train_servers(b, ds, &plan.config, &tc, g, device, plan.expansion, ckpt, &mut on_epoch)?
-                }
-                None => train_tiered_with(b, ds, &plan.config, &tc, ckpt, &mut on_epoch)?,
+                Some(groups) => Mode::Ranks { tiered, groups, device, expansion: plan.expansion },
+                None => Mode::Tiered(tiered),
             }
         }
     };
+    let mut trainer = Trainer::new(b, ds, plan.config.clone(), mode)?;
+    if let Some(c) = ckpt {
+        trainer = trainer.with_checkpoints(c)?;
+    }
+    while !trainer.done() {
+        let m = trainer.train_epoch()?;
+        on_epoch(&m);
+    }
+    let summary = trainer.summary();
     pb.finish_and_clear();
     if let Some(e) = write_err {
         return Err(e).context("cannot write the metrics file");

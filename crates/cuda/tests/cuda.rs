@@ -605,8 +605,9 @@ fn the_tiered_executor_on_the_gpu_gives_the_cpu_gradients() {
 
 #[test]
 fn minibatches_give_the_cpu_gradients() {
-    use grinnder_engine::minibatch::{batch_forward_backward, FeatureSource, HostFeatures};
+    use grinnder_engine::minibatch::batch_forward_backward;
     use grinnder_engine::FeatureNorm;
+    use grinnder_engine::{FeatureSource, HostFeatures};
     use grinnder_graph::sample::NeighborSampler;
     let Some(g) = gpu() else { return };
     let c = Cpu::<f32>::new();
@@ -644,16 +645,12 @@ fn epoch_losses<B: Backend>(
     ds: &grinnder_graph::Dataset,
     cfg: &grinnder_engine::TrainConfig,
     mb: &grinnder_engine::minibatch::MiniBatchConfig,
-    rows: Option<&dyn grinnder_engine::minibatch::FeatureSource<B>>,
+    rows: Option<&dyn grinnder_engine::FeatureSource<B>>,
 ) -> Vec<f64> {
-    use grinnder_engine::minibatch::{train_minibatch, train_minibatch_from};
     let mut seen = Vec::new();
-    let mut push = |m: &grinnder_engine::EpochMetrics| seen.push(m.loss);
-    match rows {
-        None => train_minibatch(b, ds, cfg, mb, None, &mut push),
-        Some(f) => train_minibatch_from(b, ds, cfg, mb, f, None, &mut push),
-    }
-    .unwrap();
+    let mode = grinnder_engine::Mode::MiniBatch { config: mb.clone(), features: rows };
+    let mut t = grinnder_engine::Trainer::new(b, ds, cfg.clone(), mode).unwrap();
+    t.fit(&mut |m| seen.push(m.loss)).unwrap();
     seen
 }
 
@@ -665,7 +662,7 @@ struct ZeroCopy {
     labels: grinnder_cuda::HostLabels,
 }
 
-impl grinnder_engine::minibatch::FeatureSource<Cuda> for ZeroCopy {
+impl grinnder_engine::FeatureSource<Cuda> for ZeroCopy {
     fn gather(&self, g: &Cuda, ids: &[u32]) -> grinnder_cuda::DMat {
         g.arrived(g.gather_host_async(&self.table, ids))
     }
@@ -692,8 +689,8 @@ fn the_minibatch_trainer_gives_the_cpu_losses() {
     // the whole trainer: sampling threads putting blocks on the device ahead, rows staged and
     // uploaded or gathered by the GPU, and steps queued without waiting for the device (each
     // batch's loss read after the next is queued): every epoch's loss as on the CPU
-    use grinnder_engine::minibatch::{FeatureSource, MiniBatchConfig, Sampler};
     use grinnder_engine::{FeatureNorm, TrainConfig};
+    use grinnder_engine::{FeatureSource, MiniBatchConfig, Sampler};
     use grinnder_nn::OptimConfig;
     let Some(g) = gpu() else { return };
     let ds =
@@ -718,7 +715,7 @@ fn the_minibatch_trainer_gives_the_cpu_losses() {
         // the staged copy path, then zero-copy: every batch's rows gathered by the GPU on the
         // second stream (their ids through reused page-locked buffers), the loss reading its
         // node ids and labels from mapped memory
-        let host = grinnder_engine::minibatch::HostFeatures::new(&ds, FeatureNorm::Row);
+        let host = grinnder_engine::HostFeatures::new(&ds, FeatureNorm::Row);
         let mut table = g.host_table(ds.num_nodes(), host.dim()).unwrap();
         host.write_rows(None, table.as_mut_slice());
         let zc = ZeroCopy { table, labels: g.host_labels(&ds.labels, ds.num_classes).unwrap() };
@@ -734,7 +731,8 @@ fn the_minibatch_trainer_gives_the_cpu_losses() {
 
 #[test]
 fn features_reach_the_gpu_chunk_by_chunk_exactly() {
-    use grinnder_engine::memory::{features, features_in_chunks, FeatureNorm};
+    use grinnder_engine::features::{features, features_in_chunks};
+    use grinnder_engine::FeatureNorm;
     let Some(g) = gpu() else { return };
     let c = Cpu::<f32>::new();
     let ds =
@@ -852,7 +850,6 @@ fn nccl_partition_parallel_on_two_gpus_gives_the_cpu_gradients() {
                     comm,
                     ranks_per_server: 2,
                     reduce: None,
-                    subgraph: None,
                     device: Some(DeviceComms { comm: &nccl, reduce: &nccl }),
                     groups: None,
                 };

@@ -16,12 +16,9 @@ use grinnder_graph::Dataset;
 use grinnder_nn::{Graph, Model, Optimizer};
 use grinnder_tensor::{Backend, Mat};
 
-use crate::checkpoint::CheckpointConfig;
-use crate::memory::{run_epochs, Cells, TrainConfig, TrainError};
-use crate::metrics::{EpochMetrics, Summary};
-use crate::minibatch::{
-    batches, block_graph, ExactEval, FeatureSource, HostFeatures, MiniBatchConfig, Sampler,
-};
+use crate::config::{TrainConfig, TrainError};
+use crate::features::{FeatureSource, HostFeatures};
+use crate::minibatch::{batches, block_graph, ExactEval, MiniBatchConfig, Sampler};
 use crate::tiered::{sum_gradients, CommStats, DistConfig, PhaseStats, Reducer};
 
 /// Rows `n·r/size .. n·(r+1)/size`: rank `r`'s share of `n` rows.
@@ -212,39 +209,72 @@ pub fn coop_step<B: Backend>(
     (loss, correct)
 }
 
-/// Trains `cfg` by cooperative batches over `groups`' ranks; `mb.batch_size` seeds per rank (a
-/// server's batch has that many per rank). Evaluation is the exact full-graph forward, partition
-/// by partition over every rank. Checkpoints: rank 0 writes them (see [`run_epochs`]).
-#[allow(clippy::too_many_arguments)]
-pub fn train_coop<B: Backend>(
-    b: &B,
-    ds: &Dataset,
-    cfg: &TrainConfig,
-    mb: &MiniBatchConfig,
-    groups: &Groups,
-    features: Option<&dyn FeatureSource<B>>,
-    ckpt: Option<&CheckpointConfig>,
-    on_epoch: &mut dyn FnMut(&EpochMetrics),
-) -> Result<Summary, TrainError> {
-    crate::memory::check_dataset(ds)?;
-    if mb.sampler != Sampler::Neighbor || mb.fanouts.len() != cfg.model.layers {
-        return Err(TrainError::Config(
-            "cooperative batches sample neighbours: one --fanout per layer, --sampler neighbor".into(),
-        ));
+/// [`crate::Mode::Cooperative`]: cooperative batches over `groups`' ranks, `mb.batch_size`
+/// seeds per rank (a server's batch has that many per rank). Evaluation is the exact
+/// full-graph forward, partition by partition over every rank.
+pub(crate) struct Cooperative<'a, B: Backend> {
+    b: &'a B,
+    ds: &'a Dataset,
+    mb: MiniBatchConfig,
+    seed: u64,
+    groups: &'a Groups,
+    model: Model<B>,
+    sampler: NeighborSampler,
+    host: HostFeatures<'a>,
+    features: Option<&'a dyn FeatureSource<B>>,
+    evaluator: ExactEval<'a, B>,
+}
+
+impl<'a, B: Backend> Cooperative<'a, B> {
+    pub(crate) fn new(
+        b: &'a B,
+        ds: &'a Dataset,
+        cfg: &TrainConfig,
+        mb: MiniBatchConfig,
+        groups: &'a Groups,
+        features: Option<&'a dyn FeatureSource<B>>,
+    ) -> Result<Self, TrainError> {
+        if mb.sampler != Sampler::Neighbor || mb.fanouts.len() != cfg.model.layers {
+            return Err(TrainError::Config(
+                "cooperative batches sample neighbours: one --fanout per layer, --sampler neighbor".into(),
+            ));
+        }
+        let dist = DistConfig {
+            comm: groups.global.as_ref(),
+            ranks_per_server: groups.layout.ranks_per_server,
+            reduce: None,
+            device: None,
+            groups: Some(groups),
+        };
+        Ok(Cooperative {
+            b,
+            ds,
+            seed: cfg.model.seed,
+            groups,
+            model: Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize),
+            sampler: NeighborSampler::new(mb.fanouts.clone(), cfg.model.seed),
+            host: HostFeatures::new(ds, cfg.feature_norm),
+            features,
+            evaluator: ExactEval::new(b, ds, cfg, groups.global.size(), Some(dist)),
+            mb,
+        })
     }
-    let model =
-        std::cell::RefCell::new(Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize));
-    let opt = std::cell::RefCell::new(Optimizer::new(cfg.optim));
-    let sampler = NeighborSampler::new(mb.fanouts.clone(), cfg.model.seed);
-    let host = HostFeatures::new(ds, cfg.feature_norm);
-    let features = features.unwrap_or(&host);
-    let (servers, server) = (groups.layout.servers(), groups.layout.server(groups.global.rank()));
-    let server_batch = mb.batch_size * groups.server.size();
-    let mut step = |epoch: u64| {
-        let mut model = model.borrow_mut();
+}
+
+impl<B: Backend> crate::trainer::Engine<B> for Cooperative<'_, B> {
+    fn train_epoch(
+        &mut self,
+        opt: &mut Optimizer,
+        epoch: u64,
+    ) -> Result<(f64, Option<PhaseStats>), TrainError> {
+        let (b, ds, mb, groups, sampler) = (self.b, self.ds, &self.mb, self.groups, &self.sampler);
+        let features: &dyn FeatureSource<B> = self.features.unwrap_or(&self.host);
+        let model = &mut self.model;
+        let (servers, server) = (groups.layout.servers(), groups.layout.server(groups.global.rank()));
+        let server_batch = mb.batch_size * groups.server.size();
         let mut st = PhaseStats { batches: Some(0), ..Default::default() };
         let mut comm = CommStats::default();
-        let mut all = batches(&ds.splits.train, server_batch, cfg.model.seed, epoch);
+        let mut all = batches(&ds.splits.train, server_batch, self.seed, epoch);
         all.truncate(mb.max_batches.unwrap_or(usize::MAX));
         let mut loss = 0.0;
         // step i: server s takes batch i·S + s; the step is the union of those batches
@@ -258,7 +288,7 @@ pub fn train_coop<B: Backend>(
                 let t = Instant::now();
                 let (l, _) = coop_step(
                     b,
-                    &mut model,
+                    model,
                     ds,
                     &batch,
                     groups.server.as_ref(),
@@ -272,8 +302,8 @@ pub fn train_coop<B: Backend>(
                 *st.batches.as_mut().expect("set") += 1;
             }
             // a server without a batch this step adds zeros
-            sum_gradients(b, &mut model, Reducer::over(groups), &mut comm);
-            opt.borrow_mut().step(b, model.params_mut());
+            sum_gradients(b, model, Reducer::over(groups), &mut comm);
+            opt.step(b, model.params_mut());
         }
         let mut v = [loss];
         grinnder_dist::all_reduce_sum(groups.global.as_ref(), &mut v);
@@ -291,17 +321,13 @@ pub fn train_coop<B: Backend>(
         });
         // the loss summed over the epoch's seeds (run_epochs divides by the training count)
         Ok((v[0], Some(st)))
-    };
-    let dist = DistConfig {
-        comm: groups.global.as_ref(),
-        ranks_per_server: groups.layout.ranks_per_server,
-        reduce: None,
-        subgraph: None,
-        device: None,
-        groups: Some(groups),
-    };
-    let mut evaluator = ExactEval::new(b, ds, cfg, groups.global.size(), Some(dist));
-    let mut eval = |epoch: u64| evaluator.run(&mut model.borrow_mut(), epoch);
-    let mut state = Cells { b, model: &model, opt: &opt };
-    run_epochs(ds, cfg, ckpt, Some(groups.global.as_ref()), &mut state, on_epoch, &mut step, &mut eval)
+    }
+
+    fn correct(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
+        self.evaluator.run(&mut self.model, epoch)
+    }
+
+    fn model(&mut self) -> &mut Model<B> {
+        &mut self.model
+    }
 }

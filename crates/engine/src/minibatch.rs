@@ -15,13 +15,10 @@ use grinnder_graph::sample::{Block, KHopSampler, MiniBatch, NeighborSampler, Scr
 use grinnder_graph::Dataset;
 use grinnder_nn::graph::Adjacency;
 use grinnder_nn::{Aggregation, Graph, Model, Optimizer};
-use grinnder_tensor::{Backend, Scalar};
+use grinnder_tensor::Backend;
 
-use crate::checkpoint::CheckpointConfig;
-use crate::memory::{
-    check_dataset, feature_shift, normalized, run_epochs, Cells, FeatureNorm, TrainConfig, TrainError,
-};
-use crate::metrics::{EpochMetrics, Summary};
+use crate::config::{FeatureNorm, TrainConfig, TrainError};
+use crate::features::{FeatureSource, HostFeatures};
 use crate::tiered::{Executor, PhaseStats, TieredConfig};
 
 use std::time::Instant;
@@ -50,113 +47,6 @@ pub enum Sampler {
     Neighbor,
     /// ShaDow: the node-induced k-hop subgraph of the seeds, every layer on all of it.
     KHop,
-}
-
-/// Where a batch's input rows come from.
-pub trait FeatureSource<B: Backend>: Sync {
-    /// The preprocessed feature rows of `ids`, in order, on the backend.
-    fn gather(&self, b: &B, ids: &[u32]) -> B::Mat;
-    /// Starts gathering `ids` ahead of their batch, beside the backend's current work, where
-    /// the source can (the trainer calls it from a thread of its own, as soon as the batch is
-    /// sampled); `None`: the trainer calls `gather` when the batch's turn comes.
-    fn start(&self, _b: &B, _ids: &[u32]) -> Option<B::Arriving> {
-        None
-    }
-    /// The cross-entropy of `logits` (row i: node `ids[i]`) into `grad`, where the source reads
-    /// the labels itself (zero-copy), its sums read later ([`Backend::cross_entropy_later`]);
-    /// `None`: the trainer passes host labels.
-    fn loss(
-        &self,
-        _b: &B,
-        _logits: &B::Mat,
-        _ids: &[u32],
-        _scale: f64,
-        _grad: &mut B::Mat,
-    ) -> Option<B::Loss> {
-        None
-    }
-    /// How the rows travel (reported once).
-    fn describe(&self) -> String;
-    /// Rows the sampling threads gather themselves, each batch's into a host block of the
-    /// backend that the trainer then uploads (see [`HostFeatures::staged`]); `None`: the
-    /// trainer calls `gather`.
-    fn stager(&self) -> Option<&HostFeatures<'_>> {
-        None
-    }
-}
-
-/// The conventional path: the CPU gathers the rows, preprocessed, into the backend's staging
-/// memory (page-locked on a GPU), then one copy. Rows are read from the dataset as needed.
-pub struct HostFeatures<'a> {
-    ds: &'a Dataset,
-    norm: FeatureNorm,
-    shift: f64,
-    staged: bool,
-    /// Batches whose rows a sampling thread staged.
-    staged_batches: std::sync::atomic::AtomicUsize,
-}
-
-impl<'a> HostFeatures<'a> {
-    pub fn new(ds: &'a Dataset, norm: FeatureNorm) -> HostFeatures<'a> {
-        HostFeatures { ds, norm, shift: feature_shift(ds, norm), staged: false, staged_batches: 0.into() }
-    }
-
-    /// The same rows gathered by the sampling threads, as a framework's loader workers do:
-    /// each batch's into one of a few host blocks of the backend (page-locked on a GPU), whose
-    /// upload the trainer starts while the previous batch computes.
-    pub fn staged(self) -> HostFeatures<'a> {
-        HostFeatures { staged: true, ..self }
-    }
-
-    /// How many batches' rows the sampling threads have staged so far.
-    pub fn staged_batches(&self) -> usize {
-        self.staged_batches.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    pub fn dim(&self) -> usize {
-        self.ds.features.dim
-    }
-
-    /// The preprocessed rows of `ids` (every node in order when `None`) into `out`, in parallel.
-    pub fn write_rows<T: Scalar>(&self, ids: Option<&[u32]>, out: &mut [T]) {
-        use rayon::prelude::*;
-        let d = self.dim();
-        let src: &[f32] = &self.ds.features.data;
-        // rows as they are (an index_select) where nothing is normalised: a plain copy of each
-        let plain = self.norm == FeatureNorm::None;
-        out.par_chunks_mut(d.max(1)).with_min_len(64).enumerate().for_each(|(i, o)| {
-            let v = ids.map_or(i, |ids| ids[i] as usize);
-            // rows lie anywhere in the table: the start of one some rows ahead is requested now
-            if let Some(&w) = ids.and_then(|ids| ids.get(i + 8)) {
-                let w = w as usize;
-                src[w * d..(w + 1) * d].chunks(16).take(4).for_each(grinnder_graph::sample::prefetch);
-            }
-            let row = &src[v * d..(v + 1) * d];
-            if plain {
-                T::copy_from_f32(o, row);
-            } else {
-                o.iter_mut().zip(normalized::<T>(row, self.norm, self.shift)).for_each(|(o, x)| *o = x);
-            }
-        });
-    }
-}
-
-impl<B: Backend> FeatureSource<B> for HostFeatures<'_> {
-    fn gather(&self, b: &B, ids: &[u32]) -> B::Mat {
-        b.upload_with(ids.len(), self.dim(), &mut |buf: &mut [B::T]| self.write_rows(Some(ids), buf))
-    }
-
-    fn describe(&self) -> String {
-        if self.staged {
-            "copy (CPU gather on the sampling threads into page-locked blocks, then one transfer beside the previous batch's compute)".into()
-        } else {
-            "copy (CPU gather into staging memory, then one transfer)".into()
-        }
-    }
-
-    fn stager(&self) -> Option<&HostFeatures<'_>> {
-        self.staged.then_some(self)
-    }
 }
 
 /// The host blocks sampling threads gather batches' input rows into ([`HostFeatures::staged`]).
@@ -407,66 +297,109 @@ pub fn batches(train: &[u32], batch_size: usize, seed: u64, epoch: u64) -> Vec<V
     order.chunks(batch_size.max(1)).map(<[u32]>::to_vec).collect()
 }
 
-/// Trains `cfg` on `ds` by mini-batches; evaluation is exact full-graph inference.
-pub fn train_minibatch<B: Backend>(
-    b: &B,
-    ds: &Dataset,
-    cfg: &TrainConfig,
-    mb: &MiniBatchConfig,
-    ckpt: Option<&CheckpointConfig>,
-    on_epoch: &mut dyn FnMut(&EpochMetrics),
-) -> Result<Summary, TrainError> {
-    // a device's uploads overlap the compute when the sampling threads stage the rows; on the
-    // CPU staging would only add a copy
-    let mut features = HostFeatures::new(ds, cfg.feature_norm);
-    if b.device_memory().is_some() {
-        features = features.staged();
-    }
-    train_minibatch_from(b, ds, cfg, mb, &features, ckpt, on_epoch)
+/// Where a mini-batch trainer's input rows come from.
+enum Rows<'a, B: Backend> {
+    Host(HostFeatures<'a>),
+    Given(&'a dyn FeatureSource<B>),
 }
 
-/// [`train_minibatch`] reading input rows from `features`.
-#[allow(clippy::too_many_arguments)]
-pub fn train_minibatch_from<B: Backend>(
-    b: &B,
-    ds: &Dataset,
-    cfg: &TrainConfig,
-    mb: &MiniBatchConfig,
-    features: &dyn FeatureSource<B>,
-    ckpt: Option<&CheckpointConfig>,
-    on_epoch: &mut dyn FnMut(&EpochMetrics),
-) -> Result<Summary, TrainError> {
-    check_dataset(ds)?;
-    if mb.sampler == Sampler::Neighbor && mb.fanouts.len() != cfg.model.layers {
-        return Err(TrainError::Config(format!(
-            "{} fanouts for {} layers: give one per layer (-1: all neighbours)",
-            mb.fanouts.len(),
-            cfg.model.layers
-        )));
+/// [`crate::Mode::MiniBatch`]: the optimizer steps once per batch; evaluation is exact
+/// full-graph inference.
+pub(crate) struct MiniBatches<'a, B: Backend> {
+    b: &'a B,
+    ds: &'a Dataset,
+    mb: MiniBatchConfig,
+    seed: u64,
+    model: Model<B>,
+    rows: Rows<'a, B>,
+    neighbor: NeighborSampler,
+    khop: KHopSampler,
+    /// Staging blocks (page-locked on a GPU: kept from epoch to epoch), one per sampling
+    /// thread and two for the batch uploading and the next; the threads block for one beyond.
+    staging: Staging<B>,
+    workers: usize,
+    /// The graph on huge pages where it is large ([`sampling_graph`]).
+    huge: Option<grinnder_graph::Csr>,
+    evaluator: ExactEval<'a, B>,
+}
+
+impl<'a, B: Backend> MiniBatches<'a, B> {
+    pub(crate) fn new(
+        b: &'a B,
+        ds: &'a Dataset,
+        cfg: &TrainConfig,
+        mb: MiniBatchConfig,
+        features: Option<&'a dyn FeatureSource<B>>,
+    ) -> Result<Self, TrainError> {
+        if mb.sampler == Sampler::Neighbor && mb.fanouts.len() != cfg.model.layers {
+            return Err(TrainError::Config(format!(
+                "{} fanouts for {} layers: give one per layer (-1: all neighbours)",
+                mb.fanouts.len(),
+                cfg.model.layers
+            )));
+        }
+        if mb.fanouts.is_empty() {
+            return Err(TrainError::Config("k-hop sampling needs at least one hop".into()));
+        }
+        // a device's uploads overlap the compute when the sampling threads stage the rows; on
+        // the CPU staging would only add a copy
+        let rows = match features {
+            Some(f) => Rows::Given(f),
+            None if b.device_memory().is_some() => {
+                Rows::Host(HostFeatures::new(ds, cfg.feature_norm).staged())
+            }
+            None => Rows::Host(HostFeatures::new(ds, cfg.feature_norm)),
+        };
+        let model = Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize);
+        let workers = mb.loader_threads.unwrap_or_else(default_loader_threads).max(1);
+        let me = MiniBatches {
+            b,
+            ds,
+            seed: cfg.model.seed,
+            model,
+            neighbor: NeighborSampler::new(mb.fanouts.clone(), cfg.model.seed),
+            khop: KHopSampler::new(mb.fanouts.clone(), cfg.model.seed),
+            staging: Staging::<B>::new(workers + 2),
+            workers,
+            huge: sampling_graph(&ds.graph),
+            evaluator: ExactEval::new(b, ds, cfg, mb.eval_parts, None),
+            rows,
+            mb,
+        };
+        tracing::info!("mini-batch input rows: {}", me.rows.source().describe());
+        Ok(me)
     }
-    let model =
-        std::cell::RefCell::new(Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize));
-    let opt = std::cell::RefCell::new(Optimizer::new(cfg.optim));
-    if mb.fanouts.is_empty() {
-        return Err(TrainError::Config("k-hop sampling needs at least one hop".into()));
+}
+
+impl<B: Backend> Rows<'_, B> {
+    fn source(&self) -> &dyn FeatureSource<B> {
+        match self {
+            Rows::Host(h) => h,
+            Rows::Given(f) => *f,
+        }
     }
-    let neighbor = NeighborSampler::new(mb.fanouts.clone(), cfg.model.seed);
-    let khop = KHopSampler::new(mb.fanouts.clone(), cfg.model.seed);
-    let layers = cfg.model.layers;
-    tracing::info!("mini-batch input rows: {}", features.describe());
-    let elem = std::mem::size_of::<B::T>() as u64;
-    let aggregation = model.borrow().aggregation();
-    // staging blocks (page-locked on a GPU: kept from epoch to epoch), one per sampling thread
-    // and two for the batch uploading and the next; the threads block for one beyond that
-    let workers = mb.loader_threads.unwrap_or_else(default_loader_threads).max(1);
-    let staging = Staging::<B>::new(workers + 2);
-    let huge = sampling_graph(&ds.graph);
-    let graph = huge.as_ref().unwrap_or(&ds.graph);
-    let mut step = |epoch: u64| {
-        let mut model = model.borrow_mut();
+}
+
+impl<B: Backend> crate::trainer::Engine<B> for MiniBatches<'_, B> {
+    // one epoch's pipeline (sampling threads, a feeder, this thread's compute) shares its
+    // channels and staging blocks within one scope: split, it would pass them all around
+    #[allow(clippy::too_many_lines)]
+    fn train_epoch(
+        &mut self,
+        opt: &mut Optimizer,
+        epoch: u64,
+    ) -> Result<(f64, Option<PhaseStats>), TrainError> {
+        let features = self.rows.source();
+        let (b, ds, mb, model) = (self.b, self.ds, &self.mb, &mut self.model);
+        let (neighbor, khop, staging, workers) = (&self.neighbor, &self.khop, &self.staging, self.workers);
+        let graph = self.huge.as_ref().unwrap_or(&ds.graph);
+        let layers = model.config.layers;
+        let aggregation = model.aggregation();
+        let elem = std::mem::size_of::<B::T>() as u64;
+        let seed = self.seed;
         let mut loss = 0.0;
         let mut st = PhaseStats { sample_s: Some(0.0), ..Default::default() };
-        let mut all = batches(&ds.splits.train, mb.batch_size, cfg.model.seed, epoch);
+        let mut all = batches(&ds.splits.train, mb.batch_size, seed, epoch);
         all.truncate(mb.max_batches.unwrap_or(usize::MAX));
         st.batches = Some(all.len());
         // sampling threads run ahead of the backend by up to two batches each (sampling, the
@@ -477,12 +410,12 @@ pub fn train_minibatch_from<B: Backend>(
         let stager = features.stager();
         staging.reset();
         std::thread::scope(|s| {
-            let _close = CloseOnDrop(&staging);
+            let _close = CloseOnDrop(staging);
             let mut rxs = Vec::with_capacity(workers);
             for w in 0..workers {
                 let (tx, rx) = std::sync::mpsc::sync_channel(2);
                 rxs.push(rx);
-                let (all, neighbor, khop, staging) = (&all, &neighbor, &khop, &staging);
+                let all = &all;
                 s.spawn(move || {
                     let mut scratch = Scratch::default();
                     for (k, seeds) in all.iter().enumerate().skip(w).step_by(workers) {
@@ -527,7 +460,7 @@ pub fn train_minibatch_from<B: Backend>(
             // up to two steps ahead of the device (below), up to five batches' rows are on the
             // device (counted by `--gpu-mem`)
             let (ready_tx, ready) = std::sync::mpsc::sync_channel::<(Sampled<B>, Option<B::Arriving>)>(1);
-            let (n, staging) = (all.len(), &staging);
+            let n = all.len();
             s.spawn(move || {
                 for k in 0..n {
                     let Ok(mut next) = rxs[k % workers].recv() else { break };
@@ -572,8 +505,8 @@ pub fn train_minibatch_from<B: Backend>(
                 st.upload_bytes += (batch.input_nodes().len() * ds.features.dim) as u64 * elem;
                 let t = Instant::now();
                 model.zero_grad(b);
-                let l = batch_step(b, &mut model, ds, &batch, &graphs, x, epoch, Some(features));
-                opt.borrow_mut().step(b, model.params_mut());
+                let l = batch_step(b, model, ds, &batch, &graphs, x, epoch, Some(features));
+                opt.step(b, model.params_mut());
                 if let Some(l) = last.replace(l) {
                     read(l, &mut loss);
                 }
@@ -588,9 +521,13 @@ pub fn train_minibatch_from<B: Backend>(
         });
         pb.finish_and_clear();
         Ok((loss, Some(st)))
-    };
-    let mut evaluator = ExactEval::new(b, ds, cfg, mb.eval_parts, None);
-    let mut eval = |epoch: u64| evaluator.run(&mut model.borrow_mut(), epoch);
-    let mut state = Cells { b, model: &model, opt: &opt };
-    run_epochs(ds, cfg, ckpt, None, &mut state, on_epoch, &mut step, &mut eval)
+    }
+
+    fn correct(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
+        self.evaluator.run(&mut self.model, epoch)
+    }
+
+    fn model(&mut self) -> &mut Model<B> {
+        &mut self.model
+    }
 }

@@ -14,15 +14,13 @@
 //! down from the owned outputs), so parameter gradients equal one process's. Fewer hops, or
 //! sampling, trade that for less memory and compute.
 
-use grinnder_dist::Groups;
 use grinnder_graph::subgraph::{closure, induced, sampled_closure};
 use grinnder_graph::Dataset;
 use grinnder_tensor::{Backend, MatComm};
 
-use crate::checkpoint::CheckpointConfig;
-use crate::memory::{feature_shift, train_tiered_on, TrainConfig, TrainError};
-use crate::metrics::{EpochMetrics, Summary};
-use crate::tiered::{shared_partitioning, DeviceComms, DistConfig, SubgraphOf, TieredConfig};
+use crate::config::TrainConfig;
+use crate::features::feature_shift;
+use crate::tiered::SubgraphOf;
 
 /// How each server extends the nodes it owns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,58 +93,4 @@ fn node_bytes(ds: &Dataset, cfg: &TrainConfig) -> u64 {
     let m = &cfg.model;
     let width = m.hidden_width();
     4 * (ds.features.dim + 2 * m.layers * width.max(ds.num_classes as usize)) as u64
-}
-
-/// Trains `cfg` over `groups`' ranks: plain partition-parallel for [`Expansion::Plain`],
-/// otherwise each server on its share (see the module docs). `tc.parts` counts partitions over
-/// every rank (at least one per rank); every rank sees the whole graph's figures. With
-/// `device`, halo rows and gradient sums move between the backend's matrices over it.
-#[allow(clippy::too_many_arguments)]
-pub fn train_servers<B: Backend>(
-    b: &B,
-    ds: &Dataset,
-    cfg: &TrainConfig,
-    tc: &TieredConfig,
-    groups: &Groups,
-    device: Option<&DeviceGroups<B>>,
-    expansion: Expansion,
-    ckpt: Option<&CheckpointConfig>,
-    on_epoch: &mut dyn FnMut(&EpochMetrics),
-) -> Result<Summary, TrainError> {
-    let layout = groups.layout;
-    if expansion == Expansion::Plain {
-        let dist = DistConfig {
-            comm: groups.global.as_ref(),
-            ranks_per_server: layout.ranks_per_server,
-            reduce: None,
-            subgraph: None,
-            device: device.map(|d| DeviceComms { comm: d.global.as_ref(), reduce: d.global.as_ref() }),
-            groups: Some(groups),
-        };
-        return train_tiered_on(b, ds, ds, cfg, tc, Some(dist), ckpt, on_epoch);
-    }
-    let servers = layout.servers();
-    let me = groups.global.rank();
-    let server_parts = TieredConfig { parts: servers, ..tc.clone() };
-    let part = shared_partitioning(groups.global.as_ref(), ds, &server_parts)?.part;
-    let sh = share(ds, &part, layout.server(me), expansion, cfg);
-    tracing::info!(
-        "server {} of {servers}: owns {} nodes, trains on {} ({:?})",
-        layout.server(me),
-        sh.owned,
-        sh.ds.num_nodes(),
-        expansion
-    );
-    // the partitions of every rank, shared out by server
-    let per_server = (tc.parts / servers).max(groups.server.size());
-    let tc_server = TieredConfig { parts: per_server, partition_cache: None, ..tc.clone() };
-    let dist = DistConfig {
-        comm: groups.server.as_ref(),
-        ranks_per_server: layout.ranks_per_server,
-        reduce: Some(groups.global.as_ref()),
-        subgraph: Some(&sh.of),
-        device: device.map(|d| DeviceComms { comm: d.server.as_ref(), reduce: d.global.as_ref() }),
-        groups: Some(groups),
-    };
-    train_tiered_on(b, ds, &sh.ds, cfg, &tc_server, Some(dist), ckpt, on_epoch)
 }

@@ -10,11 +10,11 @@
 
 use grinnder_dist::{Comm, Groups, ThreadComm};
 use grinnder_engine::coop::coop_step;
-use grinnder_engine::memory::feature_shift;
-use grinnder_engine::minibatch::{batch_forward_backward, HostFeatures};
+use grinnder_engine::features::{feature_rows, feature_shift, HostFeatures};
+use grinnder_engine::minibatch::batch_forward_backward;
 use grinnder_engine::preload::{share, Expansion};
 use grinnder_engine::tiered::{
-    feature_rows, shared_partitioning, CommStats, DeviceComms, DistConfig, Executor, HostMats, TieredConfig,
+    shared_partitioning, CommStats, DeviceComms, DistConfig, Executor, HostMats, SubgraphOf, TieredConfig,
 };
 use grinnder_engine::{FeatureNorm, TrainConfig};
 use grinnder_graph::generate::{generate, preset, GenConfig};
@@ -59,14 +59,8 @@ struct Outcome {
 /// One training pass and one evaluation at epoch 3 on this rank (`comm`: `None` is one process).
 fn pass(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, comm: Option<&dyn Comm>) -> Outcome {
     let b = Cpu::<f32>::new();
-    let dist = comm.map(|comm| DistConfig {
-        comm,
-        ranks_per_server: 2,
-        reduce: None,
-        subgraph: None,
-        device: None,
-        groups: None,
-    });
+    let dist =
+        comm.map(|comm| DistConfig { comm, ranks_per_server: 2, reduce: None, device: None, groups: None });
     run(&b, ds, cfg, tc, dist)
 }
 
@@ -76,7 +70,7 @@ fn pass_on_device(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, comm: &dyn
     let b = Cpu::<f32>::new();
     let mats = HostMats(comm);
     let device = Some(DeviceComms { comm: &mats, reduce: &mats });
-    let dist = DistConfig { comm, ranks_per_server: 2, reduce: None, subgraph: None, device, groups: None };
+    let dist = DistConfig { comm, ranks_per_server: 2, reduce: None, device, groups: None };
     run(&b, ds, cfg, tc, Some(dist))
 }
 
@@ -87,7 +81,18 @@ fn run(
     tc: &TieredConfig,
     dist: Option<DistConfig<'_, Cpu<f32>>>,
 ) -> Outcome {
-    let mut ex = Executor::new_dist(b, ds, cfg, FeatureNorm::Row, tc, dist).unwrap();
+    run_share(b, ds, None, cfg, tc, dist)
+}
+
+fn run_share(
+    b: &Cpu<f32>,
+    ds: &Dataset,
+    sub: Option<&SubgraphOf>,
+    cfg: &ModelConfig,
+    tc: &TieredConfig,
+    dist: Option<DistConfig<'_, Cpu<f32>>>,
+) -> Outcome {
+    let mut ex = Executor::new_share(b, ds, sub, cfg, FeatureNorm::Row, tc, dist).unwrap();
     ex.model.zero_grad(b);
     let (loss, _) = ex.forward_backward(3).unwrap();
     let mut loss = [loss];
@@ -290,14 +295,8 @@ fn more_ranks_than_partitions_is_refused() {
     let errs = ThreadComm::run(3, |c| {
         let b = Cpu::<f32>::new();
         let tc = TieredConfig::in_ram(2, Method::Random { seed: 1 });
-        let dist = Some(DistConfig {
-            comm: c,
-            ranks_per_server: 1,
-            reduce: None,
-            subgraph: None,
-            device: None,
-            groups: None,
-        });
+        let dist =
+            Some(DistConfig { comm: c, ranks_per_server: 1, reduce: None, device: None, groups: None });
         Executor::new_dist(&b, &ds, &cfg, FeatureNorm::Row, &tc, dist).err().map(|e| e.to_string())
     });
     for e in errs {
@@ -335,11 +334,10 @@ fn server_pass(
         comm: groups.server.as_ref(),
         ranks_per_server: 2,
         reduce: Some(groups.global.as_ref()),
-        subgraph: Some(&sh.of),
         device: None,
         groups: Some(&groups),
     };
-    run(&b, &sh.ds, cfg, tc, Some(dist))
+    run_share(&b, &sh.ds, Some(&sh.of), cfg, tc, Some(dist))
 }
 
 #[test]

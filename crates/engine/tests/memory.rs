@@ -1,9 +1,12 @@
 //! The in-memory trainer learns, reports per-epoch figures, and refuses unusable splits.
 
-use grinnder_engine::{train, FeatureNorm, TrainConfig, TrainError};
+use grinnder_engine::{FeatureNorm, Mode, TrainConfig, TrainError};
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_nn::{Kind, ModelConfig, Norm, OptimConfig};
 use grinnder_tensor::Cpu;
+
+mod common;
+use common::fit;
 
 fn config(kind: Kind, epochs: usize) -> TrainConfig {
     TrainConfig {
@@ -34,7 +37,9 @@ fn every_model_learns_a_generated_graph() {
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.005, 2)).unwrap().into_dataset().unwrap();
     for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
         let mut seen = Vec::new();
-        let s = train(&Cpu::<f32>::new(), &ds, &config(kind, 30), &mut |m| seen.push(m.clone())).unwrap();
+        let s =
+            fit(&Cpu::<f32>::new(), &ds, &config(kind, 30), Mode::FullGraph, &mut |m| seen.push(m.clone()))
+                .unwrap();
         assert_eq!(seen.len(), 30);
         assert!(
             seen.last().unwrap().loss < seen[0].loss * 0.7,
@@ -56,13 +61,13 @@ fn unlabelled_split_nodes_are_refused() {
     let mut labels = ds.labels.to_vec();
     labels[v] = grinnder_graph::NO_LABEL;
     ds.labels = labels.into();
-    let err = train(&Cpu::<f32>::new(), &ds, &config(Kind::Gcn, 1), &mut |_| {}).unwrap_err();
+    let err = fit(&Cpu::<f32>::new(), &ds, &config(Kind::Gcn, 1), Mode::FullGraph, &mut |_| {}).unwrap_err();
     assert!(matches!(err, TrainError::Unlabelled { split: "valid", .. }), "{err}");
 }
 
 #[test]
 fn features_made_chunk_by_chunk_equal_the_whole_table() {
-    use grinnder_engine::memory::{features, features_in_chunks};
+    use grinnder_engine::features::{features, features_in_chunks};
     let ds =
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.005, 4)).unwrap().into_dataset().unwrap();
     let c = Cpu::<f32>::new();

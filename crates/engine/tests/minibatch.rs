@@ -7,18 +7,17 @@
 //! Tolerance: `max |a − b| / max |b|` per tensor, ≤ 1e-5 in f32 (reassociation), ≤ 1e-10 in
 //! f64 where a test checks exactness itself.
 
-use grinnder_engine::memory::features;
-use grinnder_engine::minibatch::{
-    batch_forward_backward, batches, train_minibatch, train_minibatch_from, HostFeatures, MiniBatchConfig,
-    Sampler,
-};
-use grinnder_engine::tiered::feature_rows;
-use grinnder_engine::{train, FeatureNorm, TrainConfig};
+use grinnder_engine::features::{feature_rows, feature_shift, features};
+use grinnder_engine::minibatch::{batch_forward_backward, batches};
+use grinnder_engine::{FeatureNorm, HostFeatures, MiniBatchConfig, Mode, Sampler, TrainConfig};
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::sample::{KHopSampler, NeighborSampler};
 use grinnder_graph::Dataset;
 use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm, OptimConfig};
 use grinnder_tensor::{Backend, Cpu, Mat};
+
+mod common;
+use common::fit;
 
 /// Reassociation in f64 (the exactness tests).
 const TOL_F64: f64 = 1e-10;
@@ -78,7 +77,7 @@ fn full_neighbourhood_batches_give_the_full_graph_gradients_of_their_seeds() {
                 .into_batch(&ds.graph, layers);
             for (sampler, batch) in [("neighbour", neighbour), ("k-hop", khop)] {
                 let input = batch.input_nodes();
-                let shift = grinnder_engine::memory::feature_shift(&ds, FeatureNorm::Row);
+                let shift = feature_shift(&ds, FeatureNorm::Row);
                 let xb = Mat::from_vec(
                     input.len(),
                     ds.features.dim,
@@ -139,7 +138,14 @@ fn sampled_batches_train_and_evaluate_exactly() {
         loader_threads: None,
     };
     let mut seen = Vec::new();
-    let s = train_minibatch(&Cpu::<f32>::new(), &ds, &cfg, &mb, None, &mut |m| seen.push(m.clone())).unwrap();
+    let s = fit(
+        &Cpu::<f32>::new(),
+        &ds,
+        &cfg,
+        Mode::MiniBatch { config: mb.clone(), features: None },
+        &mut |m| seen.push(m.clone()),
+    )
+    .unwrap();
     assert_eq!(seen.len(), 8);
     assert!(seen[7].loss < 0.8 * seen[0].loss, "the loss falls: {} → {}", seen[0].loss, seen[7].loss);
     assert!(seen[3].valid_acc.is_some() && seen[2].valid_acc.is_none());
@@ -154,8 +160,15 @@ fn sampled_batches_train_and_evaluate_exactly() {
         max_batches: None,
         loader_threads: None,
     };
-    let a = train_minibatch(&Cpu::<f32>::new(), &ds, &full_cfg, &whole, None, &mut |_| {}).unwrap();
-    let f = train(&Cpu::<f32>::new(), &ds, &full_cfg, &mut |_| {}).unwrap();
+    let a = fit(
+        &Cpu::<f32>::new(),
+        &ds,
+        &full_cfg,
+        Mode::MiniBatch { config: whole.clone(), features: None },
+        &mut |_| {},
+    )
+    .unwrap();
+    let f = fit(&Cpu::<f32>::new(), &ds, &full_cfg, Mode::FullGraph, &mut |_| {}).unwrap();
     assert!(
         (a.final_loss - f.final_loss).abs() <= 1e-5 * f.final_loss,
         "{} vs {}",
@@ -167,13 +180,23 @@ fn sampled_batches_train_and_evaluate_exactly() {
     // ShaDow subgraphs (2 hops of 5) train too
     let shadow = MiniBatchConfig { sampler: Sampler::KHop, ..mb.clone() };
     let mut seen = Vec::new();
-    train_minibatch(&Cpu::<f32>::new(), &ds, &cfg, &shadow, None, &mut |m| seen.push(m.clone())).unwrap();
+    fit(
+        &Cpu::<f32>::new(),
+        &ds,
+        &cfg,
+        Mode::MiniBatch { config: shadow.clone(), features: None },
+        &mut |m| seen.push(m.clone()),
+    )
+    .unwrap();
     assert!(seen[7].loss < 0.8 * seen[0].loss, "k-hop: the loss falls: {} → {}", seen[0].loss, seen[7].loss);
     // a cap on the batches per epoch, and no evaluation at all
     let few = MiniBatchConfig { max_batches: Some(2), ..mb };
     let quiet = TrainConfig { epochs: 2, eval_every: 0, ..cfg };
     let mut seen = Vec::new();
-    train_minibatch(&Cpu::<f32>::new(), &ds, &quiet, &few, None, &mut |m| seen.push(m.clone())).unwrap();
+    fit(&Cpu::<f32>::new(), &ds, &quiet, Mode::MiniBatch { config: few.clone(), features: None }, &mut |m| {
+        seen.push(m.clone())
+    })
+    .unwrap();
     assert!(seen.iter().all(|m| m.tier.as_ref().unwrap().batches == Some(2) && m.valid_acc.is_none()));
 }
 
@@ -205,7 +228,11 @@ fn rows_staged_by_the_sampling_threads_train_exactly_like_rows_gathered_by_the_t
         let f = if staged { f.staged() } else { f };
         let b = Cpu::<f32>::new();
         let s = pool
-            .install(|| train_minibatch_from(&b, &ds, &cfg, &mb, &f, None, &mut |m| seen.push(m.loss)))
+            .install(|| {
+                fit(&b, &ds, &cfg, Mode::MiniBatch { config: mb.clone(), features: Some(&f) }, &mut |m| {
+                    seen.push(m.loss)
+                })
+            })
             .unwrap();
         (seen, s.test_acc, f.staged_batches())
     };

@@ -7,14 +7,17 @@
 //! deviation relative to its scale), required ≤ 1e-5 in f32 (the loss relative ≤ 1e-5) and
 //! ≤ 1e-10 in f64.
 
-use grinnder_engine::memory::features;
+use grinnder_engine::features::features;
 use grinnder_engine::tiered::{CacheMode, Executor, Faults, TierDtype, TieredConfig};
-use grinnder_engine::{train, train_tiered, FeatureNorm, TrainConfig};
+use grinnder_engine::{FeatureNorm, Mode, TrainConfig};
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::Dataset;
 use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm, OptimConfig};
 use grinnder_partition::Method;
 use grinnder_tensor::{Backend, Cpu, Mat, Scalar};
+
+mod common;
+use common::fit;
 
 const TOL: f64 = 1e-5;
 /// Reassociation in f64, where a test checks exactness in f64.
@@ -328,10 +331,10 @@ fn blocks_kept_in_the_device_tier_give_the_same_gradients() {
         feature_norm: FeatureNorm::Row,
     };
     let mut want = Vec::new();
-    train(&Cpu::<f32>::new(), &ds, &cfg, &mut |m| want.push(m.clone())).unwrap();
+    fit(&Cpu::<f32>::new(), &ds, &cfg, Mode::FullGraph, &mut |m| want.push(m.clone())).unwrap();
     let mut got = Vec::new();
     let tc = TieredConfig { device_cache_bytes: Some(60_000), ..base.clone() };
-    train_tiered(&Cpu::<f32>::new(), &ds, &cfg, &tc, &mut |m| got.push(m.clone())).unwrap();
+    fit(&Cpu::<f32>::new(), &ds, &cfg, Mode::Tiered(tc.clone()), &mut |m| got.push(m.clone())).unwrap();
     for (a, r) in got.iter().zip(&want) {
         assert!((a.loss - r.loss).abs() <= 1e-4 * r.loss, "epoch {}: {} vs {}", a.epoch, a.loss, r.loss);
         assert_eq!((a.train_acc, a.valid_acc, a.test_acc), (r.train_acc, r.valid_acc, r.test_acc));
@@ -364,10 +367,12 @@ fn ten_epochs_give_the_same_parameters() {
             feature_norm: FeatureNorm::Row,
         };
         let mut reference = Vec::new();
-        let s_ref = train(&Cpu::<f32>::new(), &ds, &cfg, &mut |m| reference.push(m.clone())).unwrap();
+        let s_ref =
+            fit(&Cpu::<f32>::new(), &ds, &cfg, Mode::FullGraph, &mut |m| reference.push(m.clone())).unwrap();
         let mut seen = Vec::new();
         let tc = TieredConfig::in_ram(4, Method::Random { seed: 3 });
-        let s = train_tiered(&Cpu::<f32>::new(), &ds, &cfg, &tc, &mut |m| seen.push(m.clone())).unwrap();
+        let s = fit(&Cpu::<f32>::new(), &ds, &cfg, Mode::Tiered(tc.clone()), &mut |m| seen.push(m.clone()))
+            .unwrap();
         assert_eq!(seen.len(), reference.len());
         for (a, r) in seen.iter().zip(&reference) {
             assert!(
@@ -423,7 +428,7 @@ fn bf16_blocks_train_close_to_f32() {
     };
     let run = |dtype| {
         let tc = TieredConfig { tier_dtype: dtype, ..TieredConfig::in_ram(4, Method::Metis { seed: 0 }) };
-        train_tiered(&Cpu::<f32>::new(), &ds, &cfg, &tc, &mut |_| {}).unwrap()
+        fit(&Cpu::<f32>::new(), &ds, &cfg, Mode::Tiered(tc.clone()), &mut |_| {}).unwrap()
     };
     let (f, h) = (run(TierDtype::F32), run(TierDtype::Bf16));
     assert!(

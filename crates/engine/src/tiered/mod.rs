@@ -33,7 +33,8 @@ use serde::Serialize;
 pub use files::Faults;
 pub use store::{BlockId, CacheMode, Kind, Store, StoreConfig, TierDtype, TierStats};
 
-use crate::memory::{feature_shift, normalized, FeatureNorm, TrainError};
+use crate::config::{FeatureNorm, TrainError};
+use crate::features::{feature_rows, feature_shift};
 
 /// How the executor partitions and where its blocks live.
 #[derive(Clone, Debug)]
@@ -91,10 +92,8 @@ pub struct DistConfig<'c, B: Backend> {
     pub ranks_per_server: usize,
     /// The ranks over which parameter gradients, losses and counts are summed, where they are
     /// more than `comm`'s: with flexible preloading, `comm` is a server's ranks training on its
-    /// share of the graph (`subgraph`) and this every rank. `None`: `comm`.
+    /// share of the graph (see [`Executor::new_share`]) and this every rank. `None`: `comm`.
     pub reduce: Option<&'c dyn Comm>,
-    /// The dataset given to the executor is a part of the whole (a server's share).
-    pub subgraph: Option<&'c SubgraphOf>,
     /// A transport between the backend's own matrices (NCCL between GPUs) over the same
     /// ranks: halo rows, halo gradients and parameter gradients then move device to device;
     /// `None`: through the host over `comm` and `reduce`.
@@ -551,13 +550,6 @@ pub struct Executor<'a, B: Backend> {
     dist: Option<DistState<'a, B>>,
 }
 
-/// Features of `ids`, preprocessed (`shift` from [`feature_shift`]).
-pub fn feature_rows<T: Scalar>(ds: &Dataset, norm: FeatureNorm, shift: f64, ids: &[u32]) -> Vec<T> {
-    let d = ds.features.dim;
-    let src: &[f32] = &ds.features.data;
-    ids.iter().flat_map(|&v| normalized(&src[v as usize * d..(v as usize + 1) * d], norm, shift)).collect()
-}
-
 /// The partitioning of `ds` by `tc` that every rank of `comm` uses: rank 0 partitions (through
 /// the cache), the others take its owners — partitioners need not be deterministic across
 /// processes — and a failure there reaches every rank.
@@ -619,7 +611,20 @@ impl<'a, B: Backend> Executor<'a, B> {
         tc: &TieredConfig,
         dist: Option<DistConfig<'a, B>>,
     ) -> Result<Self, TrainError> {
-        crate::memory::check_dataset(ds)?;
+        Self::new_share(b, ds, None, model_cfg, feature_norm, tc, dist)
+    }
+
+    /// [`Executor::new_dist`] where `ds` is a part of the whole (`sub`: a server's share).
+    pub fn new_share(
+        b: &'a B,
+        ds: &Dataset,
+        sub: Option<&SubgraphOf>,
+        model_cfg: &ModelConfig,
+        feature_norm: FeatureNorm,
+        tc: &TieredConfig,
+        dist: Option<DistConfig<'a, B>>,
+    ) -> Result<Self, TrainError> {
+        crate::config::check_dataset(ds)?;
         let (rank, ranks) = dist.map_or((0, 1), |d| (d.comm.rank(), d.comm.size()));
         if tc.parts < ranks {
             return Err(TrainError::Config(format!(
@@ -638,7 +643,6 @@ impl<'a, B: Backend> Executor<'a, B> {
         };
         // the adjacency the model needs, with its whole-graph normalisation
         // (a server's share: the whole graph's degrees)
-        let sub = dist.and_then(|d| d.subgraph);
         let aggregation = model.aggregation();
         let (csr, vals): (Csr, Vec<f64>) = match sub {
             None => aggregation.adjacency(&ds.graph),

@@ -1,0 +1,66 @@
+//! What a training run is given: the configuration, the errors it can stop with, and the
+//! checks a dataset passes before any trainer starts.
+
+use grinnder_graph::{Dataset, NO_LABEL};
+use grinnder_nn::{ModelConfig, OptimConfig};
+use serde::{Deserialize, Serialize};
+
+/// Everything the trainer needs, validated by the caller (the CLI).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub model: ModelConfig,
+    pub optim: OptimConfig,
+    pub epochs: usize,
+    /// Evaluate every this many epochs and after the last; 0: never.
+    pub eval_every: usize,
+    pub feature_norm: FeatureNorm,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("the {split} split contains node {node}, which has no label")]
+    Unlabelled { split: &'static str, node: u32 },
+    #[error("the training split is empty")]
+    NoTrainingNodes,
+    #[error("the dataset has no classes (no labelled node)")]
+    NoClasses,
+    #[error("partitioning failed: {0}")]
+    Partition(String),
+    #[error("storage tier: {0}")]
+    Storage(String),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    #[error("memory: {0}")]
+    Memory(String),
+    #[error("{0}")]
+    Config(String),
+    #[error("the tiered executor stopped at an earlier error and cannot go on (start again): {0}")]
+    Stopped(String),
+}
+
+/// Preprocessing of the input features.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeatureNorm {
+    /// As stored.
+    None,
+    /// PyG's `NormalizeFeatures`: shift by the global minimum, divide every row by its sum
+    /// (sums below 1 count as 1), as Kipf & Welling preprocess bag-of-words features.
+    Row,
+}
+
+/// Refuses datasets the trainers cannot train on, with the reason.
+pub fn check_dataset(ds: &Dataset) -> Result<(), TrainError> {
+    for (split, ids) in ds.splits.named() {
+        if let Some(&node) = ids.iter().find(|&&v| ds.labels[v as usize] == NO_LABEL) {
+            return Err(TrainError::Unlabelled { split, node });
+        }
+    }
+    if ds.splits.train.is_empty() {
+        return Err(TrainError::NoTrainingNodes);
+    }
+    if ds.num_classes == 0 {
+        return Err(TrainError::NoClasses);
+    }
+    Ok(())
+}

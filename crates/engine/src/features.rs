@@ -1,0 +1,178 @@
+//! Input features as the trainers read them: preprocessed ([`FeatureNorm`]) whole or by rows,
+//! and the sources mini-batches gather their input rows from.
+
+use grinnder_graph::Dataset;
+use grinnder_tensor::{Backend, Mat, Rows, Scalar};
+use rayon::prelude::*;
+
+use crate::config::FeatureNorm;
+
+/// Host features, preprocessed, as a backend matrix: on a device in chunks of
+/// [`FEATURE_CHUNK_BYTES`] (see [`features_in_chunks`]).
+pub fn features<B: Backend>(b: &B, ds: &Dataset, norm: FeatureNorm) -> B::Mat {
+    features_in_chunks(b, ds, norm, b.device_memory().map(|_| FEATURE_CHUNK_BYTES))
+}
+
+/// Bytes of preprocessed feature rows that go to a device at a time.
+const FEATURE_CHUNK_BYTES: usize = 256 << 20;
+
+/// [`features`], `chunk` bytes of rows at a time where given (each chunk preprocessed,
+/// uploaded and copied into place: on a device the host never holds a preprocessed copy of the
+/// whole table beside the dataset's — igb-medium-like: 41 GB); `None`: the whole table, made on
+/// the host and moved (on the CPU it is the result itself).
+pub fn features_in_chunks<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    norm: FeatureNorm,
+    chunk: Option<usize>,
+) -> B::Mat {
+    let (n, d) = (ds.num_nodes(), ds.features.dim);
+    let host = HostFeatures::new(ds, norm);
+    let Some(chunk) = chunk.filter(|_| n > 0 && d > 0) else {
+        let mut m = Mat::zeros(n, d);
+        host.write_rows(None, &mut m.data);
+        return b.upload_owned(m);
+    };
+    let per = (chunk / (d * std::mem::size_of::<B::T>())).clamp(1, n);
+    let mut out = b.output(n, d);
+    for start in (0..n).step_by(per) {
+        let k = per.min(n - start);
+        let ids: Vec<u32> = (start as u32..(start + k) as u32).collect();
+        let mut m = Mat::zeros(k, d);
+        host.write_rows(Some(&ids), &mut m.data);
+        let piece = b.upload_owned(m);
+        b.gather_rows(&piece, Rows::Range(0, k), &mut out, start);
+    }
+    out
+}
+
+/// What [`FeatureNorm::Row`] shifts every value by: the global minimum (0 for `None`).
+pub fn feature_shift(ds: &Dataset, norm: FeatureNorm) -> f64 {
+    match norm {
+        FeatureNorm::None => 0.0,
+        FeatureNorm::Row => ds.features.data.par_iter().copied().reduce(|| f32::INFINITY, f32::min) as f64,
+    }
+}
+
+/// One feature row preprocessed (`shift` from [`feature_shift`]).
+pub fn normalized<T: Scalar>(r: &[f32], norm: FeatureNorm, shift: f64) -> impl Iterator<Item = T> + '_ {
+    let sum = match norm {
+        FeatureNorm::None => 1.0,
+        FeatureNorm::Row => r.iter().map(|&v| v as f64 - shift).sum::<f64>().max(1.0),
+    };
+    let shift = if norm == FeatureNorm::Row { shift } else { 0.0 };
+    r.iter().map(move |&v| T::of((v as f64 - shift) / sum))
+}
+
+/// Features of `ids`, preprocessed (`shift` from [`feature_shift`]).
+pub fn feature_rows<T: Scalar>(ds: &Dataset, norm: FeatureNorm, shift: f64, ids: &[u32]) -> Vec<T> {
+    let d = ds.features.dim;
+    let src: &[f32] = &ds.features.data;
+    ids.iter().flat_map(|&v| normalized(&src[v as usize * d..(v as usize + 1) * d], norm, shift)).collect()
+}
+
+/// Where a batch's input rows come from.
+pub trait FeatureSource<B: Backend>: Sync {
+    /// The preprocessed feature rows of `ids`, in order, on the backend.
+    fn gather(&self, b: &B, ids: &[u32]) -> B::Mat;
+    /// Starts gathering `ids` ahead of their batch, beside the backend's current work, where
+    /// the source can (the trainer calls it from a thread of its own, as soon as the batch is
+    /// sampled); `None`: the trainer calls `gather` when the batch's turn comes.
+    fn start(&self, _b: &B, _ids: &[u32]) -> Option<B::Arriving> {
+        None
+    }
+    /// The cross-entropy of `logits` (row i: node `ids[i]`) into `grad`, where the source reads
+    /// the labels itself (zero-copy), its sums read later ([`Backend::cross_entropy_later`]);
+    /// `None`: the trainer passes host labels.
+    fn loss(
+        &self,
+        _b: &B,
+        _logits: &B::Mat,
+        _ids: &[u32],
+        _scale: f64,
+        _grad: &mut B::Mat,
+    ) -> Option<B::Loss> {
+        None
+    }
+    /// How the rows travel (reported once).
+    fn describe(&self) -> String;
+    /// Rows the sampling threads gather themselves, each batch's into a host block of the
+    /// backend that the trainer then uploads (see [`HostFeatures::staged`]); `None`: the
+    /// trainer calls `gather`.
+    fn stager(&self) -> Option<&HostFeatures<'_>> {
+        None
+    }
+}
+
+/// The conventional path: the CPU gathers the rows, preprocessed, into the backend's staging
+/// memory (page-locked on a GPU), then one copy. Rows are read from the dataset as needed.
+pub struct HostFeatures<'a> {
+    ds: &'a Dataset,
+    norm: FeatureNorm,
+    shift: f64,
+    staged: bool,
+    /// Batches whose rows a sampling thread staged.
+    pub(crate) staged_batches: std::sync::atomic::AtomicUsize,
+}
+
+impl<'a> HostFeatures<'a> {
+    pub fn new(ds: &'a Dataset, norm: FeatureNorm) -> HostFeatures<'a> {
+        HostFeatures { ds, norm, shift: feature_shift(ds, norm), staged: false, staged_batches: 0.into() }
+    }
+
+    /// The same rows gathered by the sampling threads, as a framework's loader workers do:
+    /// each batch's into one of a few host blocks of the backend (page-locked on a GPU), whose
+    /// upload the trainer starts while the previous batch computes.
+    pub fn staged(self) -> HostFeatures<'a> {
+        HostFeatures { staged: true, ..self }
+    }
+
+    /// How many batches' rows the sampling threads have staged so far.
+    pub fn staged_batches(&self) -> usize {
+        self.staged_batches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn dim(&self) -> usize {
+        self.ds.features.dim
+    }
+
+    /// The preprocessed rows of `ids` (every node in order when `None`) into `out`, in parallel.
+    pub fn write_rows<T: Scalar>(&self, ids: Option<&[u32]>, out: &mut [T]) {
+        let d = self.dim();
+        let src: &[f32] = &self.ds.features.data;
+        // rows as they are (an index_select) where nothing is normalised: a plain copy of each
+        let plain = self.norm == FeatureNorm::None;
+        out.par_chunks_mut(d.max(1)).with_min_len(64).enumerate().for_each(|(i, o)| {
+            let v = ids.map_or(i, |ids| ids[i] as usize);
+            // rows lie anywhere in the table: the start of one some rows ahead is requested now
+            if let Some(&w) = ids.and_then(|ids| ids.get(i + 8)) {
+                let w = w as usize;
+                src[w * d..(w + 1) * d].chunks(16).take(4).for_each(grinnder_graph::sample::prefetch);
+            }
+            let row = &src[v * d..(v + 1) * d];
+            if plain {
+                T::copy_from_f32(o, row);
+            } else {
+                o.iter_mut().zip(normalized::<T>(row, self.norm, self.shift)).for_each(|(o, x)| *o = x);
+            }
+        });
+    }
+}
+
+impl<B: Backend> FeatureSource<B> for HostFeatures<'_> {
+    fn gather(&self, b: &B, ids: &[u32]) -> B::Mat {
+        b.upload_with(ids.len(), self.dim(), &mut |buf: &mut [B::T]| self.write_rows(Some(ids), buf))
+    }
+
+    fn describe(&self) -> String {
+        if self.staged {
+            "copy (CPU gather on the sampling threads into page-locked blocks, then one transfer beside the previous batch's compute)".into()
+        } else {
+            "copy (CPU gather into staging memory, then one transfer)".into()
+        }
+    }
+
+    fn stager(&self) -> Option<&HostFeatures<'_>> {
+        self.staged.then_some(self)
+    }
+}

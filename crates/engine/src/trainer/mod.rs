@@ -1,0 +1,280 @@
+//! The one front door: a [`Trainer`] built from a dataset, a [`TrainConfig`] and a [`Mode`]
+//! trains an epoch at a time, evaluates on demand, and saves and resumes checkpoints. Full
+//! graph in memory, the tiered executor, mini-batches, partition-parallel ranks, preloaded
+//! server shares and cooperative batches are modes of it; each mode is an `Engine` that
+//! knows how to train one epoch and count correct predictions, and everything around that
+//! (the epoch counter, the best validation epoch, checkpoints, the figures) lives here once.
+//!
+//! ```no_run
+//! # use grinnder_engine::{Trainer, Mode, TrainConfig};
+//! # fn f(ds: &grinnder_graph::Dataset, cfg: TrainConfig) -> Result<(), grinnder_engine::TrainError> {
+//! let b = grinnder_tensor::Cpu::<f32>::new();
+//! let mut t = Trainer::new(&b, ds, cfg, Mode::FullGraph)?;
+//! while !t.done() {
+//!     let m = t.train_epoch()?;
+//!     println!("epoch {} loss {:.4}", m.epoch, m.loss);
+//! }
+//! println!("test accuracy {:.2} %", 100.0 * t.summary().test_acc);
+//! # Ok(()) }
+//! ```
+
+mod full_graph;
+mod partitioned;
+mod resume;
+
+use std::time::Instant;
+
+use grinnder_dist::{Comm, Groups};
+use grinnder_graph::Dataset;
+use grinnder_nn::{Model, Optimizer};
+use grinnder_tensor::Backend;
+use serde::Serialize;
+
+use crate::checkpoint::CheckpointConfig;
+use crate::config::{check_dataset, TrainConfig, TrainError};
+use crate::features::FeatureSource;
+use crate::metrics::{peak_rss_bytes, EpochMetrics, Summary};
+use crate::minibatch::MiniBatchConfig;
+use crate::preload::{DeviceGroups, Expansion};
+use crate::tiered::{PhaseStats, TieredConfig};
+
+/// How a [`Trainer`] computes an epoch.
+pub enum Mode<'a, B: Backend> {
+    /// Every node and edge at once in the backend's memory: the reference the others are
+    /// checked against.
+    FullGraph,
+    /// Layer by layer, partition by partition, over the tiered store (GPU, host, storage).
+    Tiered(TieredConfig),
+    /// Sampled mini-batches; evaluation is the exact full-graph forward. `features`: where a
+    /// batch's input rows come from (`None`: gathered from the host's features).
+    MiniBatch { config: MiniBatchConfig, features: Option<&'a dyn FeatureSource<B>> },
+    /// Partition-parallel over `groups`' ranks (`tiered.parts` partitions over all of them);
+    /// with an `expansion` other than [`Expansion::Plain`], each server trains on its share of
+    /// the graph. `device`: halo rows and gradient sums between the backend's matrices (NCCL).
+    Ranks {
+        tiered: TieredConfig,
+        groups: &'a Groups,
+        device: Option<&'a DeviceGroups<B>>,
+        expansion: Expansion,
+    },
+    /// Cooperative mini-batches: each server samples a batch, its ranks split it.
+    Cooperative { config: MiniBatchConfig, groups: &'a Groups, features: Option<&'a dyn FeatureSource<B>> },
+}
+
+/// What a mode does for the [`Trainer`]: one training epoch, and correct counts.
+pub(crate) trait Engine<B: Backend> {
+    /// Trains epoch `epoch` (zeroing gradients, stepping `opt` as the mode does); returns the
+    /// training loss summed over the training nodes (over every rank) and the phase figures.
+    fn train_epoch(
+        &mut self,
+        opt: &mut Optimizer,
+        epoch: u64,
+    ) -> Result<(f64, Option<PhaseStats>), TrainError>;
+    /// Correct predictions on train, valid and test (summed over every rank) without dropout.
+    fn correct(&mut self, epoch: u64) -> Result<[usize; 3], TrainError>;
+    /// The model being trained (on every rank the same parameters).
+    fn model(&mut self) -> &mut Model<B>;
+}
+
+/// Accuracies of one evaluation.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct EvalMetrics {
+    /// The epoch whose parameters were evaluated (the last one trained).
+    pub epoch: usize,
+    pub train_acc: f64,
+    pub valid_acc: f64,
+    pub test_acc: f64,
+    pub eval_s: f64,
+}
+
+/// Trains a model on a dataset in one of the [`Mode`]s; see the module docs.
+pub struct Trainer<'a, B: Backend> {
+    b: &'a B,
+    ds: &'a Dataset,
+    cfg: TrainConfig,
+    engine: Box<dyn Engine<B> + 'a>,
+    opt: Optimizer,
+    /// The ranks whose parameters are identical (rank 0 writes the checkpoints).
+    group: Option<&'a dyn Comm>,
+    ckpt: Option<resume::Checkpoints>,
+    /// Epochs trained so far.
+    epoch: usize,
+    /// (epoch, valid accuracy, test accuracy) of the best validation so far.
+    best: Option<(usize, f64, f64)>,
+    times: Vec<f64>,
+    last_loss: f64,
+}
+
+impl<'a, B: Backend> Trainer<'a, B> {
+    /// Validates `ds` and sets `mode` up (partitioning, plans, blocks: the setup a mode needs).
+    pub fn new(b: &'a B, ds: &'a Dataset, cfg: TrainConfig, mode: Mode<'a, B>) -> Result<Self, TrainError> {
+        check_dataset(ds)?;
+        let (engine, group): (Box<dyn Engine<B> + 'a>, Option<&'a dyn Comm>) = match mode {
+            Mode::FullGraph => (Box::new(full_graph::FullGraph::new(b, ds, &cfg)), None),
+            Mode::Tiered(tc) => (Box::new(partitioned::Partitioned::one_process(b, ds, &cfg, &tc)?), None),
+            Mode::MiniBatch { config, features } => {
+                (Box::new(crate::minibatch::MiniBatches::new(b, ds, &cfg, config, features)?), None)
+            }
+            Mode::Ranks { tiered, groups, device, expansion } => (
+                Box::new(partitioned::Partitioned::ranks(b, ds, &cfg, &tiered, groups, device, expansion)?),
+                Some(groups.global.as_ref()),
+            ),
+            Mode::Cooperative { config, groups, features } => (
+                Box::new(crate::coop::Cooperative::new(b, ds, &cfg, config, groups, features)?),
+                Some(groups.global.as_ref()),
+            ),
+        };
+        let opt = Optimizer::new(cfg.optim);
+        Ok(Trainer {
+            b,
+            ds,
+            cfg,
+            engine,
+            opt,
+            group,
+            ckpt: None,
+            epoch: 0,
+            best: None,
+            times: Vec::new(),
+            last_loss: f64::NAN,
+        })
+    }
+
+    /// Writes checkpoints to `ckpt.dir` every `ckpt.every` epochs (and after the last); with
+    /// `ckpt.resume`, continues from the newest valid one there, if any.
+    pub fn with_checkpoints(mut self, ckpt: &CheckpointConfig) -> Result<Self, TrainError> {
+        let c = resume::Checkpoints::new(ckpt, &self.cfg, self.ds);
+        if ckpt.resume {
+            if let Some(state) =
+                c.resume(self.b, self.engine.model(), &mut self.opt, self.group, self.cfg.epochs)?
+            {
+                (self.epoch, self.best, self.times, self.last_loss) = state;
+            }
+        }
+        self.ckpt = Some(c);
+        Ok(self)
+    }
+
+    /// Epochs trained so far (with a resumed checkpoint's).
+    pub fn epochs_done(&self) -> usize {
+        self.epoch
+    }
+
+    /// Whether the configured number of epochs is trained.
+    pub fn done(&self) -> bool {
+        self.epoch >= self.cfg.epochs
+    }
+
+    pub fn config(&self) -> &TrainConfig {
+        &self.cfg
+    }
+
+    /// The model with its current parameters.
+    pub fn model(&mut self) -> &mut Model<B> {
+        self.engine.model()
+    }
+
+    /// Trains the next epoch; evaluates where `eval_every` says (and after the last epoch), and
+    /// writes a checkpoint where one is due. Every rank of a partition-parallel run calls it.
+    pub fn train_epoch(&mut self) -> Result<EpochMetrics, TrainError> {
+        let epoch = self.epoch;
+        let _span = tracing::debug_span!("epoch", epoch).entered();
+        let t = Instant::now();
+        let (loss_sum, tier) = self.engine.train_epoch(&mut self.opt, epoch as u64)?;
+        let epoch_s = t.elapsed().as_secs_f64();
+        self.epoch += 1;
+        self.times.push(epoch_s);
+        self.last_loss = loss_sum / self.ds.splits.train.len() as f64;
+        let mut m = EpochMetrics {
+            epoch,
+            loss: self.last_loss,
+            train_acc: None,
+            valid_acc: None,
+            test_acc: None,
+            epoch_s,
+            eval_s: None,
+            peak_host_bytes: peak_rss_bytes(),
+            peak_device_bytes: self.peak_device_bytes(),
+            tier,
+        };
+        let every = self.cfg.eval_every;
+        if every > 0 && (self.epoch % every == 0 || self.done()) {
+            let e = self.evaluate()?;
+            (m.train_acc, m.valid_acc, m.test_acc, m.eval_s) =
+                (Some(e.train_acc), Some(e.valid_acc), Some(e.test_acc), Some(e.eval_s));
+            m.peak_host_bytes = peak_rss_bytes();
+            m.peak_device_bytes = self.peak_device_bytes();
+        }
+        let due = |c: &resume::Checkpoints| self.epoch % c.every() == 0 || self.done();
+        if self.ckpt.as_ref().is_some_and(due) {
+            self.save_checkpoint()?;
+        }
+        Ok(m)
+    }
+
+    /// Accuracies of the current parameters (no dropout); the best validation epoch so far is
+    /// kept from them. Every rank calls it.
+    pub fn evaluate(&mut self) -> Result<EvalMetrics, TrainError> {
+        let t = Instant::now();
+        let epoch = self.epoch.saturating_sub(1);
+        let correct = self.engine.correct(epoch as u64)?;
+        let acc = |k: usize| {
+            let n = self.ds.splits.named()[k].1.len();
+            if n == 0 {
+                0.0
+            } else {
+                correct[k] as f64 / n as f64
+            }
+        };
+        let m = EvalMetrics { epoch, train_acc: acc(0), valid_acc: acc(1), test_acc: acc(2), eval_s: 0.0 };
+        if self.best.is_none_or(|(_, v, _)| m.valid_acc > v) {
+            self.best = Some((epoch, m.valid_acc, m.test_acc));
+        }
+        Ok(EvalMetrics { eval_s: t.elapsed().as_secs_f64(), ..m })
+    }
+
+    /// Writes a checkpoint of the epochs trained so far (rank 0 writes; every rank learns the
+    /// outcome). Refused without [`Trainer::with_checkpoints`].
+    pub fn save_checkpoint(&mut self) -> Result<(), TrainError> {
+        let Some(c) = &self.ckpt else {
+            return Err(TrainError::Config("no checkpoint directory was given".into()));
+        };
+        let state = resume::State {
+            epoch: self.epoch,
+            best: self.best,
+            times: &self.times,
+            last_loss: self.last_loss,
+        };
+        c.save(self.b, self.engine.model(), &self.opt, self.group, &state)
+    }
+
+    /// Trains the remaining epochs, `on_epoch` seeing each one's figures; the summary after.
+    pub fn fit(&mut self, on_epoch: &mut dyn FnMut(&EpochMetrics)) -> Result<Summary, TrainError> {
+        while !self.done() {
+            let m = self.train_epoch()?;
+            on_epoch(&m);
+        }
+        Ok(self.summary())
+    }
+
+    /// The run so far: the test accuracy at the best validation epoch, the median epoch time.
+    pub fn summary(&self) -> Summary {
+        let (best_epoch, best_valid_acc, test_acc) = self.best.unwrap_or((0, 0.0, 0.0));
+        let mut times = self.times.clone();
+        times.sort_by(f64::total_cmp);
+        Summary {
+            epochs: self.epoch,
+            best_epoch,
+            best_valid_acc,
+            test_acc,
+            final_loss: self.last_loss,
+            epoch_s_median: times.get(times.len() / 2).copied().unwrap_or(0.0),
+            peak_host_bytes: peak_rss_bytes(),
+            peak_device_bytes: self.peak_device_bytes(),
+        }
+    }
+
+    fn peak_device_bytes(&self) -> Option<u64> {
+        self.b.device_memory().map(|m| m.peak)
+    }
+}

@@ -1,0 +1,128 @@
+//! The [`Trainer`]: an epoch at a time equals training to the end; evaluation on demand
+//! changes nothing; a run stopped after a checkpoint and resumed gives the same bits as one
+//! that never stopped — in memory, tiered and by mini-batches.
+
+use grinnder_engine::{CheckpointConfig, FeatureNorm, MiniBatchConfig, Mode, Sampler, TrainConfig, Trainer};
+use grinnder_graph::generate::{generate, preset, GenConfig};
+use grinnder_graph::Dataset;
+use grinnder_nn::{Kind, ModelConfig, Norm, OptimConfig};
+use grinnder_partition::Method;
+use grinnder_tensor::{Backend, Cpu};
+
+fn dataset() -> Dataset {
+    generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.002, 5)).unwrap().into_dataset().unwrap()
+}
+
+fn config(epochs: usize) -> TrainConfig {
+    TrainConfig {
+        model: ModelConfig {
+            kind: Kind::Sage,
+            layers: 2,
+            hidden: 16,
+            dropout: 0.3,
+            input_dropout: 0.0,
+            norm: Norm::Layer,
+            residual: true,
+            heads: 1,
+            attn_dropout: 0.0,
+            gin_eps: 0.0,
+            train_eps: false,
+            seed: 3,
+        },
+        optim: OptimConfig::Adam { lr: 0.01, weight_decay: 5e-4 },
+        epochs,
+        eval_every: 2,
+        feature_norm: FeatureNorm::Row,
+    }
+}
+
+fn modes() -> Vec<(&'static str, Mode<'static, Cpu<f32>>)> {
+    let mb = MiniBatchConfig {
+        fanouts: vec![4, 4],
+        sampler: Sampler::Neighbor,
+        batch_size: 16,
+        eval_parts: 2,
+        max_batches: None,
+        loader_threads: Some(1),
+    };
+    vec![
+        ("full graph", Mode::FullGraph),
+        ("tiered", Mode::Tiered(grinnder_engine::TieredConfig::in_ram(3, Method::Metis { seed: 0 }))),
+        ("mini-batch", Mode::MiniBatch { config: mb, features: None }),
+    ]
+}
+
+/// The trainer's parameters, as their bits.
+fn params(b: &Cpu<f32>, t: &mut Trainer<'_, Cpu<f32>>) -> Vec<Vec<u32>> {
+    t.model()
+        .params_mut()
+        .into_iter()
+        .map(|p| b.download(&p.value).data.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+#[test]
+fn an_epoch_at_a_time_with_evaluation_on_demand_equals_training_to_the_end() {
+    let ds = dataset();
+    let b = Cpu::<f32>::new();
+    for ((what, a), (_, c)) in modes().into_iter().zip(modes()) {
+        let mut whole = Trainer::new(&b, &ds, config(4), a).unwrap();
+        let mut want = Vec::new();
+        let s = whole.fit(&mut |m| want.push(m.clone())).unwrap();
+        let mut step = Trainer::new(&b, &ds, config(4), c).unwrap();
+        let mut got = Vec::new();
+        while !step.done() {
+            got.push(step.train_epoch().unwrap());
+            // evaluating between epochs leaves training as it was
+            let e = step.evaluate().unwrap();
+            assert_eq!(e.epoch, step.epochs_done() - 1);
+            assert!((0.0..=1.0).contains(&e.test_acc));
+        }
+        assert_eq!(got.len(), 4, "{what}");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.loss.to_bits(), w.loss.to_bits(), "{what}: epoch {} loss", g.epoch);
+            assert_eq!((g.valid_acc, g.test_acc), (w.valid_acc, w.test_acc), "{what}: epoch {}", g.epoch);
+        }
+        assert!(want[1].valid_acc.is_some() && want[0].valid_acc.is_none(), "{what}: eval_every 2");
+        assert_eq!(params(&b, &mut step), params(&b, &mut whole), "{what}: parameters");
+        assert_eq!(step.summary().final_loss, s.final_loss, "{what}");
+    }
+}
+
+#[test]
+fn a_run_resumed_from_its_checkpoint_gives_the_same_bits_as_one_that_never_stopped() {
+    let ds = dataset();
+    let b = Cpu::<f32>::new();
+    for ((what, a), ((_, c), (_, d))) in modes().into_iter().zip(modes().into_iter().zip(modes())) {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = CheckpointConfig { dir: dir.path().to_path_buf(), every: 100, keep: 2, resume: true };
+        let mut whole = Trainer::new(&b, &ds, config(5), a).unwrap();
+        let mut want = Vec::new();
+        whole.fit(&mut |m| want.push(m.loss)).unwrap();
+        // three epochs and a checkpoint written on demand, then the process "stops"
+        let mut first = Trainer::new(&b, &ds, config(5), c).unwrap().with_checkpoints(&ck).unwrap();
+        assert_eq!(first.epochs_done(), 0, "{what}: an empty directory starts from the beginning");
+        for _ in 0..3 {
+            first.train_epoch().unwrap();
+        }
+        first.save_checkpoint().unwrap();
+        drop(first);
+        let mut resumed = Trainer::new(&b, &ds, config(5), d).unwrap().with_checkpoints(&ck).unwrap();
+        assert_eq!(resumed.epochs_done(), 3, "{what}");
+        let mut got = Vec::new();
+        resumed.fit(&mut |m| got.push(m.loss)).unwrap();
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want[3..]), "{what}: epochs 3 and 4 after resuming");
+        assert_eq!(params(&b, &mut resumed), params(&b, &mut whole), "{what}: parameters");
+        assert_eq!(resumed.summary().best_epoch, whole.summary().best_epoch, "{what}");
+    }
+}
+
+#[test]
+fn a_checkpoint_asked_for_without_a_directory_is_refused() {
+    let ds = dataset();
+    let b = Cpu::<f32>::new();
+    let mut t = Trainer::new(&b, &ds, config(1), Mode::FullGraph).unwrap();
+    let e = t.save_checkpoint().unwrap_err().to_string();
+    assert!(e.contains("no checkpoint directory"), "{e}");
+}
