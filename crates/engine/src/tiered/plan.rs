@@ -1,0 +1,236 @@
+//! The memory plan: what is resident, each partition's working set, the margins, and the rest
+//! of the host budget for blocks; which blocks a model has.
+
+use super::*;
+
+/// How the memory plan divided the host budget.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// Bytes resident outside the store (graph structures, model, process) when the plan was made.
+    pub resident_bytes: u64,
+    /// Largest per-partition working set (gathered inputs, layer temporaries) and, with a
+    /// storage tier, two of the largest blocks (the one in use, which the store holds beyond
+    /// its budget, and a block's file buffer while it is decoded).
+    pub working_bytes: u64,
+    /// The same on a device, counted as if every layer held six matrices of the widest layer
+    /// over the columns: a GPU's kernels add temporaries the host count does not model (split-K
+    /// partials, cuSPARSE buffers, the next partition's upload), and budgets there are checked
+    /// at every allocation.
+    pub device_working_bytes: u64,
+    pub margin_bytes: u64,
+    /// Host cache budget for blocks (`None`: unlimited).
+    pub cache_bytes: Option<u64>,
+    pub mode: CacheMode,
+    /// Whole-run activation and gradient bytes (what the cache would need to hold everything).
+    pub block_bytes: u64,
+    /// The GPU tier (with `gpu_mem`): its block budget and what was placed there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DevicePlan>,
+}
+
+/// What the plan keeps in the backend's memory.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DevicePlan {
+    /// Backend bytes in use before blocks (partition graphs, parameters, optimizer state).
+    pub resident_bytes: u64,
+    /// Largest per-partition working set in the backend's memory.
+    pub working_bytes: u64,
+    pub margin_bytes: u64,
+    /// Budget for blocks.
+    pub cache_bytes: u64,
+    /// Blocks placed there, and their bytes; every other block lives in the host store.
+    pub blocks: usize,
+    pub placed_bytes: u64,
+}
+
+/// See [`Executor::keeps_features`].
+pub(super) fn keeps_features<B: Backend>(model: &Model<B>, pre: bool) -> bool {
+    !pre || model.reads_input_beside_pre()
+}
+
+/// See [`Executor::fusible`].
+pub(super) fn fusible<B: Backend>(model: &Model<B>, pre: bool) -> bool {
+    pre && !model.reads_input_beside_pre()
+        && model.layers() >= 2
+        && model.split(1, false)
+        && !model.split_reads_own_input(1)
+}
+
+/// The kinds of block an epoch makes, as (kind, layer, width), in [`Executor::block_list`]'s
+/// order.
+pub(super) fn block_kinds<B: Backend>(model: &Model<B>, pre: bool, fused: bool) -> Vec<(Kind, usize, usize)> {
+    let layers = model.layers();
+    let split: Vec<usize> = (0..layers).filter(|&l| model.split(l, l == 0 && pre)).collect();
+    let first_hidden = if fused { 2 } else { 1 };
+    let mut kinds: Vec<(Kind, usize)> = (first_hidden..layers).map(|l| (Kind::Act, l)).collect();
+    kinds.extend(split.iter().map(|&l| (Kind::Xw, l)));
+    kinds.extend(split.iter().map(|&l| (Kind::GradXw, l)));
+    if pre {
+        kinds.push((Kind::Pre, 0));
+    }
+    if keeps_features(model, pre) {
+        kinds.push((Kind::Act, 0));
+    }
+    kinds.extend((first_hidden..layers).map(|l| (Kind::Grad, l)));
+    kinds
+        .into_iter()
+        .map(|(kind, layer)| {
+            let d = match kind {
+                Kind::Xw | Kind::GradXw => model.dim(layer + 1),
+                _ => model.dim(layer),
+            };
+            (kind, layer, d)
+        })
+        .collect()
+}
+
+pub(super) fn act(layer: usize, part: usize) -> BlockId {
+    BlockId { kind: Kind::Act, layer, part }
+}
+
+/// Splits the host budget: what is resident now, a working set for the largest partition, a
+/// margin, and the rest for the block cache; picks the cache mode for `Auto`.
+pub(super) fn make_plan<B: Backend>(
+    model: &Model<B>,
+    parts: &[Part<B>],
+    tc: &TieredConfig,
+    elem: usize,
+    pre: bool,
+    mapped_bytes: u64,
+) -> Plan {
+    let elem_tier = match tc.tier_dtype {
+        TierDtype::F32 => elem,
+        TierDtype::Bf16 => 2,
+    } as u64;
+    let layers = model.layers();
+    // layer 0 on its precomputed aggregation reads own rows only: its input width counts over
+    // the own rows, not over the columns
+    let first = usize::from(pre);
+    let (pre_width, out_width) = if pre { (model.dim(0) as u64, model.dim(1) as u64) } else { (0, 0) };
+    let fused = fusible(model, pre);
+    let heads = model.edge_width() as u64;
+    let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
+    // per partition and layer: the gathered input, the layer's temporaries and its input
+    // gradient, about six matrices over the partition's columns — of the input's width, or of
+    // the output's where the layer runs split (transform first: its input is read over the own
+    // rows only, three matrices of them); plus GAT's per-edge attention arrays
+    let widest = (first..=layers).map(|l| model.dim(l)).max().unwrap_or(1) as u64;
+    let (working_bytes, device_working_bytes) = parts
+        .iter()
+        .map(|p| {
+            let nnz = p.graph.nnz() as u64;
+            // layer 0 on `Â x` works on own rows: this partition's `Â x` rows and the next's
+            // (uploaded ahead), and (run inside layer 1) its output, that output's gradient and
+            // their temporaries; making `Â x` reads the input rows of the columns. Layers run
+            // one at a time: the largest of these counts.
+            let (own, cols) = (p.own as u64, p.graph.cols as u64);
+            let layer0 = 3 * own * pre_width + 4 * own * out_width;
+            let setup = (cols + own) * pre_width;
+            let layer = |l: usize| {
+                let (i, o) = (model.dim(l) as u64, model.dim(l + 1) as u64);
+                let own_layer0 = if l == 1 && fused { layer0 } else { 0 };
+                let this = if model.split(l, l == 0 && pre) {
+                    6 * cols * o + 3 * own * i
+                } else {
+                    6 * cols * i.max(o)
+                };
+                this + own_layer0
+            };
+            let host = (first..layers).map(layer).max().unwrap_or(0).max(layer0).max(setup);
+            let device = (6 * cols * widest).max(layer0).max(setup);
+            let attention = 4 * nnz * heads * elem as u64;
+            (host * elem as u64 + attention, device * elem as u64 + attention)
+        })
+        .fold((0, 0), |(h, d), (ph, pd)| (h.max(ph), d.max(pd)));
+    // every block an epoch makes, all at once (an upper bound: spent layers' blocks go), with
+    // layer 0 inside layer 1 where it can be (a GPU tier that undoes that holds those blocks)
+    let layer_bytes = |l: usize| nodes * model.dim(l) as u64 * elem_tier;
+    let block_bytes: u64 = block_kinds(model, pre, fusible(model, pre))
+        .iter()
+        .map(|&(_, _, d)| nodes * d as u64 * elem_tier)
+        .sum();
+    let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
+    // with a storage tier the store holds one block beyond its budget (the one in use), and
+    // reading a block holds its file buffer beside the decoded block: two of the largest
+    let largest_block = parts.iter().map(|p| p.own as u64).max().unwrap_or(0)
+        * block_kinds(model, pre, fusible(model, pre)).iter().map(|&(_, _, d)| d as u64).max().unwrap_or(0)
+        * elem_tier;
+    let working_bytes = working_bytes + if tc.storage_dir.is_some() { 2 * largest_block } else { 0 };
+    let resident_bytes = crate::metrics::held_bytes(mapped_bytes);
+    let (cache_bytes, margin_bytes) = match tc.host_mem {
+        _ if tc.cache_bytes.is_some() => (tc.cache_bytes, 0),
+        None => (None, 0),
+        Some(h) => {
+            let margin = host_margin(h);
+            (Some(h.saturating_sub(resident_bytes + working_bytes + margin)), margin)
+        }
+    };
+    let mode = match tc.cache_mode {
+        CacheMode::Auto => match cache_bytes {
+            Some(c) if 2 * largest.max(layer_bytes(0)) > c => CacheMode::PartitionLru,
+            _ => CacheMode::LruLayer,
+        },
+        m => m,
+    };
+    Plan {
+        resident_bytes,
+        working_bytes,
+        device_working_bytes,
+        margin_bytes,
+        cache_bytes,
+        mode,
+        block_bytes,
+        device: None,
+    }
+}
+
+pub(super) const GIB: f64 = (1u64 << 30) as f64;
+
+/// The plan keeps 1 / 20 (5 %) of a memory budget free: of `--gpu-mem` for the allocations
+/// its model does not count, of `--host-mem` as well, but there at least
+/// [`HOST_MARGIN_MIN_BYTES`].
+pub(super) const MARGIN_DIVISOR: u64 = 20;
+
+/// The least host margin: the allocator's slack (memory of freed blocks not yet back with the
+/// kernel, fragmentation) and what lives outside the counted heap (thread stacks, the C
+/// allocations of METIS and io_uring) took 13–18 MiB beyond the counted figures on the 2-core
+/// machine (arxiv-like at scale 0.5, 4 and 8 partitions, 2026-12-01).
+pub(super) const HOST_MARGIN_MIN_BYTES: u64 = 32 << 20;
+
+/// The margin kept free of a host budget of `h` bytes.
+pub(super) fn host_margin(h: u64) -> u64 {
+    (h / MARGIN_DIVISOR).max(HOST_MARGIN_MIN_BYTES)
+}
+
+/// The smallest host budget `h` with `need + host_margin(h) <= h`.
+pub(super) fn min_host_budget(need: u64) -> u64 {
+    // h − ⌊h / 20⌋ grows by 0 or 1 with h: start near need · 20 / 19 and step to the least h
+    let leaves = |h: u64| h - h / MARGIN_DIVISOR >= need;
+    let mut h = need / (MARGIN_DIVISOR - 1) * MARGIN_DIVISOR;
+    while !leaves(h) {
+        h += 1;
+    }
+    while h > 0 && leaves(h - 1) {
+        h -= 1;
+    }
+    h.max(need + HOST_MARGIN_MIN_BYTES)
+}
+
+/// Bytes in MiB, for messages.
+pub(super) fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn the_least_host_budget_is_the_least_that_leaves_its_margin() {
+        for need in [0, 1, 1 << 20, 100 << 20, 607 << 20, 640 << 20, 641 << 20, 10 << 30, (10 << 30) + 7] {
+            let h = min_host_budget(need);
+            assert!(need + host_margin(h) <= h, "need {need}: {h} leaves no margin");
+            assert!(need + host_margin(h - 1) > h - 1 || h - 1 < need, "need {need}: {} would do", h - 1);
+        }
+    }
+}

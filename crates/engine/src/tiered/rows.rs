@@ -1,0 +1,397 @@
+//! Rows in and out of blocks: gathering a partition's inputs (own rows lent, halo rows staged
+//! and uploaded once), reading and adding rows, the next partition's prefetch, and writing a
+//! layer's results and gradients back to their tiers.
+
+use super::*;
+
+impl<'a, B: Backend> Executor<'a, B> {
+    /// Rows of the `kind` blocks of layer `l` for partition `q`: its own rows, then (with
+    /// `halo`) its halo rows from their owners. Rows of host blocks are gathered into one host
+    /// matrix and uploaded once; rows of device blocks are gathered on the device.
+    pub(super) fn gather_kind(
+        &mut self,
+        kind: Kind,
+        l: usize,
+        q: usize,
+        halo: bool,
+    ) -> Result<B::Mat, TrainError> {
+        let t = Instant::now();
+        let b = self.b;
+        let d = match kind {
+            Kind::Xw | Kind::GradXw => self.model.dim(l + 1),
+            _ => self.model.dim(l),
+        };
+        let id = |p: usize| BlockId { kind, layer: l, part: p };
+        let elem = std::mem::size_of::<B::T>() as u64;
+        // a whole block of the backend's host memory alone: one copy (a DMA on a GPU), maybe
+        // started ahead
+        if !halo || self.parts[q].fetch.is_empty() {
+            let (src, n) = (id(q), self.parts[q].own);
+            let whole = self.pinned.get(&src).is_some_and(|h| b.host_block_dims(h).0 == n);
+            let m = match self.ahead.iter().position(|(a, _)| *a == src) {
+                Some(i) => Some(self.ahead.swap_remove(i).1),
+                None if whole => self.upload_pinned(src),
+                None => None,
+            }
+            .map(|m| b.arrived(m));
+            if let Some(m) = m {
+                self.stats.gather_s += t.elapsed().as_secs_f64();
+                return Ok(m);
+            }
+        }
+        let part = &self.parts[q];
+        // (block, its rows) in output order
+        let own = (id(q), Rows::Range(0, part.own));
+        let sources: Vec<(BlockId, Rows<'_>)> = std::iter::once(own)
+            .chain(part.fetch.iter().filter(|_| halo).map(|(s, idx)| (id(*s), Rows::Index(idx))))
+            .collect();
+        let rows: usize = sources.iter().map(|(_, r)| r.len()).sum();
+        let host_sources: Vec<(BlockId, Rows<'_>)> = sources
+            .iter()
+            .filter(|(s, _)| !self.on_dev.contains(s) && !self.pinned.contains_key(s))
+            .copied()
+            .collect();
+        let host_rows: usize = host_sources.iter().map(|(_, r)| r.len()).sum();
+        // host rows straight into the backend's staging memory
+        let staged = if host_sources.is_empty() {
+            None
+        } else {
+            self.store.pin(host_sources.iter().map(|(s, _)| *s));
+            let store = &mut self.store;
+            let mut failed = None;
+            let staged = b.upload_with(host_rows, d, &mut |buf: &mut [B::T]| {
+                let mut at = 0;
+                for (src, r) in &host_sources {
+                    let idx = match r {
+                        Rows::Index(i) => Some(*i),
+                        Rows::Range(..) => None,
+                    };
+                    if let Err(e) = store.read_rows(*src, idx, &mut buf[at * d..(at + r.len()) * d]) {
+                        failed.get_or_insert(e);
+                        return;
+                    }
+                    at += r.len();
+                }
+            });
+            self.store.unpin_all();
+            if let Some(e) = failed {
+                return Err(io_err(e));
+            }
+            self.stats.upload_bytes += (host_rows * d) as u64 * elem;
+            Some(staged)
+        };
+        let m = match staged {
+            Some(staged) if host_rows == rows => staged,
+            staged => {
+                let mut m = b.output(rows, d);
+                let (mut at, mut at_host) = (0, 0);
+                for (src, r) in &sources {
+                    if self.on_dev.contains(src) {
+                        let block = self
+                            .dev
+                            .get(src)
+                            .unwrap_or_else(|| panic!("block {src:?} read before it was written"));
+                        b.gather_rows(block, *r, &mut m, at);
+                    } else if let Some(h) = self.pinned.get(src) {
+                        b.gather_host_block(h, *r, &mut m, at);
+                        self.stats.upload_bytes += (r.len() * d) as u64 * elem;
+                    } else {
+                        let staged = staged.as_ref().expect("host rows were staged");
+                        b.gather_rows(staged, Rows::Range(at_host, r.len()), &mut m, at);
+                        at_host += r.len();
+                    }
+                    at += r.len();
+                }
+                m
+            }
+        };
+        self.stats.gather_s += t.elapsed().as_secs_f64();
+        Ok(m)
+    }
+
+    /// Layer `l`'s input rows of partition `q`: own rows, then (with `halo`) the halo rows.
+    pub(super) fn gather(&mut self, l: usize, q: usize, halo: bool) -> Result<B::Mat, TrainError> {
+        self.gather_kind(Kind::Act, l, q, halo)
+    }
+
+    /// The inputs of layer `l` on partition `q`: the gathered rows and, at layer 0, `Â x` (in
+    /// the input's place too where the layer does not read its input beside it).
+    pub(super) fn inputs(&mut self, l: usize, q: usize) -> Result<Inputs<B>, TrainError> {
+        if l == 0 && self.pre {
+            let pre = self.own(Kind::Pre, 0, q)?;
+            let x = if self.model.reads_input_beside_pre() { Some(self.own(Kind::Act, 0, q)?) } else { None };
+            return Ok(Inputs { x, pre: Some(pre) });
+        }
+        Ok(Inputs { x: Some(Own::Copy(self.gather(l, q, true)?)), pre: None })
+    }
+
+    /// Partition `q`'s own rows of the `kind` block of layer `l` (see [`Own`]).
+    pub(super) fn own(&mut self, kind: Kind, l: usize, q: usize) -> Result<Own<B>, TrainError> {
+        let id = BlockId { kind, layer: l, part: q };
+        if self.on_dev.contains(&id) {
+            if let Some(m) = self.dev.remove(&id) {
+                return Ok(Own::Lent(id, m));
+            }
+        }
+        Ok(Own::Copy(self.gather_kind(kind, l, q, false)?))
+    }
+
+    /// Returns a lent block to the device tier (a copy is dropped).
+    pub(super) fn give_back(&mut self, own: Option<Own<B>>) {
+        if let Some(Own::Lent(id, m)) = own {
+            self.dev.insert(id, m);
+        }
+    }
+
+    /// [`Executor::give_back`] of both inputs.
+    pub(super) fn give_back_inputs(&mut self, inp: Inputs<B>) {
+        self.give_back(inp.x);
+        self.give_back(inp.pre);
+    }
+
+    /// Whether layer `l` runs split (transform on own rows, then aggregate the narrower rows).
+    pub(super) fn split(&self, l: usize) -> bool {
+        self.model.split(l, l == 0 && self.pre)
+    }
+
+    /// Own input rows a split layer needs besides `h` (SAGE's root term).
+    pub(super) fn split_own_input(&mut self, l: usize, q: usize) -> Result<Option<Own<B>>, TrainError> {
+        if self.model.split_reads_own_input(l) {
+            Ok(Some(self.own(Kind::Act, l, q)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    pub(super) fn put(&mut self, kind: Kind, l: usize, q: usize, m: B::Mat) -> Result<(), TrainError> {
+        let t = Instant::now();
+        let id = BlockId { kind, layer: l, part: q };
+        if self.on_dev.contains(&id) {
+            self.dev.insert(id, m);
+        } else {
+            let (rows, cols) = self.b.dims(&m);
+            let mut data = Vec::new();
+            self.b.download_with(&m, &mut |h| data = par_to_vec(h));
+            drop(m);
+            self.stats.download_bytes += (data.len() * std::mem::size_of::<B::T>()) as u64;
+            self.keep_host(id, Mat::from_vec(rows, cols, data))?;
+        }
+        self.stats.write_back_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Whether block `id` has been written (a gradient block no partition added to is not).
+    pub(super) fn written(&self, id: BlockId) -> bool {
+        if self.on_dev.contains(&id) {
+            self.dev.contains_key(&id)
+        } else {
+            self.store.shape(id).is_some()
+        }
+    }
+
+    /// Rows `rows` of block `id` (either tier) into `out` from row `at` on.
+    pub(super) fn rows_into(
+        &mut self,
+        id: BlockId,
+        rows: Rows<'_>,
+        d: usize,
+        out: &mut B::Mat,
+        at: usize,
+    ) -> Result<(), TrainError> {
+        let b = self.b;
+        if self.on_dev.contains(&id) {
+            let block =
+                self.dev.get(&id).unwrap_or_else(|| panic!("block {id:?} read before it was written"));
+            b.gather_rows(block, rows, out, at);
+            return Ok(());
+        }
+        let idx = match rows {
+            Rows::Index(i) => Some(i),
+            Rows::Range(..) => None,
+        };
+        let mut h = vec![B::T::of(0.0); rows.len() * d];
+        self.store.read_rows(id, idx, &mut h).map_err(io_err)?;
+        self.stats.upload_bytes += std::mem::size_of_val(h.as_slice()) as u64;
+        let m = b.upload_owned(Mat::from_vec(rows.len(), d, h));
+        b.gather_rows(&m, Rows::Range(0, rows.len()), out, at);
+        Ok(())
+    }
+
+    /// Row width of the `kind` blocks of layer `l`.
+    pub(super) fn width(&self, kind: Kind, l: usize) -> usize {
+        match kind {
+            Kind::Xw | Kind::GradXw => self.model.dim(l + 1),
+            _ => self.model.dim(l),
+        }
+    }
+
+    /// Rows `rows` of block `id` (either tier) on the host.
+    pub(super) fn read_rows(&mut self, id: BlockId, rows: &[u32], d: usize) -> Result<Vec<B::T>, TrainError> {
+        let b = self.b;
+        if self.on_dev.contains(&id) {
+            let block =
+                self.dev.get(&id).unwrap_or_else(|| panic!("block {id:?} read before it was written"));
+            let mut m = b.output(rows.len(), d);
+            b.gather_rows(block, Rows::Index(rows), &mut m, 0);
+            return Ok(b.download(&m).data);
+        }
+        let mut out = vec![B::T::of(0.0); rows.len() * d];
+        self.store.read_rows(id, Some(rows), &mut out).map_err(io_err)?;
+        Ok(out)
+    }
+
+    /// Adds `src` into rows `rows` of block `id` (either tier; made at zero if absent).
+    pub(super) fn add_rows(
+        &mut self,
+        id: BlockId,
+        rows: &[u32],
+        d: usize,
+        src: &[B::T],
+    ) -> Result<(), TrainError> {
+        let b = self.b;
+        let own = self.parts[id.part].own;
+        if self.on_dev.contains(&id) {
+            let m = b.upload_owned(Mat::from_vec(rows.len(), d, src.to_vec()));
+            let block = self.dev.entry(id).or_insert_with(|| b.zeros(own, d));
+            b.scatter_add_rows(&m, 0, Rows::Index(rows), block);
+            return Ok(());
+        }
+        self.store.add_rows(id, own, d, Some(rows), src).map_err(io_err)
+    }
+
+    /// The output gradient of layer `l` on partition `q`: from the store, or at the top from
+    /// the loss on `y` (adding to the loss and correct counts).
+    pub(super) fn output_grad(
+        &mut self,
+        l: usize,
+        q: usize,
+        y: &B::Mat,
+        loss: &mut f64,
+        correct: &mut usize,
+    ) -> Result<B::Mat, TrainError> {
+        let b = self.b;
+        if l + 1 == self.model.layers() {
+            let part = &self.parts[q];
+            let (rows, cols) = b.dims(y);
+            let mut dy = b.zeros(rows, cols);
+            let (s, c) =
+                b.cross_entropy(y, &part.labels, &part.split_rows[0], 1.0 / self.n_train as f64, &mut dy);
+            *loss += s;
+            *correct += c;
+            return Ok(dy);
+        }
+        self.gather_kind(Kind::Grad, l + 1, q, false)
+    }
+
+    /// A whole block of the backend's host memory on its way to the backend (its bytes counted
+    /// as uploaded); `None` when `id` is not such a block.
+    pub(super) fn upload_pinned(&mut self, id: BlockId) -> Option<B::Arriving> {
+        let h = self.pinned.get(&id)?;
+        let (r, c) = self.b.host_block_dims(h);
+        let m = self.b.upload_host_block(h);
+        self.stats.upload_bytes += (r * c * std::mem::size_of::<B::T>()) as u64;
+        Some(m)
+    }
+
+    /// Starts loading what partition `q` will gather from the `kind` blocks of layer `l` (own
+    /// rows, halo rows with `halo`, layer 0's aggregation where used) and its `extra` blocks of
+    /// layer `l + 1` (`GradXw`: of layer `l`), while the current partition computes.
+    pub(super) fn prefetch(
+        &mut self,
+        kind: Kind,
+        l: usize,
+        q: usize,
+        halo: bool,
+        extra: &[Kind],
+    ) -> Result<(), TrainError> {
+        if !self.local.contains(&q) {
+            return Ok(());
+        }
+        let part = &self.parts[q];
+        let id = |p: usize| BlockId { kind, layer: l, part: p };
+        let mut ids = vec![id(q)];
+        if kind == Kind::Act && l == 0 && self.pre && !halo {
+            ids.push(BlockId { kind: Kind::Pre, layer: 0, part: q });
+        }
+        if halo {
+            ids.extend(part.fetch.iter().map(|(s, _)| id(*s)));
+        }
+        ids.extend(extra.iter().map(|&k| {
+            let layer = if k == Kind::GradXw { l } else { l + 1 };
+            BlockId { kind: k, layer, part: q }
+        }));
+        // whole pinned blocks the next partition reads alone (layer 0's aggregation, own rows
+        // without halo): their copies start now, beside this partition's work
+        for a in ids.iter().filter(|a| a.part == q && (a.kind == Kind::Pre || (!halo && a.kind == kind))) {
+            if self.ahead.iter().any(|(x, _)| x == a) {
+                continue;
+            }
+            if let Some(m) = self.upload_pinned(*a) {
+                if self.ahead.len() == 2 {
+                    self.ahead.remove(0);
+                }
+                self.ahead.push((*a, m));
+            }
+        }
+        ids.retain(|i| !self.on_dev.contains(i) && !self.pinned.contains_key(i));
+        self.store.prefetch(ids).map_err(io_err)
+    }
+
+    /// Own rows of `dx` into partition `q`'s `kind` block of layer `l`; rows past the own ones
+    /// (the halo) into their owners' blocks. Device blocks are added to on the device; `dx` is
+    /// downloaded once if any destination is a host block.
+    pub(super) fn write_back(
+        &mut self,
+        kind: Kind,
+        l: usize,
+        q: usize,
+        dx: B::Mat,
+    ) -> Result<(), TrainError> {
+        let b = self.b;
+        let (n, d) = b.dims(&dx);
+        let part = &self.parts[q];
+        let id = |p: usize| BlockId { kind, layer: l, part: p };
+        if n == part.own && self.on_dev.contains(&id(q)) && !self.dev.contains_key(&id(q)) {
+            // own rows only, into a device block nothing has added to yet: it becomes the block
+            self.dev.insert(id(q), dx);
+            return Ok(());
+        }
+        let own = (q, Rows::Range(0, part.own));
+        let targets: Vec<(usize, Rows<'_>)> = std::iter::once(own)
+            .chain(part.fetch.iter().take_while(|_| n > part.own).map(|(s, idx)| (*s, Rows::Index(idx))))
+            .collect();
+        let mut host_targets = Vec::new();
+        let mut from = 0;
+        for (p, r) in targets {
+            let rows = self.parts[p].own;
+            if self.on_dev.contains(&id(p)) {
+                let block = self.dev.entry(id(p)).or_insert_with(|| b.zeros(rows, d));
+                b.scatter_add_rows(&dx, from, r, block);
+            } else {
+                host_targets.push((p, rows, from, r));
+            }
+            from += r.len();
+        }
+        if host_targets.is_empty() {
+            return Ok(());
+        }
+        // one download for every host destination
+        let store = &mut self.store;
+        let mut failed = None;
+        b.download_with(&dx, &mut |h: &[B::T]| {
+            for (p, rows, from, r) in &host_targets {
+                let src = &h[from * d..(from + r.len()) * d];
+                let idx = match r {
+                    Rows::Index(i) => Some(*i),
+                    Rows::Range(..) => None,
+                };
+                if let Err(e) = store.add_rows(id(*p), *rows, d, idx, src) {
+                    failed.get_or_insert(e);
+                    return;
+                }
+            }
+        });
+        self.stats.download_bytes += (n * d * std::mem::size_of::<B::T>()) as u64;
+        failed.map_or(Ok(()), |e| Err(io_err(e)))
+    }
+}

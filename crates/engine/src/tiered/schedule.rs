@@ -1,0 +1,321 @@
+//! The schedule of a pass: hidden layers forward partition by partition, then backward layer
+//! by layer (the output layer gives the loss and the logits' gradients; each layer's gradient
+//! blocks complete before the layer below), evaluation, and the refusal after a failed pass.
+
+use super::*;
+
+impl<'a, B: Backend> Executor<'a, B> {
+    /// Forward over all partitions: hidden layers into the store, and the output layer's
+    /// transform when it runs split (its aggregation happens where the logits are used).
+    pub(super) fn forward_layers(&mut self, train: bool, epoch: u64) -> Result<(), TrainError> {
+        let b = self.b;
+        let layers = self.model.layers();
+        for l in 0..layers {
+            let top = l + 1 == layers;
+            if l == 0 && self.fused {
+                continue;
+            }
+            if self.split(l) {
+                for q in self.local.clone() {
+                    let x = if l == 1 && self.fused {
+                        Own::Copy(self.layer0(q, train, epoch)?)
+                    } else {
+                        let x = self.own(Kind::Act, l, q)?;
+                        self.prefetch(Kind::Act, l, q + 1, false, &[])?;
+                        x
+                    };
+                    let t = Instant::now();
+                    let h = self.model.split_transform(b, l, &x);
+                    self.give_back(Some(x));
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    self.put(Kind::Xw, l, q, h)?;
+                }
+                self.sync_mirrors(Kind::Xw, l)?;
+                if top {
+                    break;
+                }
+                for q in self.local.clone() {
+                    let h = self.gather_kind(Kind::Xw, l, q, true)?;
+                    let x = self.split_own_input(l, q)?;
+                    self.prefetch(Kind::Xw, l, q + 1, true, &[])?;
+                    let t = Instant::now();
+                    let (y, _) =
+                        self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_deref(), train, epoch);
+                    drop(h);
+                    self.give_back(x);
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    self.put(Kind::Act, l + 1, q, y)?;
+                }
+                self.sync_act(l + 1)?;
+                continue;
+            }
+            if top {
+                break;
+            }
+            for q in self.local.clone() {
+                let inp = self.inputs(l, q)?;
+                self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
+                let t = Instant::now();
+                let g = &self.parts[q].graph;
+                let (y, tape) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), train, epoch);
+                drop(tape);
+                self.give_back_inputs(inp);
+                self.stats.compute_s += t.elapsed().as_secs_f64();
+                self.put(Kind::Act, l + 1, q, y)?;
+            }
+            self.sync_act(l + 1)?;
+        }
+        Ok(())
+    }
+
+    /// Layer 0's output rows of partition `q` (layer 1's input, never stored when
+    /// [`Executor::fused`]).
+    pub(super) fn layer0(&mut self, q: usize, train: bool, epoch: u64) -> Result<B::Mat, TrainError> {
+        let inp = self.inputs(0, q)?;
+        self.prefetch(Kind::Act, 0, q + 1, false, &[])?;
+        let t = Instant::now();
+        let g = &self.parts[q].graph;
+        let (y, tape) = self.model.layer_forward(self.b, g, 0, inp.x(), inp.pre.as_deref(), train, epoch);
+        drop(tape);
+        self.give_back_inputs(inp);
+        self.stats.compute_s += t.elapsed().as_secs_f64();
+        Ok(y)
+    }
+
+    /// One training pass: accumulates every parameter's gradient (the caller zeroes them) and
+    /// returns the summed training loss and the number of correct training predictions.
+    pub fn forward_backward(&mut self, epoch: u64) -> Result<(f64, usize), TrainError> {
+        self.guarded(|ex| ex.forward_backward_pass(epoch))
+    }
+
+    /// `pass`, unless an earlier one failed; its error stops the executor.
+    pub(super) fn guarded<R>(
+        &mut self,
+        pass: impl FnOnce(&mut Self) -> Result<R, TrainError>,
+    ) -> Result<R, TrainError> {
+        if let Some(e) = &self.stopped {
+            return Err(TrainError::Stopped(e.clone()));
+        }
+        let r = pass(self);
+        if let Err(e) = &r {
+            self.stopped = Some(e.to_string());
+        }
+        r
+    }
+
+    pub(super) fn forward_backward_pass(&mut self, epoch: u64) -> Result<(f64, usize), TrainError> {
+        let b = self.b;
+        let layers = self.model.layers();
+        let calibrate = self.gpu_mem.is_some() && !self.calibrated;
+        if calibrate {
+            b.reset_memory_peak();
+        }
+        self.forward_layers(true, epoch)?;
+        let (mut loss, mut correct) = (0.0, 0usize);
+        for l in (0..layers).rev() {
+            let top = l + 1 == layers;
+            let next_grad: &[Kind] = if top { &[] } else { &[Kind::Grad] };
+            if l == 0 && self.fused {
+                // ran inside layer 1's transform backward
+                continue;
+            }
+            if self.split(l) {
+                // aggregation backward: dh of own rows here, of halo rows to their owners
+                for q in self.local.clone() {
+                    let h = self.gather_kind(Kind::Xw, l, q, true)?;
+                    let x = self.split_own_input(l, q)?;
+                    self.prefetch(Kind::Xw, l, q + 1, true, next_grad)?;
+                    let t = Instant::now();
+                    let g = &self.parts[q].graph;
+                    let (y, tape) = self.model.split_forward(b, g, l, &h, x.as_deref(), true, epoch);
+                    drop(h);
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    let dy = self.output_grad(l, q, &y, &mut loss, &mut correct)?;
+                    drop(y);
+                    let t = Instant::now();
+                    let g = &self.parts[q].graph;
+                    let (dh, dx_root) = self.model.split_backward(b, g, l, x.as_deref(), tape, &dy, l > 0);
+                    drop(dy);
+                    self.give_back(x);
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    let t = Instant::now();
+                    self.write_back(Kind::GradXw, l, q, dh)?;
+                    if let Some(d) = dx_root {
+                        self.write_back(Kind::Grad, l, q, d)?;
+                    }
+                    self.stats.write_back_s += t.elapsed().as_secs_f64();
+                }
+                self.flush_mirrors(Kind::GradXw, l)?;
+                // transform backward, once every dh row is complete
+                for q in self.local.clone() {
+                    if l == 1 && self.fused {
+                        self.fused_backward(q, epoch)?;
+                        continue;
+                    }
+                    let x = self.own(Kind::Act, l, q)?;
+                    let dh = self.own(Kind::GradXw, l, q)?;
+                    self.prefetch(Kind::Act, l, q + 1, false, &[Kind::GradXw])?;
+                    let t = Instant::now();
+                    let dx = self.model.split_transform_backward(b, l, &x, &dh, l > 0);
+                    self.give_back(Some(x));
+                    self.give_back(Some(dh));
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    if let Some(dx) = dx {
+                        let t = Instant::now();
+                        self.write_back(Kind::Grad, l, q, dx)?;
+                        self.stats.write_back_s += t.elapsed().as_secs_f64();
+                    }
+                }
+                for q in 0..self.parts.len() {
+                    self.remove(BlockId { kind: Kind::Xw, layer: l, part: q })?;
+                    self.remove(BlockId { kind: Kind::GradXw, layer: l, part: q })?;
+                }
+            } else {
+                let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
+                for q in self.local.clone() {
+                    let inp = self.inputs(l, q)?;
+                    let (x, pre) = (inp.x(), inp.pre.as_deref());
+                    let next: &[Kind] = if from_output { &[Kind::Act, Kind::Grad] } else { next_grad };
+                    self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), next)?;
+                    let dx = if from_output {
+                        // the stored output is the ReLU/dropout mask: no recomputation
+                        let out = self.own(Kind::Act, l + 1, q)?;
+                        let dy = self.own(Kind::Grad, l + 1, q)?;
+                        let t = Instant::now();
+                        let tape =
+                            self.model.tape_from_output(l, l == 0 && self.pre, epoch).expect("allowed");
+                        let g = &self.parts[q].graph;
+                        let dx = self.model.layer_backward(b, g, l, x, pre, tape, &dy, l > 0, Some(&out));
+                        self.stats.compute_s += t.elapsed().as_secs_f64();
+                        self.give_back(Some(out));
+                        self.give_back(Some(dy));
+                        dx
+                    } else {
+                        let t = Instant::now();
+                        let g = &self.parts[q].graph;
+                        let (y, tape) = self.model.layer_forward(b, g, l, x, pre, true, epoch);
+                        self.stats.compute_s += t.elapsed().as_secs_f64();
+                        let dy = self.output_grad(l, q, &y, &mut loss, &mut correct)?;
+                        drop(y);
+                        let t = Instant::now();
+                        let g = &self.parts[q].graph;
+                        let dx = self.model.layer_backward(b, g, l, x, pre, tape, &dy, l > 0, None);
+                        self.stats.compute_s += t.elapsed().as_secs_f64();
+                        dx
+                    };
+                    self.give_back_inputs(inp);
+                    if let Some(dx) = dx {
+                        let t = Instant::now();
+                        self.write_back(Kind::Grad, l, q, dx)?;
+                        self.stats.write_back_s += t.elapsed().as_secs_f64();
+                    }
+                }
+                if l > 0 {
+                    self.flush_mirrors(Kind::Grad, l)?;
+                }
+            }
+            // layer l + 1's blocks are spent
+            for q in 0..self.parts.len() {
+                self.remove(BlockId { kind: Kind::Grad, layer: l + 1, part: q })?;
+                if !top {
+                    self.remove(act(l + 1, q))?;
+                }
+            }
+        }
+        self.store.sync().map_err(io_err)?;
+        if calibrate {
+            self.calibrated = true;
+            self.place_more()?;
+        }
+        Ok((loss, correct))
+    }
+
+    /// Layers 1 (its transform) and 0 backward on partition `q` when [`Executor::fused`]: layer
+    /// 0's output is remade from its inputs, layer 1's weight gradient and input gradient made
+    /// from it, and layer 0's backward run on that gradient at once.
+    pub(super) fn fused_backward(&mut self, q: usize, epoch: u64) -> Result<(), TrainError> {
+        let b = self.b;
+        let inp = self.inputs(0, q)?;
+        let dh = self.own(Kind::GradXw, 1, q)?;
+        self.prefetch(Kind::Act, 0, q + 1, false, &[])?;
+        self.prefetch(Kind::GradXw, 1, q + 1, false, &[])?;
+        let t = Instant::now();
+        let g = &self.parts[q].graph;
+        let (x1, tape) = self.model.layer_forward(b, g, 0, inp.x(), inp.pre.as_deref(), true, epoch);
+        let dx1 = self.model.split_transform_backward(b, 1, &x1, &dh, true).expect("an input gradient");
+        drop(x1);
+        self.give_back(Some(dh));
+        let g = &self.parts[q].graph;
+        let dx0 = self.model.layer_backward(b, g, 0, inp.x(), inp.pre.as_deref(), tape, &dx1, false, None);
+        assert!(dx0.is_none(), "layer 0 makes no input gradient");
+        self.give_back_inputs(inp);
+        self.stats.compute_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Evaluation pass (no dropout): correct predictions on train, valid and test.
+    pub fn evaluate(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
+        self.guarded(|ex| ex.evaluate_pass(epoch))
+    }
+
+    pub(super) fn evaluate_pass(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
+        let b = self.b;
+        self.forward_layers(false, epoch)?;
+        let l = self.model.layers() - 1;
+        let split = self.split(l);
+        let mut correct = [0usize; 3];
+        for q in self.local.clone() {
+            let y = if split {
+                let h = self.gather_kind(Kind::Xw, l, q, true)?;
+                let x = self.split_own_input(l, q)?;
+                self.prefetch(Kind::Xw, l, q + 1, true, &[])?;
+                let t = Instant::now();
+                let (y, _) =
+                    self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_deref(), false, epoch);
+                self.stats.compute_s += t.elapsed().as_secs_f64();
+                self.give_back(x);
+                y
+            } else {
+                let inp = self.inputs(l, q)?;
+                self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
+                let t = Instant::now();
+                let g = &self.parts[q].graph;
+                let (y, _) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), false, epoch);
+                self.stats.compute_s += t.elapsed().as_secs_f64();
+                self.give_back_inputs(inp);
+                y
+            };
+            let part = &self.parts[q];
+            for (k, rows) in part.split_rows.iter().enumerate() {
+                correct[k] += b.count_correct(&y, &part.labels, rows);
+            }
+        }
+        for q in 0..self.parts.len() {
+            for layer in 1..self.model.layers() {
+                self.remove(act(layer, q))?;
+            }
+            self.remove(BlockId { kind: Kind::Xw, layer: l, part: q })?;
+        }
+        self.store.sync().map_err(io_err)?;
+        Ok(correct)
+    }
+
+    /// Phase times and store counters since the last call.
+    pub fn take_stats(&mut self) -> PhaseStats {
+        let mut s = std::mem::take(&mut self.stats);
+        s.tier = self.store.take_stats();
+        if let Some(d) = self.dist.as_mut() {
+            d.take_comm_seconds();
+            // every rank's bytes, summed (the counters of this reduction count next time)
+            let mine = std::mem::take(&mut d.stats);
+            let all = d.reduce.all_gather(&serde_json::to_vec(&mine).expect("counters serialise"));
+            let mut total = CommStats::default();
+            for b in all {
+                let c: CommStats = serde_json::from_slice(&b).expect("counters deserialise");
+                total.add(&c);
+            }
+            s.comm = Some(total);
+        }
+        s
+    }
+}

@@ -1,0 +1,319 @@
+//! Setting the executor up: partitioning, the partition graphs, the memory plan, the first
+//! blocks (features and layer 0's aggregation).
+
+use super::*;
+
+impl<'a, B: Backend> Executor<'a, B> {
+    /// Partitions `ds`, builds the partition graphs, plans memory and fills the store with
+    /// the input features (and their first aggregation where the model allows).
+    pub fn new(
+        b: &'a B,
+        ds: &Dataset,
+        model_cfg: &ModelConfig,
+        feature_norm: FeatureNorm,
+        tc: &TieredConfig,
+    ) -> Result<Self, TrainError> {
+        Self::new_dist(b, ds, model_cfg, feature_norm, tc, None)
+    }
+
+    /// [`Executor::new`] as one rank of a partition-parallel run (`dist`; `None`: one process).
+    pub fn new_dist(
+        b: &'a B,
+        ds: &Dataset,
+        model_cfg: &ModelConfig,
+        feature_norm: FeatureNorm,
+        tc: &TieredConfig,
+        dist: Option<DistConfig<'a, B>>,
+    ) -> Result<Self, TrainError> {
+        Self::new_share(b, ds, None, model_cfg, feature_norm, tc, dist)
+    }
+
+    /// [`Executor::new_dist`] where `ds` is a part of the whole (`sub`: a server's share).
+    pub fn new_share(
+        b: &'a B,
+        ds: &Dataset,
+        sub: Option<&SubgraphOf>,
+        model_cfg: &ModelConfig,
+        feature_norm: FeatureNorm,
+        tc: &TieredConfig,
+        dist: Option<DistConfig<'a, B>>,
+    ) -> Result<Self, TrainError> {
+        crate::config::check_dataset(ds)?;
+        let (rank, ranks) = dist.map_or((0, 1), |d| (d.comm.rank(), d.comm.size()));
+        if tc.parts < ranks {
+            return Err(TrainError::Config(format!(
+                "{} partitions for {ranks} ranks: every rank computes at least one (--parts {ranks} or more)",
+                tc.parts
+            )));
+        }
+        // contiguous shares: rank r computes partitions ⌈r·P/R⌉ .. ⌈(r+1)·P/R⌉
+        let owner: Vec<usize> = (0..tc.parts).map(|p| p * ranks / tc.parts).collect();
+        let local = owner.iter().position(|&o| o == rank).unwrap_or(0)
+            ..owner.iter().rposition(|&o| o == rank).map_or(0, |i| i + 1);
+        let model = Model::init(b, model_cfg.clone(), ds.features.dim, ds.num_classes as usize);
+        let partitioning = match dist.filter(|_| ranks > 1) {
+            None => shared_partitioning(&grinnder_dist::Solo, ds, tc)?,
+            Some(d) => shared_partitioning(d.comm, ds, tc)?,
+        };
+        // the adjacency the model needs, with its whole-graph normalisation
+        // (a server's share: the whole graph's degrees)
+        let aggregation = model.aggregation();
+        let (csr, vals): (Csr, Vec<f64>) = match sub {
+            None => aggregation.adjacency(&ds.graph),
+            Some(s) => aggregation.share_adjacency(&ds.graph, &s.degree),
+        };
+        // node ids of dropout keys: the whole graph's
+        let key = |v: u32| sub.map_or(v, |s| s.ids[v as usize]);
+        let mut pg = PartitionedGraph::build(&csr, &partitioning, &[&vals]);
+        drop((csr, vals));
+        // rows of other ranks' partitions read here: mirrored as compact blocks, and the fetch
+        // lists of this rank's partitions renumbered into them
+        let mut mirrors: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+        for q in local.clone() {
+            for (s, idx) in &pg.partitions[q].fetch {
+                if !local.contains(s) {
+                    mirrors.entry(*s).or_default().extend(idx);
+                }
+            }
+        }
+        for rows in mirrors.values_mut() {
+            rows.sort_unstable();
+            rows.dedup();
+        }
+        for q in local.clone() {
+            for (s, idx) in &mut pg.partitions[q].fetch {
+                if let Some(rows) = mirrors.get(s) {
+                    for i in idx.iter_mut() {
+                        *i = rows.binary_search(i).expect("a mirrored row") as u32;
+                    }
+                }
+            }
+        }
+        let mut splits_local: Vec<[Vec<u32>; 3]> = vec![Default::default(); tc.parts];
+        for (k, (_, ids)) in ds.splits.named().iter().enumerate() {
+            for &v in ids.iter() {
+                let q = partitioning.part[v as usize] as usize;
+                let local = partitioning.perm[v as usize] as u64 - partitioning.ptr[q];
+                splits_local[q][k].push(local as u32);
+            }
+        }
+        let mut parts = Vec::with_capacity(tc.parts);
+        for (q, (g, split_rows)) in pg.partitions.into_iter().zip(splits_local).enumerate() {
+            if !local.contains(&q) {
+                // another rank's: only the rows mirrored here, as a block of that many rows
+                let own = mirrors.get(&q).map_or(0, Vec::len);
+                let graph = Graph { rows: 0, cols: 0, adjacencies: Vec::new(), ids: None };
+                parts.push(Part {
+                    graph,
+                    own,
+                    fetch: Vec::new(),
+                    labels: Vec::new(),
+                    split_rows: Default::default(),
+                });
+                continue;
+            }
+            let mut split_rows = split_rows;
+            for s in &mut split_rows {
+                s.sort_unstable();
+            }
+            let first = partitioning.ptr[q] as usize;
+            let own_ids: Vec<u32> = partitioning.inv_perm[first..first + g.own].to_vec();
+            let labels: Vec<i32> = own_ids.iter().map(|&v| ds.labels[v as usize]).collect();
+            let own_ids: Vec<u32> = own_ids.into_iter().map(key).collect();
+            let col_ids: Vec<u32> = own_ids
+                .iter()
+                .copied()
+                .chain(g.halo.iter().map(|&h| key(partitioning.inv_perm[h as usize])))
+                .collect();
+            let cols = g.columns();
+            let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids.clone());
+            let adj = Adjacency::new(b, &sm, &g.values[0]);
+            drop(sm);
+            let graph = Graph::single(g.own, cols, aggregation, adj, Some(col_ids));
+            parts.push(Part { graph, own: g.own, fetch: g.fetch, labels, split_rows });
+        }
+        // the fixed input's aggregation is kept where it is no wider than layer 0's output
+        // (aggregating the narrower side), or where layer 0 reads nothing else: then it
+        // replaces the features (computed from the dataset's rows, no feature blocks) and
+        // layer 0 needs no halo rows and no aggregation per epoch. Wider inputs of a layer that
+        // also reads them (SAGE's root term) run layer 0 split (transform own rows, aggregate
+        // the narrow result), which spares a second set of blocks as large as the features.
+        let pre =
+            model.precomputes_input() && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
+        let plan =
+            make_plan(&model, &parts, tc, std::mem::size_of::<B::T>(), pre, crate::metrics::mapped_bytes(ds));
+        if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
+            let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
+            if need > h {
+                return Err(TrainError::Memory(format!(
+                    "--host-mem {:.1} MiB is too small: the process already holds {:.1} MiB (dataset, partition graphs, model), the largest partition's working set is {:.1} MiB and the margin {:.1} MiB; needs at least {} MiB (or more --parts, for a smaller working set)",
+                    mib(h),
+                    mib(plan.resident_bytes),
+                    mib(plan.working_bytes),
+                    mib(plan.margin_bytes),
+                    mib(min_host_budget(plan.resident_bytes + plan.working_bytes)).ceil() as u64
+                )));
+            }
+        }
+        if let (Some(cache), None) = (plan.cache_bytes, &tc.storage_dir) {
+            if cache < plan.block_bytes {
+                return Err(TrainError::Storage(format!(
+                    "the host cache holds {:.1} MiB of blocks (--host-mem less {:.1} MiB resident, a {:.1} MiB working set and a {:.1} MiB margin, or --block-cache), but the blocks need {:.1} MiB: give a --storage-dir to spill to, or more --host-mem",
+                    mib(cache),
+                    mib(plan.resident_bytes),
+                    mib(plan.working_bytes),
+                    mib(plan.margin_bytes),
+                    mib(plan.block_bytes)
+                )));
+            }
+        }
+        if let (Some(cache), Some(dir)) = (plan.cache_bytes, &tc.storage_dir) {
+            let spill = plan.block_bytes.saturating_sub(cache);
+            let free = files::free_bytes(dir)
+                .map_err(|e| TrainError::Storage(format!("storage directory {}: {e}", dir.display())))?;
+            if free < spill {
+                return Err(TrainError::Storage(format!(
+                    "storage directory {} has {:.1} MiB free, but up to {:.1} MiB of blocks may spill there",
+                    dir.display(),
+                    mib(free),
+                    mib(spill)
+                )));
+            }
+        }
+        let store_cfg = StoreConfig {
+            budget: plan.cache_bytes,
+            mode: plan.mode,
+            dtype: tc.tier_dtype,
+            faults: tc.faults,
+        };
+        // each store (each rank's too) makes a private directory of its own inside the given one
+        let store = Store::new(store_cfg, tc.storage_dir.as_deref(), tc.keep_storage).map_err(io_err)?;
+        let mut ex = Executor {
+            b,
+            model,
+            parts,
+            store,
+            on_dev: HashSet::new(),
+            dev: HashMap::new(),
+            pinned: HashMap::new(),
+            ahead: Vec::new(),
+            pin_fixed: tc.host_mem.is_none() && tc.cache_bytes.is_none() && tc.tier_dtype == TierDtype::F32,
+            stopped: None,
+            fused: false,
+            gpu_mem: tc.gpu_mem.filter(|_| tc.device_cache_bytes.is_none()),
+            calibrated: false,
+            n_train: sub.map_or(ds.splits.train.len(), |s| s.n_train),
+            pre,
+            partitioning,
+            plan,
+            stats: PhaseStats::default(),
+            local: local.clone(),
+            dist: None,
+        };
+        if let Some(d) = dist {
+            let layout = Layout { ranks, ranks_per_server: d.ranks_per_server.max(1) };
+            let mirrors: Vec<(usize, Vec<u32>)> = mirrors.into_iter().collect();
+            // tell each owner which of its rows this rank mirrors
+            let mut ask = vec![Vec::<u32>::new(); ranks];
+            for (s, rows) in &mirrors {
+                let m = &mut ask[owner[*s]];
+                m.extend([*s as u32, rows.len() as u32]);
+                m.extend(rows);
+            }
+            let got = d.comm.all_to_all(ask.iter().map(|a| to_bytes(a)).collect());
+            let sends = got
+                .iter()
+                .map(|b| {
+                    let v: Vec<u32> = from_bytes(b);
+                    let mut out = Vec::new();
+                    let mut at = 0;
+                    while at < v.len() {
+                        let (p, n) = (v[at] as usize, v[at + 1] as usize);
+                        out.push((p, v[at + 2..at + 2 + n].to_vec()));
+                        at += 2 + n;
+                    }
+                    out
+                })
+                .collect();
+            let reduce = d.reduce.unwrap_or(d.comm);
+            let layout = Layout { ranks: reduce.size(), ..layout };
+            ex.dist = Some(DistState {
+                comm: d.comm,
+                groups: d.groups,
+                device: d.device,
+                reduce,
+                layout,
+                owner,
+                mirrors,
+                sends,
+                stats: CommStats::default(),
+            });
+        }
+        ex.fused = ex.fusible();
+        if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
+            ex.place_on_device(tc)?;
+        }
+        ex.load_features(ds, feature_norm, sub.map(|s| s.feature_shift))?;
+        Ok(ex)
+    }
+
+    pub(super) fn load_features(
+        &mut self,
+        ds: &Dataset,
+        norm: FeatureNorm,
+        shift: Option<f64>,
+    ) -> Result<(), TrainError> {
+        let min = shift.unwrap_or_else(|| feature_shift(ds, norm));
+        let d = ds.features.dim;
+        // own partitions' rows, and the mirrored rows of the others' (every rank reads the
+        // dataset: features never travel between ranks)
+        let mut blocks: Vec<(usize, Vec<u32>)> = Vec::new();
+        for q in self.local.clone() {
+            let first = self.partitioning.ptr[q] as usize;
+            blocks.push((q, self.partitioning.inv_perm[first..first + self.parts[q].own].to_vec()));
+        }
+        for (s, rows) in self.dist.as_ref().map_or(&[][..], |d| &d.mirrors[..]) {
+            let first = self.partitioning.ptr[*s] as usize;
+            blocks.push((*s, rows.iter().map(|&r| self.partitioning.inv_perm[first + r as usize]).collect()));
+        }
+        if self.pre && !self.keeps_features() {
+            // layer 0 reads only `Â x`: each partition's rows (own, then halo) come straight
+            // from the dataset and are aggregated; no feature block is made
+            let ids_of: HashMap<usize, Vec<u32>> = blocks.into_iter().collect();
+            for q in self.local.clone() {
+                let part = &self.parts[q];
+                let mut ids = ids_of[&q].clone();
+                for (s, idx) in &part.fetch {
+                    ids.extend(idx.iter().map(|&i| ids_of[s][i as usize]));
+                }
+                let rows = feature_rows::<B::T>(ds, norm, min, &ids);
+                let x = self.b.upload_owned(Mat::from_vec(ids.len(), d, rows));
+                self.put_aggregate(q, x)?;
+            }
+        } else {
+            for (q, ids) in blocks {
+                let rows = feature_rows::<B::T>(ds, norm, min, &ids);
+                self.put_host(act(0, q), Mat::from_vec(ids.len(), d, rows))?;
+            }
+            if self.pre {
+                // layer 0 reads the features beside their aggregation (SAGE's root term, a
+                // residual)
+                for q in self.local.clone() {
+                    let x = self.gather(0, q, true)?;
+                    self.put_aggregate(q, x)?;
+                }
+            }
+        }
+        self.store.take_stats();
+        self.stats = PhaseStats::default();
+        Ok(())
+    }
+
+    /// Layer 0's aggregation of partition `q` from its input rows `x` (own, then halo), kept as
+    /// its `Pre` block.
+    pub(super) fn put_aggregate(&mut self, q: usize, x: B::Mat) -> Result<(), TrainError> {
+        let agg = self.model.aggregate_input(self.b, &self.parts[q].graph, &x).expect("GCN or SAGE");
+        drop(x);
+        self.put(Kind::Pre, 0, q, agg)
+    }
+}
