@@ -291,7 +291,7 @@ fn spmm(
     input: &crate::args::Input,
     widths: &[usize],
 ) -> anyhow::Result<serde_json::Value> {
-    let (ds, _) = crate::commands::load(input)?;
+    let (ds, _) = crate::load::load(input)?;
     let looped = ds.graph.with_self_loops();
     let vals = norm::gcn_norm(&looped);
     let n = looped.num_nodes();
@@ -352,7 +352,7 @@ fn sample(
     );
     anyhow::ensure!(batch_size > 0, "--batch-size must be at least 1");
     let path = input.path()?;
-    let (ds, _) = crate::commands::load(input)?;
+    let (ds, _) = crate::load::load(input)?;
     // the trainer's samplers read this copy
     let huge = sampling_graph(&ds.graph);
     let graph = huge.as_ref().unwrap_or(&ds.graph);

@@ -5,14 +5,15 @@ use std::time::Instant;
 
 use anyhow::Context;
 use grinnder_graph::generate::{self, GenConfig};
-use grinnder_graph::io::{self, exchange, igb, native, ogb};
-use grinnder_graph::{stats, Dataset};
+use grinnder_graph::io::{exchange, igb, native, ogb};
+use grinnder_graph::stats;
 use serde::Serialize;
 
 use crate::args::{
-    Command, ConvertArgs, ExportArgs, ExportFormat, GenFormat, GenerateArgs, InfoArgs, Input, PartitionArgs,
+    Command, ConvertArgs, ExportArgs, ExportFormat, GenFormat, GenerateArgs, InfoArgs, PartitionArgs,
     PlotScalingArgs,
 };
+use crate::load::load;
 
 pub fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
@@ -25,15 +26,6 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Bench(a) => crate::bench::run(a),
         Command::PlotScaling(a) => plot_scaling(a),
     }
-}
-
-/// The dataset `input` names, and the seconds it took to load.
-pub(crate) fn load(input: &Input) -> anyhow::Result<(Dataset, f64)> {
-    let path = input.path()?;
-    let t = Instant::now();
-    let ds = io::open(&path, input.format(), &input.options()?)
-        .with_context(|| format!("cannot load {}", path.display()))?;
-    Ok((ds, t.elapsed().as_secs_f64()))
 }
 
 #[derive(Serialize)]
@@ -245,7 +237,7 @@ fn partition(a: PartitionArgs) -> anyhow::Result<()> {
             replication_factor: q.replication_factor,
             seconds,
             cached,
-            peak_host_bytes: grinnder_engine::metrics::peak_rss_bytes(),
+            peak_host_bytes: grinnder_engine::process::peak_rss_bytes(),
         };
         if a.json {
             println!("{}", serde_json::to_string(&r)?);

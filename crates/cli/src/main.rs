@@ -4,6 +4,7 @@
 mod args;
 mod bench;
 mod commands;
+mod load;
 mod plot;
 mod train;
 
@@ -18,7 +19,7 @@ static ALLOC: grinnder_engine::heap::Counting<mimalloc::MiMalloc> =
     grinnder_engine::heap::Counting(mimalloc::MiMalloc);
 
 fn main() -> std::process::ExitCode {
-    grinnder_engine::metrics::mark_process_start();
+    grinnder_engine::process::mark_process_start();
     let cli = args::Cli::parse();
     // under mpirun, rank 0 reports: the others log warnings and errors only
     let follower = grinnder_dist::launched_rank().is_some_and(|r| r > 0);

@@ -261,7 +261,7 @@ impl<'a, B: Backend> Cooperative<'a, B> {
     }
 }
 
-impl<B: Backend> crate::trainer::Engine<B> for Cooperative<'_, B> {
+impl<B: Backend> crate::mode::Engine<B> for Cooperative<'_, B> {
     fn train_epoch(
         &mut self,
         opt: &mut Optimizer,

@@ -9,7 +9,9 @@ pub mod features;
 pub mod heap;
 pub mod metrics;
 pub mod minibatch;
+mod mode;
 pub mod preload;
+pub mod process;
 pub mod tiered;
 pub mod trainer;
 

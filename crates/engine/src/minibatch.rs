@@ -380,7 +380,7 @@ impl<B: Backend> Rows<'_, B> {
     }
 }
 
-impl<B: Backend> crate::trainer::Engine<B> for MiniBatches<'_, B> {
+impl<B: Backend> crate::mode::Engine<B> for MiniBatches<'_, B> {
     // one epoch's pipeline (sampling threads, a feeder, this thread's compute) shares its
     // channels and staging blocks within one scope: split, it would pass them all around
     #[allow(clippy::too_many_lines)]

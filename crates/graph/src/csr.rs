@@ -15,7 +15,7 @@ use rayon::prelude::*;
 
 use crate::buf::Buf;
 use crate::error::{GraphError, Result};
-use crate::sort::{row_ptr_of_sorted, sort_keys};
+use crate::sort::{balanced_ranges, row_ptr_of_sorted, sort_keys};
 
 /// Largest node count: node ids are `u32` and `u32::MAX` is kept free as a sentinel.
 pub const MAX_NODES: u64 = u32::MAX as u64;
@@ -231,37 +231,6 @@ pub(crate) fn check_node_count(n: u64) -> Result<()> {
     Ok(())
 }
 
-/// Row ranges of roughly equal `rows + edges` weight.
-pub(crate) fn balanced_ranges(ptr: &[u64], parts: usize) -> Vec<std::ops::Range<usize>> {
-    let n = ptr.len() - 1;
-    let parts = parts.max(1);
-    let total = ptr[n] + n as u64;
-    let mut out = Vec::with_capacity(parts);
-    let mut start = 0usize;
-    for k in 1..=parts {
-        let target = total * k as u64 / parts as u64;
-        // smallest end with ptr[end] + end >= target
-        let (mut lo, mut hi) = (start, n);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if ptr[mid] + (mid as u64) < target {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        let end = if k == parts { n } else { lo };
-        if end > start {
-            out.push(start..end);
-            start = end;
-        }
-    }
-    if out.is_empty() {
-        out.push(0..n);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,17 +308,6 @@ mod tests {
         assert!(Csr::from_parts(vec![0, 1].into(), vec![5].into()).is_err());
         assert!(Csr::from_parts(vec![0, 3].into(), vec![0].into()).is_err());
         assert!(Csr::from_parts(vec![0, 1, 1].into(), vec![1].into()).is_ok());
-    }
-
-    #[test]
-    fn balanced_ranges_cover_all_rows() {
-        let ptr = vec![0, 100, 100, 101, 102, 300, 301];
-        for parts in 1..10 {
-            let r = balanced_ranges(&ptr, parts);
-            assert_eq!(r.first().unwrap().start, 0);
-            assert_eq!(r.last().unwrap().end, 6);
-            assert!(r.windows(2).all(|w| w[0].end == w[1].start));
-        }
     }
 
     #[test]

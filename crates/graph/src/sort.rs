@@ -161,7 +161,7 @@ pub fn assemble_rows(lower: &[u64], upper: &[u64], rows: Range<u64>) -> (Vec<u64
     let mut cols = vec![0u32; lower.len() + upper.len()];
     let mut pieces = Vec::new();
     let mut rest = cols.as_mut_slice();
-    for r in crate::csr::balanced_ranges(&ptr, rayon::current_num_threads() * 8) {
+    for r in balanced_ranges(&ptr, rayon::current_num_threads() * 8) {
         let (c, tail) = rest.split_at_mut((ptr[r.end] - ptr[r.start]) as usize);
         pieces.push((r, c));
         rest = tail;
@@ -180,10 +180,52 @@ pub fn assemble_rows(lower: &[u64], upper: &[u64], rows: Range<u64>) -> (Vec<u64
     (ptr, cols)
 }
 
+/// Row ranges of roughly equal `rows + edges` weight.
+pub(crate) fn balanced_ranges(ptr: &[u64], parts: usize) -> Vec<std::ops::Range<usize>> {
+    let n = ptr.len() - 1;
+    let parts = parts.max(1);
+    let total = ptr[n] + n as u64;
+    let mut out = Vec::with_capacity(parts);
+    let mut start = 0usize;
+    for k in 1..=parts {
+        let target = total * k as u64 / parts as u64;
+        // smallest end with ptr[end] + end >= target
+        let (mut lo, mut hi) = (start, n);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if ptr[mid] + (mid as u64) < target {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let end = if k == parts { n } else { lo };
+        if end > start {
+            out.push(start..end);
+            start = end;
+        }
+    }
+    if out.is_empty() {
+        out.push(0..n);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::rng::Stream;
+
+    #[test]
+    fn balanced_ranges_cover_all_rows() {
+        let ptr = vec![0, 100, 100, 101, 102, 300, 301];
+        for parts in 1..10 {
+            let r = balanced_ranges(&ptr, parts);
+            assert_eq!(r.first().unwrap().start, 0);
+            assert_eq!(r.last().unwrap().end, 6);
+            assert!(r.windows(2).all(|w| w[0].end == w[1].start));
+        }
+    }
 
     #[test]
     fn equals_std_sort_with_and_without_dedup() {

@@ -156,7 +156,7 @@ pub(super) fn make_plan<B: Backend>(
         * block_kinds(model, pre, fusible(model, pre)).iter().map(|&(_, _, d)| d as u64).max().unwrap_or(0)
         * elem_tier;
     let working_bytes = working_bytes + if tc.storage_dir.is_some() { 2 * largest_block } else { 0 };
-    let resident_bytes = crate::metrics::held_bytes(mapped_bytes);
+    let resident_bytes = crate::process::held_bytes(mapped_bytes);
     let (cache_bytes, margin_bytes) = match tc.host_mem {
         _ if tc.cache_bytes.is_some() => (tc.cache_bytes, 0),
         None => (None, 0),

@@ -141,7 +141,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let pre =
             model.precomputes_input() && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
         let plan =
-            make_plan(&model, &parts, tc, std::mem::size_of::<B::T>(), pre, crate::metrics::mapped_bytes(ds));
+            make_plan(&model, &parts, tc, std::mem::size_of::<B::T>(), pre, crate::process::mapped_bytes(ds));
         if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
             let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
             if need > h {

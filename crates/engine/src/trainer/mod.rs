@@ -33,10 +33,12 @@ use serde::Serialize;
 use crate::checkpoint::CheckpointConfig;
 use crate::config::{check_dataset, TrainConfig, TrainError};
 use crate::features::FeatureSource;
-use crate::metrics::{peak_rss_bytes, EpochMetrics, Summary};
+use crate::metrics::{EpochMetrics, Summary};
 use crate::minibatch::MiniBatchConfig;
+pub(crate) use crate::mode::Engine;
 use crate::preload::{DeviceGroups, Expansion};
-use crate::tiered::{PhaseStats, TieredConfig};
+use crate::process::peak_rss_bytes;
+use crate::tiered::TieredConfig;
 
 /// How a [`Trainer`] computes an epoch.
 pub enum Mode<'a, B: Backend> {
@@ -59,21 +61,6 @@ pub enum Mode<'a, B: Backend> {
     },
     /// Cooperative mini-batches: each server samples a batch, its ranks split it.
     Cooperative { config: MiniBatchConfig, groups: &'a Groups, features: Option<&'a dyn FeatureSource<B>> },
-}
-
-/// What a mode does for the [`Trainer`]: one training epoch, and correct counts.
-pub(crate) trait Engine<B: Backend> {
-    /// Trains epoch `epoch` (zeroing gradients, stepping `opt` as the mode does); returns the
-    /// training loss summed over the training nodes (over every rank) and the phase figures.
-    fn train_epoch(
-        &mut self,
-        opt: &mut Optimizer,
-        epoch: u64,
-    ) -> Result<(f64, Option<PhaseStats>), TrainError>;
-    /// Correct predictions on train, valid and test (summed over every rank) without dropout.
-    fn correct(&mut self, epoch: u64) -> Result<[usize; 3], TrainError>;
-    /// The model being trained (on every rank the same parameters).
-    fn model(&mut self) -> &mut Model<B>;
 }
 
 /// Accuracies of one evaluation.

@@ -159,7 +159,7 @@ impl ExchangeWriter {
     ) -> Result<()> {
         let n = row_ptr.len() - 1;
         assert_eq!(row_ptr[n], self.written, "row_ptr ends at the number of columns written");
-        for rows in crate::csr::balanced_ranges(row_ptr, (self.written as usize >> 22).max(1)) {
+        for rows in crate::sort::balanced_ranges(row_ptr, (self.written as usize >> 22).max(1)) {
             let v: Vec<i64> = rows
                 .into_par_iter()
                 .flat_map_iter(|r| std::iter::repeat_n(r as i64, (row_ptr[r + 1] - row_ptr[r]) as usize))

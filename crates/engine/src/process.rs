@@ -1,0 +1,57 @@
+//! What the process holds: the resident set (peak and now), the size at start-up, the mapped
+//! dataset, and the heap in use as the counting allocator ([`crate::heap`]) sees it — what the
+//! memory plan counts.
+
+/// Peak resident set size of this process (Linux `VmHWM`; 0 where unavailable).
+pub fn peak_rss_bytes() -> u64 {
+    status_bytes("VmHWM:")
+}
+
+static START_RSS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Records what the process holds before it has loaded anything (code, libraries, runtime):
+/// the base of [`held_bytes`]. Called first thing by the binary.
+pub fn mark_process_start() {
+    START_RSS.store(rss_bytes(), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Bytes of `ds` in memory-mapped files (touched by verification and training, so resident
+/// while mapped).
+pub fn mapped_bytes(ds: &grinnder_graph::Dataset) -> u64 {
+    let size = |mapped: bool, bytes: usize| if mapped { bytes as u64 } else { 0 };
+    let g = &ds.graph;
+    let s = &ds.splits;
+    size(ds.features.data.is_mapped(), ds.features.data.len() * 4)
+        + size(g.is_mapped(), g.row_ptr().len() * 8 + g.col_idx().len() * 4)
+        + size(ds.labels.is_mapped(), ds.labels.len() * 4)
+        + [&s.train, &s.valid, &s.test].iter().map(|b| size(b.is_mapped(), b.len() * 4)).sum::<u64>()
+}
+
+/// What the process holds, counted by construction where the counting allocator is installed
+/// ([`crate::heap`]): the base at start-up, the heap in use and the mapped dataset (`mapped`).
+/// Unlike a sampled RSS it leaves out what the allocator keeps of freed memory, so identical
+/// runs plan alike. Without the counting allocator: the RSS now.
+pub fn held_bytes(mapped: u64) -> u64 {
+    match crate::heap::live_bytes() {
+        Some(live) => START_RSS.load(std::sync::atomic::Ordering::Relaxed) + live + mapped,
+        None => rss_bytes(),
+    }
+}
+
+/// Resident set size of this process now (Linux `VmRSS`; 0 where unavailable).
+pub fn rss_bytes() -> u64 {
+    status_bytes("VmRSS:")
+}
+
+/// A kB field of `/proc/self/status`, in bytes.
+fn status_bytes(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
