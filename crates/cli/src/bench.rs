@@ -12,7 +12,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::args::{BenchArgs, BenchWhat, Device};
+use crate::args::{BenchArgs, BenchWhat};
+use crate::plan::Device;
 
 /// One timed method: median seconds and the rate of its payload bytes.
 #[derive(Serialize)]

@@ -5,6 +5,7 @@ mod args;
 mod bench;
 mod commands;
 mod load;
+mod plan;
 mod plot;
 mod train;
 

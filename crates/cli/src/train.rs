@@ -11,7 +11,8 @@ use grinnder_engine::{
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
 
-use crate::args::{Device, FeatureAccessArg, PrecisionArg, TrainArgs, TrainPlan, TransportArg};
+use crate::args::{FeatureAccessArg, PrecisionArg, TrainArgs, TransportArg};
+use crate::plan::{Device, TrainPlan};
 
 /// Mini-batch input rows read by GPU threads from mapped page-locked host memory
 /// (`--feature-access zero-copy`).
@@ -158,7 +159,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             );
             ranks
         } else {
-            let t = plan.tiered.get_or_insert_with(|| crate::args::TieredPlan::with_parts(ranks));
+            let t = plan.tiered.get_or_insert_with(|| crate::plan::TieredPlan::with_parts(ranks));
             anyhow::ensure!(
                 t.parts >= ranks,
                 "--parts {} is fewer than the {ranks} ranks: every rank computes at least one partition",

@@ -79,6 +79,8 @@ fn exchange(comm: &dyn Comm, send: Vec<Vec<u8>>, bytes: &mut u64, secs: &mut f64
 /// One cooperative batch on this rank: forward and backward of its share of every layer's rows;
 /// accumulates parameter gradients (not yet summed over ranks) of the loss summed over this
 /// rank's seeds times `scale`. Returns the loss sum and the correct count of its seeds.
+// stays whole: forward and backward walk the same per-layer row shares in opposite order; one
+// function keeps the exchange of each direction beside its inverse
 #[allow(clippy::too_many_arguments)]
 pub fn coop_step<B: Backend>(
     b: &B,

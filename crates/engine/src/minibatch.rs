@@ -381,9 +381,9 @@ impl<B: Backend> Rows<'_, B> {
 }
 
 impl<B: Backend> crate::mode::Engine<B> for MiniBatches<'_, B> {
-    // one epoch's pipeline (sampling threads, a feeder, this thread's compute) shares its
-    // channels and staging blocks within one scope: split, it would pass them all around
-    #[allow(clippy::too_many_lines)]
+    // stays whole: one epoch's pipeline (sampling threads, a feeder, this thread's compute)
+    // shares its channels and staging blocks within one thread scope; split, every part would
+    // take them all as arguments
     fn train_epoch(
         &mut self,
         opt: &mut Optimizer,

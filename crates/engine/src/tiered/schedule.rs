@@ -103,6 +103,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         r
     }
 
+    // stays whole: the pass is the schedule (forward layers, then each layer's backward over
+    // every partition, its gradient blocks flushed before the layer below) read top to bottom
     pub(super) fn forward_backward_pass(&mut self, epoch: u64) -> Result<(f64, usize), TrainError> {
         let b = self.b;
         let layers = self.model.layers();

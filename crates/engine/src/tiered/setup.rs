@@ -66,72 +66,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         let key = |v: u32| sub.map_or(v, |s| s.ids[v as usize]);
         let mut pg = PartitionedGraph::build(&csr, &partitioning, &[&vals]);
         drop((csr, vals));
-        // rows of other ranks' partitions read here: mirrored as compact blocks, and the fetch
-        // lists of this rank's partitions renumbered into them
-        let mut mirrors: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
-        for q in local.clone() {
-            for (s, idx) in &pg.partitions[q].fetch {
-                if !local.contains(s) {
-                    mirrors.entry(*s).or_default().extend(idx);
-                }
-            }
-        }
-        for rows in mirrors.values_mut() {
-            rows.sort_unstable();
-            rows.dedup();
-        }
-        for q in local.clone() {
-            for (s, idx) in &mut pg.partitions[q].fetch {
-                if let Some(rows) = mirrors.get(s) {
-                    for i in idx.iter_mut() {
-                        *i = rows.binary_search(i).expect("a mirrored row") as u32;
-                    }
-                }
-            }
-        }
-        let mut splits_local: Vec<[Vec<u32>; 3]> = vec![Default::default(); tc.parts];
-        for (k, (_, ids)) in ds.splits.named().iter().enumerate() {
-            for &v in ids.iter() {
-                let q = partitioning.part[v as usize] as usize;
-                let local = partitioning.perm[v as usize] as u64 - partitioning.ptr[q];
-                splits_local[q][k].push(local as u32);
-            }
-        }
-        let mut parts = Vec::with_capacity(tc.parts);
-        for (q, (g, split_rows)) in pg.partitions.into_iter().zip(splits_local).enumerate() {
-            if !local.contains(&q) {
-                // another rank's: only the rows mirrored here, as a block of that many rows
-                let own = mirrors.get(&q).map_or(0, Vec::len);
-                let graph = Graph { rows: 0, cols: 0, adjacencies: Vec::new(), ids: None };
-                parts.push(Part {
-                    graph,
-                    own,
-                    fetch: Vec::new(),
-                    labels: Vec::new(),
-                    split_rows: Default::default(),
-                });
-                continue;
-            }
-            let mut split_rows = split_rows;
-            for s in &mut split_rows {
-                s.sort_unstable();
-            }
-            let first = partitioning.ptr[q] as usize;
-            let own_ids: Vec<u32> = partitioning.inv_perm[first..first + g.own].to_vec();
-            let labels: Vec<i32> = own_ids.iter().map(|&v| ds.labels[v as usize]).collect();
-            let own_ids: Vec<u32> = own_ids.into_iter().map(key).collect();
-            let col_ids: Vec<u32> = own_ids
-                .iter()
-                .copied()
-                .chain(g.halo.iter().map(|&h| key(partitioning.inv_perm[h as usize])))
-                .collect();
-            let cols = g.columns();
-            let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids.clone());
-            let adj = Adjacency::new(b, &sm, &g.values[0]);
-            drop(sm);
-            let graph = Graph::single(g.own, cols, aggregation, adj, Some(col_ids));
-            parts.push(Part { graph, own: g.own, fetch: g.fetch, labels, split_rows });
-        }
+        let mirrors = mirror_rows(&mut pg, &local);
+        let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key);
         // the fixed input's aggregation is kept where it is no wider than layer 0's output
         // (aggregating the narrower side), or where layer 0 reads nothing else: then it
         // replaces the features (computed from the dataset's rows, no feature blocks) and
@@ -142,44 +78,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             model.precomputes_input() && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
         let plan =
             make_plan(&model, &parts, tc, std::mem::size_of::<B::T>(), pre, crate::process::mapped_bytes(ds));
-        if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
-            let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
-            if need > h {
-                return Err(TrainError::Memory(format!(
-                    "--host-mem {:.1} MiB is too small: the process already holds {:.1} MiB (dataset, partition graphs, model), the largest partition's working set is {:.1} MiB and the margin {:.1} MiB; needs at least {} MiB (or more --parts, for a smaller working set)",
-                    mib(h),
-                    mib(plan.resident_bytes),
-                    mib(plan.working_bytes),
-                    mib(plan.margin_bytes),
-                    mib(min_host_budget(plan.resident_bytes + plan.working_bytes)).ceil() as u64
-                )));
-            }
-        }
-        if let (Some(cache), None) = (plan.cache_bytes, &tc.storage_dir) {
-            if cache < plan.block_bytes {
-                return Err(TrainError::Storage(format!(
-                    "the host cache holds {:.1} MiB of blocks (--host-mem less {:.1} MiB resident, a {:.1} MiB working set and a {:.1} MiB margin, or --block-cache), but the blocks need {:.1} MiB: give a --storage-dir to spill to, or more --host-mem",
-                    mib(cache),
-                    mib(plan.resident_bytes),
-                    mib(plan.working_bytes),
-                    mib(plan.margin_bytes),
-                    mib(plan.block_bytes)
-                )));
-            }
-        }
-        if let (Some(cache), Some(dir)) = (plan.cache_bytes, &tc.storage_dir) {
-            let spill = plan.block_bytes.saturating_sub(cache);
-            let free = files::free_bytes(dir)
-                .map_err(|e| TrainError::Storage(format!("storage directory {}: {e}", dir.display())))?;
-            if free < spill {
-                return Err(TrainError::Storage(format!(
-                    "storage directory {} has {:.1} MiB free, but up to {:.1} MiB of blocks may spill there",
-                    dir.display(),
-                    mib(free),
-                    mib(spill)
-                )));
-            }
-        }
+        check_budget(&plan, tc)?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
             mode: plan.mode,
@@ -211,43 +110,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             dist: None,
         };
         if let Some(d) = dist {
-            let layout = Layout { ranks, ranks_per_server: d.ranks_per_server.max(1) };
-            let mirrors: Vec<(usize, Vec<u32>)> = mirrors.into_iter().collect();
-            // tell each owner which of its rows this rank mirrors
-            let mut ask = vec![Vec::<u32>::new(); ranks];
-            for (s, rows) in &mirrors {
-                let m = &mut ask[owner[*s]];
-                m.extend([*s as u32, rows.len() as u32]);
-                m.extend(rows);
-            }
-            let got = d.comm.all_to_all(ask.iter().map(|a| to_bytes(a)).collect());
-            let sends = got
-                .iter()
-                .map(|b| {
-                    let v: Vec<u32> = from_bytes(b);
-                    let mut out = Vec::new();
-                    let mut at = 0;
-                    while at < v.len() {
-                        let (p, n) = (v[at] as usize, v[at + 1] as usize);
-                        out.push((p, v[at + 2..at + 2 + n].to_vec()));
-                        at += 2 + n;
-                    }
-                    out
-                })
-                .collect();
-            let reduce = d.reduce.unwrap_or(d.comm);
-            let layout = Layout { ranks: reduce.size(), ..layout };
-            ex.dist = Some(DistState {
-                comm: d.comm,
-                groups: d.groups,
-                device: d.device,
-                reduce,
-                layout,
-                owner,
-                mirrors,
-                sends,
-                stats: CommStats::default(),
-            });
+            ex.dist = Some(dist_state(d, ranks, owner, mirrors));
         }
         ex.fused = ex.fusible();
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
@@ -315,5 +178,186 @@ impl<'a, B: Backend> Executor<'a, B> {
         let agg = self.model.aggregate_input(self.b, &self.parts[q].graph, &x).expect("GCN or SAGE");
         drop(x);
         self.put(Kind::Pre, 0, q, agg)
+    }
+}
+
+/// Rows of other ranks' partitions that this rank's (`local`) read, by partition, sorted: the
+/// mirrors, kept as compact blocks; the fetch lists of the local partitions are renumbered into
+/// them.
+fn mirror_rows(
+    pg: &mut PartitionedGraph,
+    local: &std::ops::Range<usize>,
+) -> std::collections::BTreeMap<usize, Vec<u32>> {
+    let mut mirrors: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+    for q in local.clone() {
+        for (s, idx) in &pg.partitions[q].fetch {
+            if !local.contains(s) {
+                mirrors.entry(*s).or_default().extend(idx);
+            }
+        }
+    }
+    for rows in mirrors.values_mut() {
+        rows.sort_unstable();
+        rows.dedup();
+    }
+    for q in local.clone() {
+        for (s, idx) in &mut pg.partitions[q].fetch {
+            if let Some(rows) = mirrors.get(s) {
+                for i in idx.iter_mut() {
+                    *i = rows.binary_search(i).expect("a mirrored row") as u32;
+                }
+            }
+        }
+    }
+    mirrors
+}
+
+/// The executor's partitions: the local ones with their graphs on the backend (columns keyed by
+/// `key`: the whole graph's ids), labels and split rows; another rank's as the count of its
+/// rows mirrored here.
+#[allow(clippy::too_many_arguments)]
+fn build_parts<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    partitioning: &Partitioning,
+    pg: PartitionedGraph,
+    mirrors: &std::collections::BTreeMap<usize, Vec<u32>>,
+    local: &std::ops::Range<usize>,
+    aggregation: grinnder_nn::Aggregation,
+    key: impl Fn(u32) -> u32,
+) -> Vec<Part<B>> {
+    let mut splits_local: Vec<[Vec<u32>; 3]> = vec![Default::default(); pg.partitions.len()];
+    for (k, (_, ids)) in ds.splits.named().iter().enumerate() {
+        for &v in ids.iter() {
+            let q = partitioning.part[v as usize] as usize;
+            let local = partitioning.perm[v as usize] as u64 - partitioning.ptr[q];
+            splits_local[q][k].push(local as u32);
+        }
+    }
+    let mut parts = Vec::with_capacity(pg.partitions.len());
+    for (q, (g, split_rows)) in pg.partitions.into_iter().zip(splits_local).enumerate() {
+        if !local.contains(&q) {
+            // another rank's: only the rows mirrored here, as a block of that many rows
+            let own = mirrors.get(&q).map_or(0, Vec::len);
+            let graph = Graph { rows: 0, cols: 0, adjacencies: Vec::new(), ids: None };
+            parts.push(Part {
+                graph,
+                own,
+                fetch: Vec::new(),
+                labels: Vec::new(),
+                split_rows: Default::default(),
+            });
+            continue;
+        }
+        let mut split_rows = split_rows;
+        for s in &mut split_rows {
+            s.sort_unstable();
+        }
+        let first = partitioning.ptr[q] as usize;
+        let own_ids: Vec<u32> = partitioning.inv_perm[first..first + g.own].to_vec();
+        let labels: Vec<i32> = own_ids.iter().map(|&v| ds.labels[v as usize]).collect();
+        let own_ids: Vec<u32> = own_ids.into_iter().map(&key).collect();
+        let col_ids: Vec<u32> = own_ids
+            .iter()
+            .copied()
+            .chain(g.halo.iter().map(|&h| key(partitioning.inv_perm[h as usize])))
+            .collect();
+        let cols = g.columns();
+        let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids.clone());
+        let adj = Adjacency::new(b, &sm, &g.values[0]);
+        drop(sm);
+        let graph = Graph::single(g.own, cols, aggregation, adj, Some(col_ids));
+        parts.push(Part { graph, own: g.own, fetch: g.fetch, labels, split_rows });
+    }
+    parts
+}
+
+/// Refuses a plan the host budget or the storage directory cannot hold, with the minimum.
+fn check_budget(plan: &Plan, tc: &TieredConfig) -> Result<(), TrainError> {
+    if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
+        let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
+        if need > h {
+            return Err(TrainError::Memory(format!(
+                "--host-mem {:.1} MiB is too small: the process already holds {:.1} MiB (dataset, partition graphs, model), the largest partition's working set is {:.1} MiB and the margin {:.1} MiB; needs at least {} MiB (or more --parts, for a smaller working set)",
+                mib(h),
+                mib(plan.resident_bytes),
+                mib(plan.working_bytes),
+                mib(plan.margin_bytes),
+                mib(min_host_budget(plan.resident_bytes + plan.working_bytes)).ceil() as u64
+            )));
+        }
+    }
+    if let (Some(cache), None) = (plan.cache_bytes, &tc.storage_dir) {
+        if cache < plan.block_bytes {
+            return Err(TrainError::Storage(format!(
+                "the host cache holds {:.1} MiB of blocks (--host-mem less {:.1} MiB resident, a {:.1} MiB working set and a {:.1} MiB margin, or --block-cache), but the blocks need {:.1} MiB: give a --storage-dir to spill to, or more --host-mem",
+                mib(cache),
+                mib(plan.resident_bytes),
+                mib(plan.working_bytes),
+                mib(plan.margin_bytes),
+                mib(plan.block_bytes)
+            )));
+        }
+    }
+    if let (Some(cache), Some(dir)) = (plan.cache_bytes, &tc.storage_dir) {
+        let spill = plan.block_bytes.saturating_sub(cache);
+        let free = files::free_bytes(dir)
+            .map_err(|e| TrainError::Storage(format!("storage directory {}: {e}", dir.display())))?;
+        if free < spill {
+            return Err(TrainError::Storage(format!(
+                "storage directory {} has {:.1} MiB free, but up to {:.1} MiB of blocks may spill there",
+                dir.display(),
+                mib(free),
+                mib(spill)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// This rank's distribution state: which rank computes each partition (`owner`), the rows it
+/// mirrors, and — told by each rank which of its rows that rank mirrors — the rows it sends.
+fn dist_state<'a, B: Backend>(
+    d: DistConfig<'a, B>,
+    ranks: usize,
+    owner: Vec<usize>,
+    mirrors: std::collections::BTreeMap<usize, Vec<u32>>,
+) -> DistState<'a, B> {
+    let layout = Layout { ranks, ranks_per_server: d.ranks_per_server.max(1) };
+    let mirrors: Vec<(usize, Vec<u32>)> = mirrors.into_iter().collect();
+    // tell each owner which of its rows this rank mirrors
+    let mut ask = vec![Vec::<u32>::new(); ranks];
+    for (s, rows) in &mirrors {
+        let m = &mut ask[owner[*s]];
+        m.extend([*s as u32, rows.len() as u32]);
+        m.extend(rows);
+    }
+    let got = d.comm.all_to_all(ask.iter().map(|a| to_bytes(a)).collect());
+    let sends = got
+        .iter()
+        .map(|b| {
+            let v: Vec<u32> = from_bytes(b);
+            let mut out = Vec::new();
+            let mut at = 0;
+            while at < v.len() {
+                let (p, n) = (v[at] as usize, v[at + 1] as usize);
+                out.push((p, v[at + 2..at + 2 + n].to_vec()));
+                at += 2 + n;
+            }
+            out
+        })
+        .collect();
+    let reduce = d.reduce.unwrap_or(d.comm);
+    let layout = Layout { ranks: reduce.size(), ..layout };
+    DistState {
+        comm: d.comm,
+        groups: d.groups,
+        device: d.device,
+        reduce,
+        layout,
+        owner,
+        mirrors,
+        sends,
+        stats: CommStats::default(),
     }
 }
