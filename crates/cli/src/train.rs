@@ -149,41 +149,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         "--loader-threads is for mini-batches in one process: cooperative batches (mpirun) sample on each rank's training thread"
     );
     if let Some(l) = &launch {
-        let ranks = l.groups.global.size();
-        // full-graph: one partition per rank unless --parts says more; mini-batch: cooperative
-        // batches, evaluated over one partition per rank
-        let parts = if plan.minibatch.is_some() {
-            anyhow::ensure!(
-                plan.expansion == grinnder_engine::Expansion::Plain,
-                "--expansion is for full-graph training; --mode minibatch forms cooperative batches per server"
-            );
-            ranks
-        } else {
-            let t = plan.tiered.get_or_insert_with(|| crate::plan::TieredPlan::with_parts(ranks));
-            anyhow::ensure!(
-                t.parts >= ranks,
-                "--parts {} is fewer than the {ranks} ranks: every rank computes at least one partition",
-                t.parts
-            );
-            t.parts
-        };
-        if let Device::Cuda(n) = plan.device {
-            // ranks of a machine take its GPUs in turn (several share one where there are fewer)
-            plan.device = Device::Cuda((n + l.local_rank) % grinnder_cuda::device_count().max(1));
-        }
-        if l.groups.global.rank() > 0 {
-            // rank 0 reports; the others train quietly
-            progress::set_quiet(true);
-        }
-        tracing::info!(
-            "rank {} of {} ({}; {} per server), partitions {}, {:?}",
-            l.groups.global.rank(),
-            ranks,
-            l.groups.global.describe(),
-            l.groups.layout.ranks_per_server,
-            parts,
-            plan.expansion
-        );
+        fit_to_ranks(&mut plan, l)?;
     }
     let lead = launch.as_ref().is_none_or(|l| l.groups.global.rank() == 0);
     let groups = launch.as_ref().map(|l| &l.groups);
@@ -270,6 +236,54 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     if let Some(p) = &a.plot {
         crate::plot::curves(p, &ds.name, &history).with_context(|| format!("cannot draw {}", p.display()))?;
     }
+    report(&summary, &plan, host_mem);
+    Ok(())
+}
+
+/// Settles `plan` for this rank of `l`: the partitions (at least one per rank), this rank's GPU,
+/// and quiet progress off rank 0.
+fn fit_to_ranks(plan: &mut TrainPlan, l: &Launch) -> anyhow::Result<()> {
+    let ranks = l.groups.global.size();
+    // full-graph: one partition per rank unless --parts says more; mini-batch: cooperative
+    // batches, evaluated over one partition per rank
+    let parts = if plan.minibatch.is_some() {
+        anyhow::ensure!(
+            plan.expansion == grinnder_engine::Expansion::Plain,
+            "--expansion is for full-graph training; --mode minibatch forms cooperative batches per server"
+        );
+        ranks
+    } else {
+        let t = plan.tiered.get_or_insert_with(|| crate::plan::TieredPlan::with_parts(ranks));
+        anyhow::ensure!(
+            t.parts >= ranks,
+            "--parts {} is fewer than the {ranks} ranks: every rank computes at least one partition",
+            t.parts
+        );
+        t.parts
+    };
+    if let Device::Cuda(n) = plan.device {
+        // ranks of a machine take its GPUs in turn (several share one where there are fewer)
+        plan.device = Device::Cuda((n + l.local_rank) % grinnder_cuda::device_count().max(1));
+    }
+    if l.groups.global.rank() > 0 {
+        // rank 0 reports; the others train quietly
+        progress::set_quiet(true);
+    }
+    tracing::info!(
+        "rank {} of {} ({}; {} per server), partitions {}, {:?}",
+        l.groups.global.rank(),
+        ranks,
+        l.groups.global.describe(),
+        l.groups.layout.ranks_per_server,
+        parts,
+        plan.expansion
+    );
+    Ok(())
+}
+
+/// The run's last line (rank 0): the accuracy at the best validation epoch, the loss, the median
+/// epoch and peak memory; a warning if the process went past `--host-mem`.
+fn report(summary: &Summary, plan: &TrainPlan, host_mem: Option<u64>) {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let accuracy = if plan.config.eval_every == 0 {
         "not evaluated (--eval-every 0)".to_string()
@@ -296,7 +310,6 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             (summary.peak_host_bytes as f64 / h as f64 - 1.0) * 100.0
         );
     }
-    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
