@@ -5,7 +5,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use grinnder_engine::checkpoint::{self, Checkpoint, CheckpointConfig, ParamState};
-use grinnder_engine::tiered::{BlockId, CacheMode, Kind, Store, StoreConfig, TierDtype};
+use grinnder_engine::tiered::{BlockId, BlockKind, CacheMode, Store, StoreConfig, TierDtype};
 use grinnder_graph::rng::Stream;
 
 const VARIANTS: usize = 1000;
@@ -111,7 +111,7 @@ fn tier_blocks_survive_corruption() {
         faults: Default::default(),
     };
     let mut store = Store::<f32>::new(cfg, Some(dir.path()), true).unwrap();
-    let id = BlockId { kind: Kind::Act, layer: 1, part: 0 };
+    let id = BlockId { kind: BlockKind::Act, layer: 1, part: 0 };
     let data: Vec<f32> = (0..3000).map(|i| i as f32 * 0.25).collect();
     store.put(id, 300, 10, data.clone()).unwrap();
     store.put(BlockId { part: 1, ..id }, 1, 1, vec![0.0]).unwrap(); // evicts the first to its file

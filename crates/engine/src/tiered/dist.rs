@@ -369,12 +369,12 @@ impl<'a, B: Backend> Executor<'a, B> {
         if self.split(l) {
             return Ok(());
         }
-        self.sync_mirrors(Kind::Act, l)
+        self.sync_mirrors(BlockKind::Act, l)
     }
 
     /// Partition-parallel runs: the rows of the `kind` blocks of layer `l` that other ranks
     /// mirror go to them, and this rank's mirrors arrive (as blocks of the remote partitions).
-    pub(super) fn sync_mirrors(&mut self, kind: Kind, l: usize) -> Result<(), TrainError> {
+    pub(super) fn sync_mirrors(&mut self, kind: BlockKind, l: usize) -> Result<(), TrainError> {
         let Some(dist) = self.dist.as_ref() else { return Ok(()) };
         if dist.device.is_some() {
             return self.sync_mirrors_on_device(kind, l);
@@ -407,7 +407,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Partition-parallel runs: the halo gradients this rank added into its mirrors of the
     /// `kind` blocks of layer `l` go to their owners, which add them (in rank order) into
     /// their blocks; the mirrors are dropped.
-    pub(super) fn flush_mirrors(&mut self, kind: Kind, l: usize) -> Result<(), TrainError> {
+    pub(super) fn flush_mirrors(&mut self, kind: BlockKind, l: usize) -> Result<(), TrainError> {
         let Some(dist) = self.dist.as_ref() else { return Ok(()) };
         if dist.device.is_some() {
             return self.flush_mirrors_on_device(kind, l);
@@ -442,7 +442,7 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// [`Executor::sync_mirrors`] over the device transport: each rank's rows gathered into one
     /// matrix where the blocks are, exchanged, and cut into the mirror blocks.
-    pub(super) fn sync_mirrors_on_device(&mut self, kind: Kind, l: usize) -> Result<(), TrainError> {
+    pub(super) fn sync_mirrors_on_device(&mut self, kind: BlockKind, l: usize) -> Result<(), TrainError> {
         let (b, d) = (self.b, self.width(kind, l));
         let dist = self.dist.as_ref().expect("distributed");
         let (mirrors, owner, sends) = (dist.mirrors.clone(), dist.owner.clone(), dist.sends.clone());
@@ -474,7 +474,7 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// [`Executor::flush_mirrors`] over the device transport: the mirrors' gradients packed
     /// per owner, exchanged, and added (in rank order) where the owners' blocks are.
-    pub(super) fn flush_mirrors_on_device(&mut self, kind: Kind, l: usize) -> Result<(), TrainError> {
+    pub(super) fn flush_mirrors_on_device(&mut self, kind: BlockKind, l: usize) -> Result<(), TrainError> {
         let (b, d) = (self.b, self.width(kind, l));
         let dist = self.dist.as_ref().expect("distributed");
         let (mirrors, owner, sends) = (dist.mirrors.clone(), dist.owner.clone(), dist.sends.clone());

@@ -48,7 +48,7 @@ pub(crate) use dist::{sum_gradients, Reducer};
 pub use files::Faults;
 use plan::*;
 pub use plan::{DevicePlan, Plan};
-pub use store::{BlockId, CacheMode, Kind, Store, StoreConfig, TierDtype, TierStats};
+pub use store::{BlockId, BlockKind, CacheMode, Store, StoreConfig, TierDtype, TierStats};
 
 use crate::config::{FeatureNorm, TrainError};
 use crate::features::{feature_rows, feature_shift};

@@ -46,7 +46,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Whether a block is written once, before the first epoch, and only read after: the input
     /// features and layer 0's aggregation.
     pub(super) fn fixed(id: BlockId) -> bool {
-        id.kind == Kind::Pre || (id.kind == Kind::Act && id.layer == 0)
+        id.kind == BlockKind::Pre || (id.kind == BlockKind::Act && id.layer == 0)
     }
 
     /// Keeps a host block: a fixed one in the backend's host memory where the plan allows

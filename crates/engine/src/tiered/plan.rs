@@ -58,25 +58,29 @@ pub(super) fn fusible<B: Backend>(model: &Model<B>, pre: bool) -> bool {
 
 /// The kinds of block an epoch makes, as (kind, layer, width), in [`Executor::block_list`]'s
 /// order.
-pub(super) fn block_kinds<B: Backend>(model: &Model<B>, pre: bool, fused: bool) -> Vec<(Kind, usize, usize)> {
+pub(super) fn block_kinds<B: Backend>(
+    model: &Model<B>,
+    pre: bool,
+    fused: bool,
+) -> Vec<(BlockKind, usize, usize)> {
     let layers = model.layers();
     let split: Vec<usize> = (0..layers).filter(|&l| model.split(l, l == 0 && pre)).collect();
     let first_hidden = if fused { 2 } else { 1 };
-    let mut kinds: Vec<(Kind, usize)> = (first_hidden..layers).map(|l| (Kind::Act, l)).collect();
-    kinds.extend(split.iter().map(|&l| (Kind::Xw, l)));
-    kinds.extend(split.iter().map(|&l| (Kind::GradXw, l)));
+    let mut kinds: Vec<(BlockKind, usize)> = (first_hidden..layers).map(|l| (BlockKind::Act, l)).collect();
+    kinds.extend(split.iter().map(|&l| (BlockKind::Xw, l)));
+    kinds.extend(split.iter().map(|&l| (BlockKind::GradXw, l)));
     if pre {
-        kinds.push((Kind::Pre, 0));
+        kinds.push((BlockKind::Pre, 0));
     }
     if keeps_features(model, pre) {
-        kinds.push((Kind::Act, 0));
+        kinds.push((BlockKind::Act, 0));
     }
-    kinds.extend((first_hidden..layers).map(|l| (Kind::Grad, l)));
+    kinds.extend((first_hidden..layers).map(|l| (BlockKind::Grad, l)));
     kinds
         .into_iter()
         .map(|(kind, layer)| {
             let d = match kind {
-                Kind::Xw | Kind::GradXw => model.dim(layer + 1),
+                BlockKind::Xw | BlockKind::GradXw => model.dim(layer + 1),
                 _ => model.dim(layer),
             };
             (kind, layer, d)
@@ -85,7 +89,7 @@ pub(super) fn block_kinds<B: Backend>(model: &Model<B>, pre: bool, fused: bool) 
 }
 
 pub(super) fn act(layer: usize, part: usize) -> BlockId {
-    BlockId { kind: Kind::Act, layer, part }
+    BlockId { kind: BlockKind::Act, layer, part }
 }
 
 /// Splits the host budget: what is resident now, a working set for the largest partition, a

@@ -10,7 +10,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// matrix and uploaded once; rows of device blocks are gathered on the device.
     pub(super) fn gather_kind(
         &mut self,
-        kind: Kind,
+        kind: BlockKind,
         l: usize,
         q: usize,
         halo: bool,
@@ -18,7 +18,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let t = Instant::now();
         let b = self.b;
         let d = match kind {
-            Kind::Xw | Kind::GradXw => self.model.dim(l + 1),
+            BlockKind::Xw | BlockKind::GradXw => self.model.dim(l + 1),
             _ => self.model.dim(l),
         };
         let id = |p: usize| BlockId { kind, layer: l, part: p };
@@ -111,22 +111,26 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// Layer `l`'s input rows of partition `q`: own rows, then (with `halo`) the halo rows.
     pub(super) fn gather(&mut self, l: usize, q: usize, halo: bool) -> Result<B::Mat, TrainError> {
-        self.gather_kind(Kind::Act, l, q, halo)
+        self.gather_kind(BlockKind::Act, l, q, halo)
     }
 
     /// The inputs of layer `l` on partition `q`: the gathered rows and, at layer 0, `Â x` (in
     /// the input's place too where the layer does not read its input beside it).
     pub(super) fn inputs(&mut self, l: usize, q: usize) -> Result<Inputs<B>, TrainError> {
         if l == 0 && self.pre {
-            let pre = self.own(Kind::Pre, 0, q)?;
-            let x = if self.model.reads_input_beside_pre() { Some(self.own(Kind::Act, 0, q)?) } else { None };
+            let pre = self.own(BlockKind::Pre, 0, q)?;
+            let x = if self.model.reads_input_beside_pre() {
+                Some(self.own(BlockKind::Act, 0, q)?)
+            } else {
+                None
+            };
             return Ok(Inputs { x, pre: Some(pre) });
         }
         Ok(Inputs { x: Some(Own::Copy(self.gather(l, q, true)?)), pre: None })
     }
 
     /// Partition `q`'s own rows of the `kind` block of layer `l` (see [`Own`]).
-    pub(super) fn own(&mut self, kind: Kind, l: usize, q: usize) -> Result<Own<B>, TrainError> {
+    pub(super) fn own(&mut self, kind: BlockKind, l: usize, q: usize) -> Result<Own<B>, TrainError> {
         let id = BlockId { kind, layer: l, part: q };
         if self.on_dev.contains(&id) {
             if let Some(m) = self.dev.remove(&id) {
@@ -157,13 +161,13 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Own input rows a split layer needs besides `h` (SAGE's root term).
     pub(super) fn split_own_input(&mut self, l: usize, q: usize) -> Result<Option<Own<B>>, TrainError> {
         if self.model.split_reads_own_input(l) {
-            Ok(Some(self.own(Kind::Act, l, q)?))
+            Ok(Some(self.own(BlockKind::Act, l, q)?))
         } else {
             Ok(None)
         }
     }
 
-    pub(super) fn put(&mut self, kind: Kind, l: usize, q: usize, m: B::Mat) -> Result<(), TrainError> {
+    pub(super) fn put(&mut self, kind: BlockKind, l: usize, q: usize, m: B::Mat) -> Result<(), TrainError> {
         let t = Instant::now();
         let id = BlockId { kind, layer: l, part: q };
         if self.on_dev.contains(&id) {
@@ -218,9 +222,9 @@ impl<'a, B: Backend> Executor<'a, B> {
     }
 
     /// Row width of the `kind` blocks of layer `l`.
-    pub(super) fn width(&self, kind: Kind, l: usize) -> usize {
+    pub(super) fn width(&self, kind: BlockKind, l: usize) -> usize {
         match kind {
-            Kind::Xw | Kind::GradXw => self.model.dim(l + 1),
+            BlockKind::Xw | BlockKind::GradXw => self.model.dim(l + 1),
             _ => self.model.dim(l),
         }
     }
@@ -280,7 +284,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             *correct += c;
             return Ok(dy);
         }
-        self.gather_kind(Kind::Grad, l + 1, q, false)
+        self.gather_kind(BlockKind::Grad, l + 1, q, false)
     }
 
     /// A whole block of the backend's host memory on its way to the backend (its bytes counted
@@ -298,11 +302,11 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// layer `l + 1` (`GradXw`: of layer `l`), while the current partition computes.
     pub(super) fn prefetch(
         &mut self,
-        kind: Kind,
+        kind: BlockKind,
         l: usize,
         q: usize,
         halo: bool,
-        extra: &[Kind],
+        extra: &[BlockKind],
     ) -> Result<(), TrainError> {
         if !self.local.contains(&q) {
             return Ok(());
@@ -310,19 +314,20 @@ impl<'a, B: Backend> Executor<'a, B> {
         let part = &self.parts[q];
         let id = |p: usize| BlockId { kind, layer: l, part: p };
         let mut ids = vec![id(q)];
-        if kind == Kind::Act && l == 0 && self.pre && !halo {
-            ids.push(BlockId { kind: Kind::Pre, layer: 0, part: q });
+        if kind == BlockKind::Act && l == 0 && self.pre && !halo {
+            ids.push(BlockId { kind: BlockKind::Pre, layer: 0, part: q });
         }
         if halo {
             ids.extend(part.fetch.iter().map(|(s, _)| id(*s)));
         }
         ids.extend(extra.iter().map(|&k| {
-            let layer = if k == Kind::GradXw { l } else { l + 1 };
+            let layer = if k == BlockKind::GradXw { l } else { l + 1 };
             BlockId { kind: k, layer, part: q }
         }));
         // whole pinned blocks the next partition reads alone (layer 0's aggregation, own rows
         // without halo): their copies start now, beside this partition's work
-        for a in ids.iter().filter(|a| a.part == q && (a.kind == Kind::Pre || (!halo && a.kind == kind))) {
+        for a in ids.iter().filter(|a| a.part == q && (a.kind == BlockKind::Pre || (!halo && a.kind == kind)))
+        {
             if self.ahead.iter().any(|(x, _)| x == a) {
                 continue;
             }
@@ -342,7 +347,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// downloaded once if any destination is a host block.
     pub(super) fn write_back(
         &mut self,
-        kind: Kind,
+        kind: BlockKind,
         l: usize,
         q: usize,
         dx: B::Mat,

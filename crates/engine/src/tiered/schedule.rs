@@ -20,31 +20,31 @@ impl<'a, B: Backend> Executor<'a, B> {
                     let x = if l == 1 && self.fused {
                         Own::Copy(self.layer0(q, train, epoch)?)
                     } else {
-                        let x = self.own(Kind::Act, l, q)?;
-                        self.prefetch(Kind::Act, l, q + 1, false, &[])?;
+                        let x = self.own(BlockKind::Act, l, q)?;
+                        self.prefetch(BlockKind::Act, l, q + 1, false, &[])?;
                         x
                     };
                     let t = Instant::now();
                     let h = self.model.split_transform(b, l, &x);
                     self.give_back(Some(x));
                     self.stats.compute_s += t.elapsed().as_secs_f64();
-                    self.put(Kind::Xw, l, q, h)?;
+                    self.put(BlockKind::Xw, l, q, h)?;
                 }
-                self.sync_mirrors(Kind::Xw, l)?;
+                self.sync_mirrors(BlockKind::Xw, l)?;
                 if top {
                     break;
                 }
                 for q in self.local.clone() {
-                    let h = self.gather_kind(Kind::Xw, l, q, true)?;
+                    let h = self.gather_kind(BlockKind::Xw, l, q, true)?;
                     let x = self.split_own_input(l, q)?;
-                    self.prefetch(Kind::Xw, l, q + 1, true, &[])?;
+                    self.prefetch(BlockKind::Xw, l, q + 1, true, &[])?;
                     let t = Instant::now();
                     let (y, _) =
                         self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_deref(), train, epoch);
                     drop(h);
                     self.give_back(x);
                     self.stats.compute_s += t.elapsed().as_secs_f64();
-                    self.put(Kind::Act, l + 1, q, y)?;
+                    self.put(BlockKind::Act, l + 1, q, y)?;
                 }
                 self.sync_act(l + 1)?;
                 continue;
@@ -54,14 +54,14 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
             for q in self.local.clone() {
                 let inp = self.inputs(l, q)?;
-                self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
+                self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
                 let t = Instant::now();
                 let g = &self.parts[q].graph;
                 let (y, tape) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), train, epoch);
                 drop(tape);
                 self.give_back_inputs(inp);
                 self.stats.compute_s += t.elapsed().as_secs_f64();
-                self.put(Kind::Act, l + 1, q, y)?;
+                self.put(BlockKind::Act, l + 1, q, y)?;
             }
             self.sync_act(l + 1)?;
         }
@@ -72,7 +72,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// [`Executor::fused`]).
     pub(super) fn layer0(&mut self, q: usize, train: bool, epoch: u64) -> Result<B::Mat, TrainError> {
         let inp = self.inputs(0, q)?;
-        self.prefetch(Kind::Act, 0, q + 1, false, &[])?;
+        self.prefetch(BlockKind::Act, 0, q + 1, false, &[])?;
         let t = Instant::now();
         let g = &self.parts[q].graph;
         let (y, tape) = self.model.layer_forward(self.b, g, 0, inp.x(), inp.pre.as_deref(), train, epoch);
@@ -116,7 +116,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let (mut loss, mut correct) = (0.0, 0usize);
         for l in (0..layers).rev() {
             let top = l + 1 == layers;
-            let next_grad: &[Kind] = if top { &[] } else { &[Kind::Grad] };
+            let next_grad: &[BlockKind] = if top { &[] } else { &[BlockKind::Grad] };
             if l == 0 && self.fused {
                 // ran inside layer 1's transform backward
                 continue;
@@ -124,9 +124,9 @@ impl<'a, B: Backend> Executor<'a, B> {
             if self.split(l) {
                 // aggregation backward: dh of own rows here, of halo rows to their owners
                 for q in self.local.clone() {
-                    let h = self.gather_kind(Kind::Xw, l, q, true)?;
+                    let h = self.gather_kind(BlockKind::Xw, l, q, true)?;
                     let x = self.split_own_input(l, q)?;
-                    self.prefetch(Kind::Xw, l, q + 1, true, next_grad)?;
+                    self.prefetch(BlockKind::Xw, l, q + 1, true, next_grad)?;
                     let t = Instant::now();
                     let g = &self.parts[q].graph;
                     let (y, tape) = self.model.split_forward(b, g, l, &h, x.as_deref(), true, epoch);
@@ -141,22 +141,22 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.give_back(x);
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     let t = Instant::now();
-                    self.write_back(Kind::GradXw, l, q, dh)?;
+                    self.write_back(BlockKind::GradXw, l, q, dh)?;
                     if let Some(d) = dx_root {
-                        self.write_back(Kind::Grad, l, q, d)?;
+                        self.write_back(BlockKind::Grad, l, q, d)?;
                     }
                     self.stats.write_back_s += t.elapsed().as_secs_f64();
                 }
-                self.flush_mirrors(Kind::GradXw, l)?;
+                self.flush_mirrors(BlockKind::GradXw, l)?;
                 // transform backward, once every dh row is complete
                 for q in self.local.clone() {
                     if l == 1 && self.fused {
                         self.fused_backward(q, epoch)?;
                         continue;
                     }
-                    let x = self.own(Kind::Act, l, q)?;
-                    let dh = self.own(Kind::GradXw, l, q)?;
-                    self.prefetch(Kind::Act, l, q + 1, false, &[Kind::GradXw])?;
+                    let x = self.own(BlockKind::Act, l, q)?;
+                    let dh = self.own(BlockKind::GradXw, l, q)?;
+                    self.prefetch(BlockKind::Act, l, q + 1, false, &[BlockKind::GradXw])?;
                     let t = Instant::now();
                     let dx = self.model.split_transform_backward(b, l, &x, &dh, l > 0);
                     self.give_back(Some(x));
@@ -164,25 +164,26 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.stats.compute_s += t.elapsed().as_secs_f64();
                     if let Some(dx) = dx {
                         let t = Instant::now();
-                        self.write_back(Kind::Grad, l, q, dx)?;
+                        self.write_back(BlockKind::Grad, l, q, dx)?;
                         self.stats.write_back_s += t.elapsed().as_secs_f64();
                     }
                 }
                 for q in 0..self.parts.len() {
-                    self.remove(BlockId { kind: Kind::Xw, layer: l, part: q })?;
-                    self.remove(BlockId { kind: Kind::GradXw, layer: l, part: q })?;
+                    self.remove(BlockId { kind: BlockKind::Xw, layer: l, part: q })?;
+                    self.remove(BlockId { kind: BlockKind::GradXw, layer: l, part: q })?;
                 }
             } else {
                 let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
                 for q in self.local.clone() {
                     let inp = self.inputs(l, q)?;
                     let (x, pre) = (inp.x(), inp.pre.as_deref());
-                    let next: &[Kind] = if from_output { &[Kind::Act, Kind::Grad] } else { next_grad };
-                    self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), next)?;
+                    let next: &[BlockKind] =
+                        if from_output { &[BlockKind::Act, BlockKind::Grad] } else { next_grad };
+                    self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.pre), next)?;
                     let dx = if from_output {
                         // the stored output is the ReLU/dropout mask: no recomputation
-                        let out = self.own(Kind::Act, l + 1, q)?;
-                        let dy = self.own(Kind::Grad, l + 1, q)?;
+                        let out = self.own(BlockKind::Act, l + 1, q)?;
+                        let dy = self.own(BlockKind::Grad, l + 1, q)?;
                         let t = Instant::now();
                         let tape =
                             self.model.tape_from_output(l, l == 0 && self.pre, epoch).expect("allowed");
@@ -208,17 +209,17 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.give_back_inputs(inp);
                     if let Some(dx) = dx {
                         let t = Instant::now();
-                        self.write_back(Kind::Grad, l, q, dx)?;
+                        self.write_back(BlockKind::Grad, l, q, dx)?;
                         self.stats.write_back_s += t.elapsed().as_secs_f64();
                     }
                 }
                 if l > 0 {
-                    self.flush_mirrors(Kind::Grad, l)?;
+                    self.flush_mirrors(BlockKind::Grad, l)?;
                 }
             }
             // layer l + 1's blocks are spent
             for q in 0..self.parts.len() {
-                self.remove(BlockId { kind: Kind::Grad, layer: l + 1, part: q })?;
+                self.remove(BlockId { kind: BlockKind::Grad, layer: l + 1, part: q })?;
                 if !top {
                     self.remove(act(l + 1, q))?;
                 }
@@ -238,9 +239,9 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub(super) fn fused_backward(&mut self, q: usize, epoch: u64) -> Result<(), TrainError> {
         let b = self.b;
         let inp = self.inputs(0, q)?;
-        let dh = self.own(Kind::GradXw, 1, q)?;
-        self.prefetch(Kind::Act, 0, q + 1, false, &[])?;
-        self.prefetch(Kind::GradXw, 1, q + 1, false, &[])?;
+        let dh = self.own(BlockKind::GradXw, 1, q)?;
+        self.prefetch(BlockKind::Act, 0, q + 1, false, &[])?;
+        self.prefetch(BlockKind::GradXw, 1, q + 1, false, &[])?;
         let t = Instant::now();
         let g = &self.parts[q].graph;
         let (x1, tape) = self.model.layer_forward(b, g, 0, inp.x(), inp.pre.as_deref(), true, epoch);
@@ -268,9 +269,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         let mut correct = [0usize; 3];
         for q in self.local.clone() {
             let y = if split {
-                let h = self.gather_kind(Kind::Xw, l, q, true)?;
+                let h = self.gather_kind(BlockKind::Xw, l, q, true)?;
                 let x = self.split_own_input(l, q)?;
-                self.prefetch(Kind::Xw, l, q + 1, true, &[])?;
+                self.prefetch(BlockKind::Xw, l, q + 1, true, &[])?;
                 let t = Instant::now();
                 let (y, _) =
                     self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_deref(), false, epoch);
@@ -279,7 +280,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 y
             } else {
                 let inp = self.inputs(l, q)?;
-                self.prefetch(Kind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
+                self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
                 let t = Instant::now();
                 let g = &self.parts[q].graph;
                 let (y, _) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), false, epoch);
@@ -296,7 +297,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             for layer in 1..self.model.layers() {
                 self.remove(act(layer, q))?;
             }
-            self.remove(BlockId { kind: Kind::Xw, layer: l, part: q })?;
+            self.remove(BlockId { kind: BlockKind::Xw, layer: l, part: q })?;
         }
         self.store.sync().map_err(io_err)?;
         Ok(correct)

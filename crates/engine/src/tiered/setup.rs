@@ -177,7 +177,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub(super) fn put_aggregate(&mut self, q: usize, x: B::Mat) -> Result<(), TrainError> {
         let agg = self.model.aggregate_input(self.b, &self.parts[q].graph, &x).expect("GCN or SAGE");
         drop(x);
-        self.put(Kind::Pre, 0, q, agg)
+        self.put(BlockKind::Pre, 0, q, agg)
     }
 }
 

@@ -32,7 +32,7 @@ const PAR_BYTES: usize = 1 << 20;
 
 /// What a block holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kind {
+pub enum BlockKind {
     /// A layer's input rows (layer 0: the features).
     Act,
     /// The gradient of a layer's input rows.
@@ -48,7 +48,7 @@ pub enum Kind {
 /// One block: `kind` of `layer` for the rows of partition `part`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockId {
-    pub kind: Kind,
+    pub kind: BlockKind,
     pub layer: usize,
     pub part: usize,
 }
@@ -56,11 +56,11 @@ pub struct BlockId {
 impl BlockId {
     fn file_name(&self) -> String {
         let k = match self.kind {
-            Kind::Act => "act",
-            Kind::Grad => "grad",
-            Kind::Pre => "pre",
-            Kind::Xw => "xw",
-            Kind::GradXw => "gradxw",
+            BlockKind::Act => "act",
+            BlockKind::Grad => "grad",
+            BlockKind::Pre => "pre",
+            BlockKind::Xw => "xw",
+            BlockKind::GradXw => "gradxw",
         };
         format!("{k}-l{}-p{}.blk", self.layer, self.part)
     }
@@ -736,7 +736,7 @@ impl<T: Scalar> Store<T> {
         match self.cfg.mode {
             CacheMode::LruLayer | CacheMode::Auto => {
                 // the (kind, layer) whose most recent use is oldest
-                let mut recency: HashMap<(Kind, usize), u64> = HashMap::new();
+                let mut recency: HashMap<(BlockKind, usize), u64> = HashMap::new();
                 for (id, e) in self.evictable(keep) {
                     let r = recency.entry((id.kind, id.layer)).or_insert(0);
                     *r = (*r).max(e.last_use);

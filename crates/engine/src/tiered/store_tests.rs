@@ -13,7 +13,7 @@ fn bf16_rounds_to_nearest_even() {
 }
 
 fn id(layer: usize, part: usize) -> BlockId {
-    BlockId { kind: Kind::Act, layer, part }
+    BlockId { kind: BlockKind::Act, layer, part }
 }
 
 #[test]
