@@ -1,13 +1,14 @@
 //! `grinnder bench`: microbenchmarks, one JSON object each on stdout. Every figure is the median
 //! of `--reps` timed runs after one warm-up (on a GPU, bracketed by device synchronisations).
 
+use grinnder_tensor::ops::*;
 use std::time::Instant;
 
 use anyhow::Context;
 use grinnder_cuda::{Cuda, SpmmKernel};
 use grinnder_graph::norm;
 use grinnder_graph::rng::{hash_key, unit_f64, Stream};
-use grinnder_tensor::{Backend, Mat, Rows, SparseMatrix, Unary};
+use grinnder_tensor::{Mat, Rows, SparseMatrix, Unary};
 use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::json;

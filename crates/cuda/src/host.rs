@@ -139,7 +139,7 @@ impl Cuda {
         Ok(HostLabels { buf, dptr, classes })
     }
 
-    /// `Backend::cross_entropy_later` over rows `0..ids.len()` of `logits` with the labels of
+    /// `TrainOps::cross_entropy_later` over rows `0..ids.len()` of `logits` with the labels of
     /// nodes `ids`, read by the kernel from the mapped table, the ids from mapped memory too.
     pub fn cross_entropy_mapped(
         &self,
@@ -319,7 +319,7 @@ pub struct DeviceIndex {
     rows_end: usize,
 }
 
-/// Page-locked buffers that uploads and downloads pass through (`Backend::upload_with`,
+/// Page-locked buffers that uploads and downloads pass through (`Transfers::upload_with`,
 /// `download_with`): two, used in turn, so the host fills one while the other is copied; each
 /// grows to the largest transfer seen and is kept.
 #[derive(Default)]
@@ -393,10 +393,10 @@ impl Drop for PinnedBuf {
     }
 }
 
-/// A loss on its way to the host ([`grinnder_tensor::Backend::cross_entropy_later`]): its
+/// A loss on its way to the host ([`grinnder_tensor::TrainOps::cross_entropy_later`]): its
 /// per-row values and hit flags, written by the loss kernel straight into mapped page-locked
 /// memory (no copy to queue), summed on the host when read
-/// ([`grinnder_tensor::Backend::loss_value`]).
+/// ([`grinnder_tensor::TrainOps::loss_value`]).
 pub struct CudaLoss {
     buf: Option<PinnedBuf>,
     rows: usize,
@@ -584,7 +584,7 @@ impl Cuda {
         sums
     }
 
-    /// Holds the stream of work made ahead ([`Backend::sparse_ahead`], [`Backend::upload_ahead`])
+    /// Holds the stream of work made ahead ([`HandOffs::sparse_ahead`](grinnder_tensor::HandOffs::sparse_ahead), [`HandOffs::upload_ahead`](grinnder_tensor::HandOffs::upload_ahead))
     /// until the returned guard is dropped (at most a minute): work queued there meanwhile waits
     /// behind a host function, so its copies are still in flight while the caller goes on (for
     /// tests of buffers that copies read later).
@@ -619,10 +619,10 @@ impl Cuda {
         StreamHold(Some(tx))
     }
 
-    /// See `Backend::upload_with`: `fill` writes into a staging buffer, copied asynchronously.
+    /// See `Transfers::upload_with`: `fill` writes into a staging buffer, copied asynchronously.
     pub(crate) fn staged_upload(&self, rows: usize, cols: usize, fill: &mut dyn FnMut(&mut [f32])) -> DMat {
         let n = rows * cols;
-        let mut out = grinnder_tensor::Backend::output(self, rows, cols);
+        let mut out = grinnder_tensor::Memory::output(self, rows, cols);
         if n == 0 {
             fill(&mut []);
             return out;
@@ -641,7 +641,7 @@ impl Cuda {
         out
     }
 
-    /// See `Backend::download_with`: `m` is copied into a staging buffer, then `read` sees it.
+    /// See `Transfers::download_with`: `m` is copied into a staging buffer, then `read` sees it.
     pub(crate) fn staged_download(&self, m: &DMat, read: &mut dyn FnMut(&[f32])) {
         let n = m.rows * m.cols;
         if n == 0 {

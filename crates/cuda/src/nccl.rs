@@ -4,11 +4,12 @@
 //! buffers (grouped sends and receives; an all-reduce) on the backend's stream, so they are
 //! ordered with the compute around them.
 
+use grinnder_tensor::ops::*;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaStream;
 use cudarc::nccl::{self, ReduceOp};
-use grinnder_tensor::{Backend, MatComm};
+use grinnder_tensor::MatComm;
 
 use crate::clock::EventClock;
 use crate::{err, Cuda, CudaError, DMat};

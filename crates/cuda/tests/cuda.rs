@@ -1,42 +1,18 @@
-//! The CUDA backend against the CPU backend: every Backend operation on random data, and whole
-//! models' losses and parameter gradients. These tests need a GPU: on a machine without one
+//! The CUDA backend against the CPU backend: what only the CUDA backend has (each SpMM kernel,
+//! transposes on the device, zero-copy gathers, stream hand-offs, the memory budget), and whole
+//! models' losses and parameter gradients; every Backend operation alone is in `ops.rs`. These tests need a GPU: on a machine without one
 //! (CI) each prints that it was skipped and passes; they run on the GPU machine (see README,
 //! "GPU tests").
 
+mod common;
+
+use common::{gpu, random, random_sparse};
 use grinnder_cuda::{Cuda, SpmmKernel};
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::rng::Stream;
 use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm};
-use grinnder_tensor::{Backend, Binary, Cpu, MaskKey, Mat, Rows, SparseMatrix, StepRule, Unary};
-
-fn gpu() -> Option<Cuda> {
-    match Cuda::new(0) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
-
-fn random(rows: usize, cols: usize, seed: u64) -> Mat<f32> {
-    let mut s = Stream::new(&[seed, 77]);
-    Mat::from_vec(rows, cols, (0..rows * cols).map(|_| s.normal() as f32).collect())
-}
-
-fn random_sparse(rows: usize, cols: usize, per_row: usize, seed: u64) -> SparseMatrix {
-    let mut s = Stream::new(&[seed, 78]);
-    let mut row_ptr = vec![0u64];
-    let mut col_idx = Vec::new();
-    for _ in 0..rows {
-        let mut c: Vec<u32> = (0..per_row).map(|_| s.below(cols as u64) as u32).collect();
-        c.sort_unstable();
-        c.dedup();
-        col_idx.extend(c);
-        row_ptr.push(col_idx.len() as u64);
-    }
-    SparseMatrix::new(rows, cols, row_ptr, col_idx)
-}
+use grinnder_tensor::ops::*;
+use grinnder_tensor::{Backend, Cpu, Mat, Rows, SparseMatrix, Unary};
 
 /// `max |a − b| / max |b|` (the tensor's largest deviation relative to its scale).
 fn rel(a: &Mat<f32>, b: &Mat<f32>) -> f64 {
@@ -69,165 +45,12 @@ fn model_cfg(kind: Kind) -> ModelConfig {
 }
 
 #[test]
-fn every_operation_matches_the_cpu() {
+fn labels_read_by_node_id_from_mapped_memory_give_the_cpu_loss() {
     let Some(g) = gpu() else { return };
     let c = Cpu::<f32>::new();
-    let check = |what: &str, got: &Mat<f32>, want: &Mat<f32>| {
-        let e = rel(got, want);
-        assert!(e <= TOL, "{what}: relative error {e:.3e}");
-    };
-    // gemm in all four transpose combinations, accumulating
-    let (a, b0) = (random(37, 53, 1), random(53, 29, 2));
-    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
-        let a = if ta { random(53, 37, 3) } else { a.clone() };
-        let b = if tb { random(29, 53, 4) } else { b0.clone() };
-        let c0 = random(37, 29, 5);
-        let (mut want, mut got) = (c0.clone(), g.upload(&c0));
-        c.gemm(0.7, &a, ta, &b, tb, 1.0, &mut want);
-        g.gemm(0.7, &g.upload(&a), ta, &g.upload(&b), tb, 1.0, &mut got);
-        check(&format!("gemm {ta} {tb}"), &g.download(&got), &want);
-    }
-    // long inner dimensions take the split-K path (with a remainder chunk)
-    for (ta, tb) in [(true, false), (false, true)] {
-        let k = 100_003;
-        let a = if ta { random(k, 37, 40) } else { random(37, k, 41) };
-        let b = if tb { random(29, k, 42) } else { random(k, 29, 43) };
-        let c0 = random(37, 29, 44);
-        let (mut want, mut got) = (c0.clone(), g.upload(&c0));
-        c.gemm(1.0, &a, ta, &b, tb, 1.0, &mut want);
-        g.gemm(1.0, &g.upload(&a), ta, &g.upload(&b), tb, 1.0, &mut got);
-        let e = rel(&g.download(&got), &want);
-        assert!(e <= 1e-4, "split-K gemm {ta} {tb}: relative error {e:.3e}");
-    }
-    let g = spmm_matches_the_cpu(g, &c);
-    let s = random_sparse(300, 200, 9, 6);
-    let (cs, gs) = (c.sparse(&s), g.sparse(&s));
-    // attention pieces
-    let (k, f) = (4, 16);
-    let (za, zb) = (random(300, k * f, 10), random(200, k * f, 11));
-    let (mut want, mut got) = (Mat::zeros(s.nnz(), k), g.zeros(s.nnz(), k));
-    c.sddmm(&cs, &za, &zb, &mut want);
-    g.sddmm(&gs, &g.upload(&za), &g.upload(&zb), &mut got);
-    check("sddmm", &g.download(&got), &want);
-    let att = random(k, f, 12);
-    let (mut want, mut got) = (Mat::zeros(200, k), g.zeros(200, k));
-    c.head_dots(&zb, &att, &mut want);
-    g.head_dots(&g.upload(&zb), &g.upload(&att), &mut got);
-    check("head_dots", &g.download(&got), &want);
-    let ds = random(200, k, 13);
-    let (mut dz_w, mut datt_w) = (random(200, k * f, 14), random(k, f, 15));
-    let (mut dz_g, mut datt_g) = (g.upload(&dz_w), g.upload(&datt_w));
-    c.head_dots_backward(&zb, &att, &ds, &mut dz_w, &mut datt_w);
-    g.head_dots_backward(&g.upload(&zb), &g.upload(&att), &g.upload(&ds), &mut dz_g, &mut datt_g);
-    check("head_dots_backward dz", &g.download(&dz_g), &dz_w);
-    check("head_dots_backward datt", &g.download(&datt_g), &datt_w);
-    let (src, dst) = (random(200, k, 16), random(300, k, 17));
-    let (mut want, mut got) = (Mat::zeros(s.nnz(), k), g.zeros(s.nnz(), k));
-    c.edge_softmax(&cs, &src, &dst, 0.2, &mut want);
-    g.edge_softmax(&gs, &g.upload(&src), &g.upload(&dst), 0.2, &mut got);
-    check("edge_softmax", &g.download(&got), &want);
-    let dalpha = random(s.nnz(), k, 18);
-    let (mut want2, mut got2) = (Mat::zeros(s.nnz(), k), g.zeros(s.nnz(), k));
-    c.edge_softmax_backward(&cs, &src, &dst, 0.2, &want, &dalpha, &mut want2);
-    g.edge_softmax_backward(&gs, &g.upload(&src), &g.upload(&dst), 0.2, &got, &g.upload(&dalpha), &mut got2);
-    check("edge_softmax_backward", &g.download(&got2), &want2);
-    // dropout masks are bit-identical, with and without node ids
-    let key = MaskKey { seed: 3, epoch: 5, site: 7 };
-    let x = random(300, 37, 19);
-    let ids: Vec<u32> = (0..300u32).map(|i| i * 7919 % 1000).collect();
-    for ids in [None, Some(&ids[..])] {
-        let (mut want, mut got) = (x.clone(), g.upload(&x));
-        c.dropout(key, 0.3, ids, &mut want);
-        g.dropout(key, 0.3, ids, &mut got);
-        assert_eq!(g.download(&got).data, want.data, "dropout masks differ");
-    }
-    let sid =
-        s.clone().with_ids((0..300).map(|i| i * 3 + 1).collect(), (0..200).map(|i| i * 5 + 2).collect());
-    for sp in [&s, &sid] {
-        let vals = random(sp.nnz(), 4, 20);
-        let (mut want, mut got) = (vals.clone(), g.upload(&vals));
-        c.edge_dropout(&c.sparse(sp), key, 0.25, &mut want);
-        g.edge_dropout(&g.sparse(sp), key, 0.25, &mut got);
-        assert_eq!(g.download(&got).data, want.data, "edge dropout masks differ");
-    }
-    // rows, element-wise ops, bias, column sums
-    let idx: Vec<u32> = vec![5, 0, 299, 5, 17];
-    for (w, seed) in [(37, 30), (64, 31)] {
-        // indexed and ranged rows at offsets, widths with and without float4 loads
-        let x = random(300, w, seed);
-        let (mut want, mut got) = (random(9, w, seed + 1), g.zeros(9, w));
-        g.copy(&g.upload(&want), &mut got);
-        for (rows, at) in [(Rows::Index(&idx), 1), (Rows::Range(290, 3), 6)] {
-            c.gather_rows(&x, rows, &mut want, at);
-            g.gather_rows(&g.upload(&x), rows, &mut got, at);
-        }
-        check("gather_rows", &g.download(&got), &want);
-        let src = random(9, w, seed + 2);
-        let (mut want, mut got) = (x.clone(), g.upload(&x));
-        for (from, rows) in [(1, Rows::Index(&idx)), (6, Rows::Range(290, 3))] {
-            c.scatter_add_rows(&src, from, rows, &mut want);
-            g.scatter_add_rows(&g.upload(&src), from, rows, &mut got);
-        }
-        check("scatter_add_rows", &g.download(&got), &want);
-    }
-    for op in [Unary::Relu, Unary::Scale(-1.5)] {
-        let (mut want, mut got) = (x.clone(), g.upload(&x));
-        c.unary(op, &mut want);
-        g.unary(op, &mut got);
-        check(&format!("{op:?}"), &g.download(&got), &want);
-    }
-    let y = random(300, 37, 22);
-    for op in [Binary::Add, Binary::ReluGrad, Binary::Mul] {
-        let (mut want, mut got) = (y.clone(), g.upload(&y));
-        c.binary(op, &x, &mut want);
-        g.binary(op, &g.upload(&x), &mut got);
-        check(&format!("{op:?}"), &g.download(&got), &want);
-    }
-    let bias = random(1, 37, 23);
-    let (mut want, mut got) = (x.clone(), g.upload(&x));
-    c.add_row(&bias, &mut want);
-    g.add_row(&g.upload(&bias), &mut got);
-    check("add_row", &g.download(&got), &want);
-    let big = random(10_000, 37, 24);
-    let (mut want, mut got) = (bias.clone(), g.upload(&bias));
-    c.col_sums(&big, 1.0, &mut want);
-    g.col_sums(&g.upload(&big), 1.0, &mut got);
-    check("col_sums", &g.download(&got), &want);
-    // LayerNorm forward and backward
-    let (gamma, beta) = (random(1, 37, 25), random(1, 37, 26));
-    let (mut yw, mut sw) = (Mat::zeros(10_000, 37), Mat::zeros(10_000, 2));
-    let (mut yg, mut sg) = (g.zeros(10_000, 37), g.zeros(10_000, 2));
-    c.layer_norm(&big, &gamma, &beta, 1e-5, &mut yw, &mut sw);
-    g.layer_norm(&g.upload(&big), &g.upload(&gamma), &g.upload(&beta), 1e-5, &mut yg, &mut sg);
-    check("layer_norm", &g.download(&yg), &yw);
-    let dy = random(10_000, 37, 27);
-    let (mut dxw, mut dgw, mut dbw) = (Mat::zeros(10_000, 37), Mat::zeros(1, 37), Mat::zeros(1, 37));
-    let (mut dxg, mut dgg, mut dbg) = (g.zeros(10_000, 37), g.zeros(1, 37), g.zeros(1, 37));
-    c.layer_norm_backward(&big, &gamma, &sw, &dy, &mut dxw, &mut dgw, &mut dbw);
-    g.layer_norm_backward(
-        &g.upload(&big),
-        &g.upload(&gamma),
-        &sg,
-        &g.upload(&dy),
-        &mut dxg,
-        &mut dgg,
-        &mut dbg,
-    );
-    check("layer_norm dx", &g.download(&dxg), &dxw);
-    check("layer_norm dgamma", &g.download(&dgg), &dgw);
-    check("layer_norm dbeta", &g.download(&dbg), &dbw);
-    // loss, accuracy, optimizer steps
     let logits = random(300, 7, 28);
     let labels: Vec<i32> = (0..300).map(|i| i * 13 % 7).collect();
-    let rows: Vec<u32> = (0..300).step_by(3).collect();
-    let (mut gw, mut gg) = (Mat::zeros(300, 7), g.zeros(300, 7));
-    let (lw, cw) = c.cross_entropy(&logits, &labels, &rows, 0.01, &mut gw);
-    let (lg, cg) = g.cross_entropy(&g.upload(&logits), &labels, &rows, 0.01, &mut gg);
-    assert!((lw - lg).abs() <= 1e-5 * lw.abs(), "loss {lg} vs {lw}");
-    assert_eq!(cw, cg);
-    check("cross_entropy grad", &g.download(&gg), &gw);
-    assert_eq!(c.count_correct(&logits, &labels, &rows), g.count_correct(&g.upload(&logits), &labels, &rows));
-    // the same with labels read by node id from mapped host memory (zero-copy): row i of the
+    // labels read by node id from mapped host memory (zero-copy): row i of the
     // logits belongs to node ids[i] of a 1000-node table
     let ids: Vec<u32> = (0..300u32).map(|i| (i * 617 + 5) % 1000).collect();
     let mut table = vec![-1i32; 1000];
@@ -241,7 +64,17 @@ fn every_operation_matches_the_cpu() {
     let (lg, cg) = g.loss_value(g.cross_entropy_mapped(&g.upload(&logits), &mapped, &ids, 0.01, &mut gg));
     assert!((lw - lg).abs() <= 1e-5 * lw.abs(), "mapped labels: loss {lg} vs {lw}");
     assert_eq!(cw, cg, "mapped labels: correct count");
-    check("cross_entropy grad, mapped labels", &g.download(&gg), &gw);
+    let e = rel(&g.download(&gg), &gw);
+    assert!(e <= TOL, "cross_entropy gradient, mapped labels: relative error {e:.3e}");
+}
+
+#[test]
+fn losses_read_later_each_give_their_own_logits_loss() {
+    let Some(g) = gpu() else { return };
+    let c = Cpu::<f32>::new();
+    let labels: Vec<i32> = (0..300).map(|i| i * 13 % 7).collect();
+    let rows: Vec<u32> = (0..300).step_by(3).collect();
+    let mut gg = g.zeros(300, 7);
     // losses read later (as the mini-batch trainer does): eight queued while the main stream
     // is held (none is computed before the reading starts), each on logits that the work queued
     // after it overwrites; each read waits for its kernel and gives its own logits' loss
@@ -273,42 +106,14 @@ fn every_operation_matches_the_cpu() {
         assert_eq!(cw, cg, "loss {k} read later: correct count");
     }
     release.join().unwrap();
-    let rules = [
-        StepRule::Adam {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 5e-4,
-            decoupled: false,
-            t: 3,
-        },
-        StepRule::Adam {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-            decoupled: true,
-            t: 1,
-        },
-        StepRule::Sgd { lr: 0.1, momentum: 0.9, weight_decay: 5e-4, first: false },
-    ];
-    for rule in rules {
-        let (p, gr, m, v) = (random(20, 30, 29), random(20, 30, 30), random(20, 30, 31), random(20, 30, 32));
-        let v = Mat::from_vec(20, 30, v.data.iter().map(|x| x.abs()).collect());
-        let (mut pw, mut mw, mut vw) = (p.clone(), m.clone(), v.clone());
-        let (mut pg, mut mg, mut vg) = (g.upload(&p), g.upload(&m), g.upload(&v));
-        c.step(rule, &mut pw, &gr, &mut mw, &mut vw);
-        g.step(rule, &mut pg, &g.upload(&gr), &mut mg, &mut vg);
-        check(&format!("{rule:?} parameters"), &g.download(&pg), &pw);
-        check(&format!("{rule:?} first moment"), &g.download(&mg), &mw);
-    }
 }
 
-/// SpMM forward and transposed, one and several value columns, with each implementation.
-fn spmm_matches_the_cpu(g: Cuda, c: &Cpu<f32>) -> Cuda {
-    let mut g = g;
+/// SpMM forward and transposed, one and several value columns, with each implementation
+/// forced in turn (`ops.rs` tests the one `Auto` picks).
+#[test]
+fn each_spmm_kernel_matches_the_cpu() {
+    let Some(mut g) = gpu() else { return };
+    let c = &Cpu::<f32>::new();
     let s = random_sparse(300, 200, 9, 6);
     let cs = c.sparse(&s);
     assert!(g.has_cusparse(), "libcusparse is on the GPU machine: its SpMM must be tested");
@@ -335,7 +140,6 @@ fn spmm_matches_the_cpu(g: Cuda, c: &Cpu<f32>) -> Cuda {
     }
     g.set_spmm(SpmmKernel::Auto);
     assert!(!g.spmm_choices().is_empty(), "Auto timed the shapes it met");
-    g
 }
 
 /// Structures sent without their transpose (a mini-batch's blocks) are transposed on the

@@ -82,7 +82,7 @@ pub trait FeatureSource<B: Backend>: Sync {
         None
     }
     /// The cross-entropy of `logits` (row i: node `ids[i]`) into `grad`, where the source reads
-    /// the labels itself (zero-copy), its sums read later ([`Backend::cross_entropy_later`]);
+    /// the labels itself (zero-copy), its sums read later ([`grinnder_tensor::TrainOps::cross_entropy_later`]);
     /// `None`: the trainer passes host labels.
     fn loss(
         &self,

@@ -166,7 +166,7 @@ pub fn batch_forward_backward<B: Backend>(
 }
 
 /// [`batch_forward_backward`] on the batch's graphs, already on the backend, with the loss's
-/// sums still on their way ([`Backend::loss_value`] reads them); the loss through `source`
+/// sums still on their way ([`grinnder_tensor::TrainOps::loss_value`] reads them); the loss through `source`
 /// where it reads labels itself.
 #[allow(clippy::too_many_arguments)]
 pub fn batch_step<B: Backend>(

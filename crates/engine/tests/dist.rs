@@ -22,7 +22,8 @@ use grinnder_graph::sample::NeighborSampler;
 use grinnder_graph::Dataset;
 use grinnder_nn::{Kind, Model, ModelConfig, Norm, OptimConfig};
 use grinnder_partition::Method;
-use grinnder_tensor::{Backend, Cpu, Mat};
+use grinnder_tensor::ops::*;
+use grinnder_tensor::{Cpu, Mat};
 
 const TOL: f64 = 1e-5;
 

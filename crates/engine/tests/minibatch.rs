@@ -14,7 +14,8 @@ use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::sample::{KHopSampler, NeighborSampler};
 use grinnder_graph::Dataset;
 use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm, OptimConfig};
-use grinnder_tensor::{Backend, Cpu, Mat};
+use grinnder_tensor::ops::*;
+use grinnder_tensor::{Cpu, Mat};
 
 mod common;
 use common::fit;

@@ -14,7 +14,8 @@ use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::Dataset;
 use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm, OptimConfig};
 use grinnder_partition::Method;
-use grinnder_tensor::{Backend, Cpu, Mat, Scalar};
+use grinnder_tensor::ops::*;
+use grinnder_tensor::{Cpu, Mat, Scalar};
 
 mod common;
 use common::fit;

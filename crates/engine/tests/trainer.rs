@@ -7,7 +7,8 @@ use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::Dataset;
 use grinnder_nn::{Kind, ModelConfig, Norm, OptimConfig};
 use grinnder_partition::Method;
-use grinnder_tensor::{Backend, Cpu};
+use grinnder_tensor::ops::*;
+use grinnder_tensor::Cpu;
 
 fn dataset() -> Dataset {
     generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.002, 5)).unwrap().into_dataset().unwrap()

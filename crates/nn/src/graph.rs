@@ -25,7 +25,7 @@ impl<B: Backend> Adjacency<B> {
     }
 
     /// [`Adjacency::new`] made ahead of its use, off the training thread
-    /// ([`Backend::sparse_ahead`]).
+    /// ([`grinnder_tensor::HandOffs::sparse_ahead`]).
     pub fn ahead(b: &B, s: &SparseMatrix, vals: &[f64]) -> Self {
         let v = Self::values(s, vals);
         Adjacency { s: b.sparse_ahead(s), vals: b.upload_ahead(&v), nnz: s.nnz() }

@@ -5,6 +5,7 @@
 use grinnder_graph::rng::Stream;
 use grinnder_graph::{BuildOptions, Csr};
 use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm};
+use grinnder_tensor::ops::*;
 use grinnder_tensor::{Backend, Cpu, Mat, Scalar};
 
 const N: usize = 14;

@@ -1,6 +1,7 @@
 //! Every layer, the loss and each optimizer reproduce PyG's golden outputs and gradients
 //! (fixtures/README.md): relative error ≤ 1e-10 in f64.
 
+use grinnder_tensor::ops::*;
 use std::path::PathBuf;
 
 use grinnder_graph::io::npy::Npy;
@@ -11,7 +12,7 @@ use grinnder_nn::gin::GinConv;
 use grinnder_nn::layer_norm::LayerNorm;
 use grinnder_nn::sage::SageConv;
 use grinnder_nn::{Graph, OptimConfig, Optimizer, Param};
-use grinnder_tensor::{Backend, Cpu, Mat};
+use grinnder_tensor::{Cpu, Mat};
 
 type B = Cpu<f64>;
 const TOL: f64 = 1e-10;

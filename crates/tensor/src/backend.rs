@@ -1,4 +1,6 @@
-//! The Backend trait: the few operations every layer is written on (STYLE.md: it stays small).
+//! The Backend trait: the few operations every layer is written on, grouped by family
+//! ([`Memory`], [`Transfers`], [`HandOffs`], [`DenseOps`], [`GraphOps`], [`TrainOps`]) so that each
+//! trait stays small and a backend is read one family at a time.
 //! A backend owns where matrices live (host memory, GPU memory); layers only call these.
 //!
 //! Conventions: matrices are row-major `rows × cols`; `beta` in an output-producing operation
@@ -97,8 +99,16 @@ pub enum StepRule {
     Sgd { lr: f64, momentum: f64, weight_decay: f64, first: bool },
 }
 
-/// Compute operations on matrices that live in the backend's memory.
-pub trait Backend: Send + Sync + 'static {
+/// Everything a layer computes with, as one bound: the op-family traits below, each a
+/// supertrait (burn's `Backend` is built the same way). A type that implements every family is
+/// a `Backend`; code generic over `B: Backend` calls any family's methods without importing it,
+/// code on a concrete backend (tests, the CLI) imports the families it uses.
+pub trait Backend: Memory + Transfers + HandOffs + DenseOps + GraphOps + TrainOps {}
+
+impl<B: Memory + Transfers + HandOffs + DenseOps + GraphOps + TrainOps> Backend for B {}
+
+/// Where a backend's matrices live: their types, allocation, copies and the device's memory.
+pub trait Memory: Send + Sync + 'static {
     type T: Scalar;
     type Mat: Send + Sync;
     type Sparse: Send + Sync;
@@ -107,35 +117,48 @@ pub trait Backend: Send + Sync + 'static {
     /// threads, with no staging copy on the host; a host matrix on the CPU.
     type HostBlock: Send + Sync;
     /// A matrix still being filled by a copy queued ahead of its use
-    /// ([`Backend::upload_host_rows`]); [`Backend::arrived`] makes it a matrix to compute with.
+    /// ([`HandOffs::upload_host_rows`]); [`HandOffs::arrived`] makes it a matrix to compute with.
     /// The matrix itself where copies finish within the call.
     type Arriving: Send;
-    /// A loss still on its way to the host ([`Backend::cross_entropy_later`]); the values
+    /// A loss still on its way to the host ([`TrainOps::cross_entropy_later`]); the values
     /// themselves where the call computes them.
     type Loss: Send;
 
+    /// Bytes the backend holds in its own memory (a GPU's); `None` where matrices live in host
+    /// memory (counted in the process's resident set).
+    fn device_memory(&self) -> Option<DeviceMemory> {
+        None
+    }
+    /// Starts a new peak for [`Memory::device_memory`].
+    fn reset_memory_peak(&self) {}
+    fn zeros(&self, rows: usize, cols: usize) -> Self::Mat;
+    /// A matrix whose contents are unspecified, for an output the next operation overwrites in
+    /// full (with `beta = 0`): the GPU skips clearing it. The CPU backend fills it with NaN in
+    /// debug builds, so a use that reads it fails the tests.
+    fn output(&self, rows: usize, cols: usize) -> Self::Mat {
+        self.zeros(rows, cols)
+    }
+    fn dims(&self, m: &Self::Mat) -> (usize, usize);
+    /// `dst = src` (same shape).
+    fn copy(&self, src: &Self::Mat, dst: &mut Self::Mat);
+
+    /// Waits for all work queued on the backend (a no-op where calls return finished): epoch
+    /// timings end here.
+    fn synchronize(&self) {}
+}
+
+/// Moving matrices between the host and the backend, and host blocks (page-locked memory a
+/// GPU reads by DMA or with its own threads).
+pub trait Transfers: Memory {
     /// Moves a sparse structure into the backend, with its transpose: built by the backend
     /// where `s` comes without one ([`SparseMatrix::csr_only`]).
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse;
     fn upload(&self, m: &Mat<Self::T>) -> Self::Mat;
     fn download(&self, m: &Self::Mat) -> Mat<Self::T>;
-    /// [`Backend::sparse`] and [`Backend::upload`] for structures made off the training
-    /// thread ahead of their use (a mini-batch's blocks, by its sampling thread): on a device,
-    /// on a stream of their own, so that they wait neither for the compute queued meanwhile nor
-    /// make it wait; the first use waits for them. The same as `sparse` and `upload` elsewhere.
-    fn sparse_ahead(&self, s: &SparseMatrix) -> Self::Sparse {
-        self.sparse(s)
-    }
-    fn upload_ahead(&self, m: &Mat<Self::T>) -> Self::Mat {
-        self.upload(m)
-    }
-    /// [`Backend::upload`] of a matrix the caller gives up (a move where memory is shared).
+    /// [`Transfers::upload`] of a matrix the caller gives up (a move where memory is shared).
     fn upload_owned(&self, m: Mat<Self::T>) -> Self::Mat {
         self.upload(&m)
     }
-    /// Waits for all work queued on the backend (a no-op where calls return finished): epoch
-    /// timings end here.
-    fn synchronize(&self) {}
     /// A `rows × cols` matrix whose elements `fill` writes on the host (row-major): an upload
     /// without an intermediate copy where the backend stages uploads in host memory of its own
     /// (a GPU: page-locked, copied at the bus's full speed).
@@ -149,48 +172,49 @@ pub trait Backend: Send + Sync + 'static {
     fn download_with(&self, m: &Self::Mat, read: &mut dyn FnMut(&[Self::T])) {
         read(&self.download(m).data)
     }
-    /// [`Backend::download`] of a matrix the caller gives up.
+    /// [`Transfers::download`] of a matrix the caller gives up.
     fn download_owned(&self, m: Self::Mat) -> Mat<Self::T> {
         self.download(&m)
     }
-    /// `m` as a [`Backend::HostBlock`]; `m` back where the backend cannot have one now (page-locked
+    /// `m` as a [`Memory::HostBlock`]; `m` back where the backend cannot have one now (page-locked
     /// memory exhausted), for the caller to keep it elsewhere.
     fn host_block(&self, m: Mat<Self::T>) -> Result<Self::HostBlock, Mat<Self::T>>;
     fn host_block_dims(&self, h: &Self::HostBlock) -> (usize, usize);
     /// A host block's elements, for writing; waits for copies still reading it.
     fn host_block_mut<'h>(&self, h: &'h mut Self::HostBlock) -> &'h mut [Self::T];
-    /// The first `rows` rows of a host block as a backend matrix, once [`Backend::arrived`]. On a
+    /// `out[at + i] = h[rows[i]]` (on a GPU: device threads read the rows from host memory).
+    fn gather_host_block(&self, h: &Self::HostBlock, rows: Rows<'_>, out: &mut Self::Mat, at: usize);
+}
+
+/// Work handed from one stream to another: structures and uploads made ahead of their use,
+/// copies queued on a second stream and the point where the compute stream waits for them.
+pub trait HandOffs: Transfers {
+    /// [`Transfers::sparse`] and [`Transfers::upload`] for structures made off the training
+    /// thread ahead of their use (a mini-batch's blocks, by its sampling thread): on a device,
+    /// on a stream of their own, so that they wait neither for the compute queued meanwhile nor
+    /// make it wait; the first use waits for them. The same as `sparse` and `upload` elsewhere.
+    fn sparse_ahead(&self, s: &SparseMatrix) -> Self::Sparse {
+        self.sparse(s)
+    }
+    fn upload_ahead(&self, m: &Mat<Self::T>) -> Self::Mat {
+        self.upload(m)
+    }
+    /// The first `rows` rows of a host block as a backend matrix, once [`HandOffs::arrived`]. On a
     /// GPU the copy is queued on a second stream: it overlaps the work queued before it and
-    /// until `arrived`; the block may be written again at once ([`Backend::host_block_mut`]
+    /// until `arrived`; the block may be written again at once ([`Transfers::host_block_mut`]
     /// waits).
     fn upload_host_rows(&self, h: &Self::HostBlock, rows: usize) -> Self::Arriving;
-    /// A whole host block as a backend matrix ([`Backend::upload_host_rows`] of every row).
+    /// A whole host block as a backend matrix ([`HandOffs::upload_host_rows`] of every row).
     fn upload_host_block(&self, h: &Self::HostBlock) -> Self::Arriving {
         self.upload_host_rows(h, self.host_block_dims(h).0)
     }
     /// The matrix of an upload queued ahead, for computing with: on a GPU, the work queued from
     /// here on waits for the copy (the work queued before it does not).
     fn arrived(&self, m: Self::Arriving) -> Self::Mat;
-    /// `out[at + i] = h[rows[i]]` (on a GPU: device threads read the rows from host memory).
-    fn gather_host_block(&self, h: &Self::HostBlock, rows: Rows<'_>, out: &mut Self::Mat, at: usize);
-    /// Bytes the backend holds in its own memory (a GPU's); `None` where matrices live in host
-    /// memory (counted in the process's resident set).
-    fn device_memory(&self) -> Option<DeviceMemory> {
-        None
-    }
-    /// Starts a new peak for [`Backend::device_memory`].
-    fn reset_memory_peak(&self) {}
-    fn zeros(&self, rows: usize, cols: usize) -> Self::Mat;
-    /// A matrix whose contents are unspecified, for an output the next operation overwrites in
-    /// full (with `beta = 0`): the GPU skips clearing it. The CPU backend fills it with NaN in
-    /// debug builds, so a use that reads it fails the tests.
-    fn output(&self, rows: usize, cols: usize) -> Self::Mat {
-        self.zeros(rows, cols)
-    }
-    fn dims(&self, m: &Self::Mat) -> (usize, usize);
-    /// `dst = src` (same shape).
-    fn copy(&self, src: &Self::Mat, dst: &mut Self::Mat);
+}
 
+/// Dense compute: products, row gathers and scatters, element-wise maps, dropout, LayerNorm.
+pub trait DenseOps: Memory {
     /// `c = alpha · op(a) · op(b) + beta · c`, `op` transposing when asked.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
@@ -203,63 +227,6 @@ pub trait Backend: Send + Sync + 'static {
         beta: f64,
         c: &mut Self::Mat,
     );
-
-    /// `out = op(A) · x + beta · out` with `A` the structure `s` carrying values `vals`. With
-    /// `k = vals.cols > 1` (attention heads), `x` has `k` column blocks of width `x.cols / k`
-    /// and block `h` is multiplied by the matrix of values `vals[:, h]`.
-    fn spmm(
-        &self,
-        s: &Self::Sparse,
-        vals: &Self::Mat,
-        transpose: bool,
-        x: &Self::Mat,
-        beta: f64,
-        out: &mut Self::Mat,
-    );
-
-    /// Sampled dense-dense product over the entries of `s`: `out[e, h] = a[r, block h] ·
-    /// b[c, block h]` for entry `e = (r, c)`, `k = out.cols` blocks.
-    fn sddmm(&self, s: &Self::Sparse, a: &Self::Mat, b: &Self::Mat, out: &mut Self::Mat);
-
-    /// Per-head dot products: `out[v, h] = Σ_f z[v, h·F + f] · att[h, f]` (`att` is `k × F`).
-    fn head_dots(&self, z: &Self::Mat, att: &Self::Mat, out: &mut Self::Mat);
-    /// Backward of [`Backend::head_dots`] for upstream `ds` (`n × k`): accumulates
-    /// `dz[v, h·F + f] += ds[v, h] · att[h, f]` and `datt[h, f] += Σ_v ds[v, h] · z[v, h·F + f]`.
-    fn head_dots_backward(
-        &self,
-        z: &Self::Mat,
-        att: &Self::Mat,
-        ds: &Self::Mat,
-        dz: &mut Self::Mat,
-        datt: &mut Self::Mat,
-    );
-
-    /// Attention coefficients: for entry `e = (r, c)` and head `h`, score
-    /// `LeakyReLU(src[c, h] + dst[r, h])` with `slope`, softmax over each row's entries.
-    fn edge_softmax(
-        &self,
-        s: &Self::Sparse,
-        src: &Self::Mat,
-        dst: &Self::Mat,
-        slope: f64,
-        alpha: &mut Self::Mat,
-    );
-    /// Backward of [`Backend::edge_softmax`] through the LeakyReLU: `dpre[e] = leaky'(pre[e]) ·
-    /// α[e] · (dα[e] − Σ_{e' in row} α[e'] dα[e'])`.
-    #[allow(clippy::too_many_arguments)]
-    fn edge_softmax_backward(
-        &self,
-        s: &Self::Sparse,
-        src: &Self::Mat,
-        dst: &Self::Mat,
-        slope: f64,
-        alpha: &Self::Mat,
-        dalpha: &Self::Mat,
-        dpre: &mut Self::Mat,
-    );
-    /// Inverted dropout on per-entry values (`nnz × k`), the decision for entry `(r, c)`, head
-    /// `h` keyed by (key, r, c·k + h): the same wherever the entry is computed.
-    fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Self::Mat);
 
     /// `out[at + i, :] = x[rows[i], :]` (a partition's own and halo rows from larger matrices).
     fn gather_rows(&self, x: &Self::Mat, rows: Rows<'_>, out: &mut Self::Mat, at: usize);
@@ -292,7 +259,7 @@ pub trait Backend: Send + Sync + 'static {
         y: &mut Self::Mat,
         stats: &mut Self::Mat,
     );
-    /// Backward of [`Backend::layer_norm`]: writes `dx`, accumulates `dgamma`, `dbeta`.
+    /// Backward of [`DenseOps::layer_norm`]: writes `dx`, accumulates `dgamma`, `dbeta`.
     #[allow(clippy::too_many_arguments)]
     fn layer_norm_backward(
         &self,
@@ -304,7 +271,71 @@ pub trait Backend: Send + Sync + 'static {
         dgamma: &mut Self::Mat,
         dbeta: &mut Self::Mat,
     );
+}
 
+/// Compute over a sparse structure's entries: SpMM, and attention's SDDMM, per-head dots,
+/// edge softmax and edge dropout.
+pub trait GraphOps: Memory {
+    /// `out = op(A) · x + beta · out` with `A` the structure `s` carrying values `vals`. With
+    /// `k = vals.cols > 1` (attention heads), `x` has `k` column blocks of width `x.cols / k`
+    /// and block `h` is multiplied by the matrix of values `vals[:, h]`.
+    fn spmm(
+        &self,
+        s: &Self::Sparse,
+        vals: &Self::Mat,
+        transpose: bool,
+        x: &Self::Mat,
+        beta: f64,
+        out: &mut Self::Mat,
+    );
+
+    /// Sampled dense-dense product over the entries of `s`: `out[e, h] = a[r, block h] ·
+    /// b[c, block h]` for entry `e = (r, c)`, `k = out.cols` blocks.
+    fn sddmm(&self, s: &Self::Sparse, a: &Self::Mat, b: &Self::Mat, out: &mut Self::Mat);
+
+    /// Per-head dot products: `out[v, h] = Σ_f z[v, h·F + f] · att[h, f]` (`att` is `k × F`).
+    fn head_dots(&self, z: &Self::Mat, att: &Self::Mat, out: &mut Self::Mat);
+    /// Backward of [`GraphOps::head_dots`] for upstream `ds` (`n × k`): accumulates
+    /// `dz[v, h·F + f] += ds[v, h] · att[h, f]` and `datt[h, f] += Σ_v ds[v, h] · z[v, h·F + f]`.
+    fn head_dots_backward(
+        &self,
+        z: &Self::Mat,
+        att: &Self::Mat,
+        ds: &Self::Mat,
+        dz: &mut Self::Mat,
+        datt: &mut Self::Mat,
+    );
+
+    /// Attention coefficients: for entry `e = (r, c)` and head `h`, score
+    /// `LeakyReLU(src[c, h] + dst[r, h])` with `slope`, softmax over each row's entries.
+    fn edge_softmax(
+        &self,
+        s: &Self::Sparse,
+        src: &Self::Mat,
+        dst: &Self::Mat,
+        slope: f64,
+        alpha: &mut Self::Mat,
+    );
+    /// Backward of [`GraphOps::edge_softmax`] through the LeakyReLU: `dpre[e] = leaky'(pre[e]) ·
+    /// α[e] · (dα[e] − Σ_{e' in row} α[e'] dα[e'])`.
+    #[allow(clippy::too_many_arguments)]
+    fn edge_softmax_backward(
+        &self,
+        s: &Self::Sparse,
+        src: &Self::Mat,
+        dst: &Self::Mat,
+        slope: f64,
+        alpha: &Self::Mat,
+        dalpha: &Self::Mat,
+        dpre: &mut Self::Mat,
+    );
+    /// Inverted dropout on per-entry values (`nnz × k`), the decision for entry `(r, c)`, head
+    /// `h` keyed by (key, r, c·k + h): the same wherever the entry is computed.
+    fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Self::Mat);
+}
+
+/// The end of a training step: the loss, accuracy counting and optimizer updates.
+pub trait TrainOps: Memory {
     /// Softmax cross-entropy over the rows `rows` of `logits` with integer `labels` (indexed by
     /// row): returns `(Σ loss, number of correct argmax predictions)` and writes
     /// `grad[r] = scale · (softmax(logits[r]) - onehot)` for those rows (other rows untouched).
@@ -319,7 +350,7 @@ pub trait Backend: Send + Sync + 'static {
         let l = self.cross_entropy_later(logits, labels, rows, scale, grad);
         self.loss_value(l)
     }
-    /// [`Backend::cross_entropy`] whose sums the caller reads later ([`Backend::loss_value`]):
+    /// [`TrainOps::cross_entropy`] whose sums the caller reads later ([`TrainOps::loss_value`]):
     /// on a GPU the loss kernel writes them into host memory, so the host goes on queueing
     /// work (a training step's backward pass, the next batch) instead of waiting for the
     /// forward pass to finish.

@@ -12,9 +12,18 @@ pub mod mat;
 pub mod scalar;
 pub mod sparse;
 
-pub use backend::{Backend, Binary, DeviceMemory, MaskKey, Rows, Side, StepRule, Unary};
+pub use backend::{
+    Backend, Binary, DenseOps, DeviceMemory, GraphOps, HandOffs, MaskKey, Memory, Rows, Side, StepRule,
+    TrainOps, Transfers, Unary,
+};
 pub use collective::MatComm;
 pub use cpu::Cpu;
 pub use mat::Mat;
 pub use scalar::Scalar;
 pub use sparse::SparseMatrix;
+
+/// Every op-family trait, for code that calls backend methods on a concrete backend (`Cpu`,
+/// `Cuda`) rather than through a `B: Backend` bound: `use grinnder_tensor::ops::*;`.
+pub mod ops {
+    pub use crate::backend::{DenseOps, GraphOps, HandOffs, Memory, TrainOps, Transfers};
+}

@@ -1,6 +1,7 @@
 //! Every fast CPU kernel against a plain reference on random inputs.
 
-use grinnder_tensor::{Backend, Cpu, MaskKey, Mat, Rows, SparseMatrix, Unary};
+use grinnder_tensor::ops::*;
+use grinnder_tensor::{Cpu, MaskKey, Mat, Rows, SparseMatrix, Unary};
 
 fn rand_mat(rows: usize, cols: usize, seed: u64) -> Mat<f64> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -176,7 +176,7 @@ pub struct Executor<'a, B: Backend> {
     on_dev: HashSet<BlockId>,
     dev: HashMap<BlockId, B::Mat>,
     /// Fixed blocks (features, layer 0's aggregation) in the backend's host memory
-    /// ([`Backend::HostBlock`]: page-locked on a GPU) instead of the store, when nothing bounds
+    /// ([`grinnder_tensor::Memory::HostBlock`]: page-locked on a GPU) instead of the store, when nothing bounds
     /// host memory (`pin_fixed`).
     pinned: HashMap<BlockId, B::HostBlock>,
     pin_fixed: bool,

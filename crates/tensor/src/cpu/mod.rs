@@ -7,7 +7,9 @@ mod sparse;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::backend::{Backend, Binary, MaskKey, Rows, StepRule, Unary};
+use crate::backend::{
+    Binary, DenseOps, GraphOps, HandOffs, MaskKey, Memory, Rows, StepRule, TrainOps, Transfers, Unary,
+};
 use crate::mat::Mat;
 use crate::scalar::Scalar;
 use crate::sparse::SparseMatrix;
@@ -17,19 +19,38 @@ use crate::sparse::SparseMatrix;
 pub struct Cpu<T>(PhantomData<T>);
 
 impl<T> Cpu<T> {
-    pub fn new() -> Self {
+    pub const fn new() -> Self {
         Cpu(PhantomData)
     }
 }
 
-impl<T: Scalar> Backend for Cpu<T> {
+impl<T: Scalar> Memory for Cpu<T> {
     type T = T;
     type Mat = Mat<T>;
     type Sparse = Arc<SparseMatrix>;
     type HostBlock = Mat<T>;
     type Arriving = Mat<T>;
     type Loss = (f64, usize);
+    fn output(&self, rows: usize, cols: usize) -> Mat<T> {
+        if cfg!(debug_assertions) {
+            Mat::from_vec(rows, cols, vec![T::nan(); rows * cols])
+        } else {
+            Mat::zeros(rows, cols)
+        }
+    }
+    fn zeros(&self, rows: usize, cols: usize) -> Mat<T> {
+        Mat::zeros(rows, cols)
+    }
+    fn dims(&self, m: &Mat<T>) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+    fn copy(&self, src: &Mat<T>, dst: &mut Mat<T>) {
+        assert_eq!((src.rows, src.cols), (dst.rows, dst.cols), "copy between different shapes");
+        dst.data.copy_from_slice(&src.data);
+    }
+}
 
+impl<T: Scalar> Transfers for Cpu<T> {
     fn sparse(&self, s: &SparseMatrix) -> Self::Sparse {
         Arc::new(s.clone().with_transpose())
     }
@@ -57,6 +78,12 @@ impl<T: Scalar> Backend for Cpu<T> {
     fn host_block_mut<'h>(&self, h: &'h mut Mat<T>) -> &'h mut [T] {
         &mut h.data
     }
+    fn gather_host_block(&self, h: &Mat<T>, rows: Rows<'_>, out: &mut Mat<T>, at: usize) {
+        dense::gather_rows(h, rows, out, at)
+    }
+}
+
+impl<T: Scalar> HandOffs for Cpu<T> {
     fn upload_host_rows(&self, h: &Mat<T>, rows: usize) -> Mat<T> {
         assert!(rows <= h.rows, "{rows} rows of a {}-row block", h.rows);
         Mat::from_vec(rows, h.cols, h.data[..rows * h.cols].to_vec())
@@ -64,66 +91,11 @@ impl<T: Scalar> Backend for Cpu<T> {
     fn arrived(&self, m: Mat<T>) -> Mat<T> {
         m
     }
-    fn gather_host_block(&self, h: &Mat<T>, rows: Rows<'_>, out: &mut Mat<T>, at: usize) {
-        dense::gather_rows(h, rows, out, at)
-    }
-    fn output(&self, rows: usize, cols: usize) -> Mat<T> {
-        if cfg!(debug_assertions) {
-            Mat::from_vec(rows, cols, vec![T::nan(); rows * cols])
-        } else {
-            Mat::zeros(rows, cols)
-        }
-    }
-    fn zeros(&self, rows: usize, cols: usize) -> Mat<T> {
-        Mat::zeros(rows, cols)
-    }
-    fn dims(&self, m: &Mat<T>) -> (usize, usize) {
-        (m.rows, m.cols)
-    }
-    fn copy(&self, src: &Mat<T>, dst: &mut Mat<T>) {
-        assert_eq!((src.rows, src.cols), (dst.rows, dst.cols), "copy between different shapes");
-        dst.data.copy_from_slice(&src.data);
-    }
+}
+
+impl<T: Scalar> DenseOps for Cpu<T> {
     fn gemm(&self, alpha: f64, a: &Mat<T>, ta: bool, b: &Mat<T>, tb: bool, beta: f64, c: &mut Mat<T>) {
         dense::gemm(alpha, a, ta, b, tb, beta, c)
-    }
-    fn spmm(
-        &self,
-        s: &Self::Sparse,
-        vals: &Mat<T>,
-        transpose: bool,
-        x: &Mat<T>,
-        beta: f64,
-        out: &mut Mat<T>,
-    ) {
-        sparse::spmm(s, vals, transpose, x, beta, out)
-    }
-    fn sddmm(&self, s: &Self::Sparse, a: &Mat<T>, b: &Mat<T>, out: &mut Mat<T>) {
-        sparse::sddmm(s, a, b, out)
-    }
-    fn head_dots(&self, z: &Mat<T>, att: &Mat<T>, out: &mut Mat<T>) {
-        sparse::head_dots(z, att, out)
-    }
-    fn head_dots_backward(&self, z: &Mat<T>, att: &Mat<T>, ds: &Mat<T>, dz: &mut Mat<T>, datt: &mut Mat<T>) {
-        sparse::head_dots_backward(z, att, ds, dz, datt)
-    }
-    fn edge_softmax(&self, s: &Self::Sparse, src: &Mat<T>, dst: &Mat<T>, slope: f64, alpha: &mut Mat<T>) {
-        sparse::edge_softmax(s, src, dst, slope, alpha)
-    }
-    fn edge_softmax_backward(
-        &self,
-        s: &Self::Sparse,
-        src: &Mat<T>,
-        dst: &Mat<T>,
-        slope: f64,
-        alpha: &Mat<T>,
-        dalpha: &Mat<T>,
-        dpre: &mut Mat<T>,
-    ) {
-        sparse::edge_softmax_backward(s, src, dst, slope, alpha, dalpha, dpre)
-    }
-    fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Mat<T>) {
-        sparse::edge_dropout(s, key, p, vals)
     }
     fn gather_rows(&self, x: &Mat<T>, rows: Rows<'_>, out: &mut Mat<T>, at: usize) {
         dense::gather_rows(x, rows, out, at)
@@ -169,6 +141,50 @@ impl<T: Scalar> Backend for Cpu<T> {
     ) {
         dense::layer_norm_backward(x, gamma, stats, dy, dx, dgamma, dbeta)
     }
+}
+
+impl<T: Scalar> GraphOps for Cpu<T> {
+    fn spmm(
+        &self,
+        s: &Self::Sparse,
+        vals: &Mat<T>,
+        transpose: bool,
+        x: &Mat<T>,
+        beta: f64,
+        out: &mut Mat<T>,
+    ) {
+        sparse::spmm(s, vals, transpose, x, beta, out)
+    }
+    fn sddmm(&self, s: &Self::Sparse, a: &Mat<T>, b: &Mat<T>, out: &mut Mat<T>) {
+        sparse::sddmm(s, a, b, out)
+    }
+    fn head_dots(&self, z: &Mat<T>, att: &Mat<T>, out: &mut Mat<T>) {
+        sparse::head_dots(z, att, out)
+    }
+    fn head_dots_backward(&self, z: &Mat<T>, att: &Mat<T>, ds: &Mat<T>, dz: &mut Mat<T>, datt: &mut Mat<T>) {
+        sparse::head_dots_backward(z, att, ds, dz, datt)
+    }
+    fn edge_softmax(&self, s: &Self::Sparse, src: &Mat<T>, dst: &Mat<T>, slope: f64, alpha: &mut Mat<T>) {
+        sparse::edge_softmax(s, src, dst, slope, alpha)
+    }
+    fn edge_softmax_backward(
+        &self,
+        s: &Self::Sparse,
+        src: &Mat<T>,
+        dst: &Mat<T>,
+        slope: f64,
+        alpha: &Mat<T>,
+        dalpha: &Mat<T>,
+        dpre: &mut Mat<T>,
+    ) {
+        sparse::edge_softmax_backward(s, src, dst, slope, alpha, dalpha, dpre)
+    }
+    fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Mat<T>) {
+        sparse::edge_dropout(s, key, p, vals)
+    }
+}
+
+impl<T: Scalar> TrainOps for Cpu<T> {
     fn cross_entropy_later(
         &self,
         logits: &Mat<T>,
