@@ -495,10 +495,47 @@ pub fn generate_streaming(
     let t = std::time::Instant::now();
     let model = Model::new(cfg, n);
     tracing::debug!("model in {:.2} s", t.elapsed().as_secs_f64());
-
-    // Row ranges by the high end of a pair; max(u, v) of uniform ids has density ∝ x, so
-    // quantiles √(r/R) balance them.
     let target = (e / 2) as usize;
+    let (bounds, mut ranges) = candidate_pairs(cfg, &model, n, target, t)?;
+    let row_ptr = emit_rows(n, &bounds, &mut ranges, sink)?;
+    assert_eq!(row_ptr[n as usize], e, "the generator emits exactly the requested edges");
+    tracing::debug!("graph in {:.2} s", t.elapsed().as_secs_f64());
+
+    let classes = cfg.preset.classes;
+    let labels: Vec<i32> = (0..n)
+        .into_par_iter()
+        .map(|v| {
+            let mut s = Stream::new(&[cfg.seed, LABEL, v]);
+            if s.next_f64() < cfg.label_noise {
+                s.below(classes as u64) as i32
+            } else {
+                (model.community(v) % classes as usize) as i32
+            }
+        })
+        .collect();
+    let splits = make_splits(cfg, n);
+    tracing::debug!("labels and split in {:.2} s", t.elapsed().as_secs_f64());
+    let labels_arc = Arc::new(labels.clone());
+    Ok(GeneratedParts {
+        name: cfg.preset.name.to_string(),
+        row_ptr,
+        labels,
+        num_classes: classes,
+        splits,
+        features: GenFeatures::new(cfg, labels_arc),
+    })
+}
+
+/// Exactly `target` distinct undirected pairs, as keys `high << 32 | low` sorted within row
+/// ranges by the high end, with the ranges' bounds. Ranges by the high end of a pair:
+/// max(u, v) of uniform ids has density ∝ x, so quantiles √(r/R) balance them.
+fn candidate_pairs(
+    cfg: &GenConfig,
+    model: &Model,
+    n: u64,
+    target: usize,
+    t: std::time::Instant,
+) -> Result<(Vec<u64>, Vec<Vec<u64>>)> {
     let r_count = ((target as u64 * 8 * 33 / 32).div_ceil(cfg.range_bytes_max.max(1))).max(1);
     let mut bounds: Vec<u64> =
         (0..=r_count).map(|r| ((n as f64) * (r as f64 / r_count as f64).sqrt()).round() as u64).collect();
@@ -543,12 +580,21 @@ pub fn generate_streaming(
         *keys = thin(keys, first, &kept_before);
         first += len;
     }
+    Ok((bounds, ranges))
+}
 
-    // Emit rows in ranges of equal node count. Row v = its lower neighbours (keys with high end
-    // v) followed by its upper neighbours (reversed keys with low end v); low ends crowd the
-    // first rows (the first of K ranges holds about 2/K of all upper entries), hence twice as
-    // many emission ranges as candidate ranges. A candidate range is freed once emission has
-    // passed its last row.
+/// Hands the CSR's columns to `sink` in row order and returns its row offsets. Rows go in
+/// ranges of equal node count. Row v = its lower neighbours (keys with high end v) followed by
+/// its upper neighbours (reversed keys with low end v); low ends crowd the first rows (the
+/// first of K ranges holds about 2/K of all upper entries), hence twice as many emission
+/// ranges as candidate ranges. A candidate range is freed once emission has passed its last
+/// row.
+fn emit_rows(
+    n: u64,
+    bounds: &[u64],
+    ranges: &mut [Vec<u64>],
+    sink: &mut dyn FnMut(&[u32]) -> Result<()>,
+) -> Result<Vec<u64>> {
     let k_count = if ranges.len() == 1 { 1 } else { 2 * ranges.len() as u64 };
     let emit_bounds: Vec<u64> = (0..=k_count).map(|k| n * k / k_count).collect();
     let pb = progress::bar(n, "rows", false);
@@ -571,27 +617,7 @@ pub fn generate_streaming(
             [one] => std::borrow::Cow::Borrowed(one),
             many => std::borrow::Cow::Owned(many.concat()),
         };
-        let upper: Vec<u64> = if live.len() == 1 {
-            let keys = &ranges[live[0]];
-            if rows.start == 0 && rows.end == n {
-                keys.par_iter().map(|&x| x.rotate_right(32)).collect()
-            } else {
-                keys.par_iter()
-                    .filter(|&&x| rows.contains(&(x & 0xFFFF_FFFF)))
-                    .map(|&x| x.rotate_right(32))
-                    .collect()
-            }
-        } else {
-            live.par_iter()
-                .flat_map(|&r| {
-                    ranges[r]
-                        .par_iter()
-                        .filter(|&&x| rows.contains(&(x & 0xFFFF_FFFF)))
-                        .map(|&x| x.rotate_right(32))
-                })
-                .collect()
-        };
-        let upper = sort_keys(&upper, rows.clone(), false);
+        let upper = sort_keys(&upper_keys(ranges, &live, rows.clone(), n), rows.clone(), false);
         let (ptr, cols) = assemble_rows(&lower, &upper, rows.clone());
         drop((lower, upper));
         for (i, p) in ptr.iter().enumerate().skip(1) {
@@ -607,32 +633,32 @@ pub fn generate_streaming(
         pb.set_position(rows.end);
     }
     pb.finish_and_clear();
-    assert_eq!(offset, e, "the generator emits exactly the requested edges");
-    tracing::debug!("graph in {:.2} s", t.elapsed().as_secs_f64());
+    Ok(row_ptr)
+}
 
-    let classes = cfg.preset.classes;
-    let labels: Vec<i32> = (0..n)
-        .into_par_iter()
-        .map(|v| {
-            let mut s = Stream::new(&[cfg.seed, LABEL, v]);
-            if s.next_f64() < cfg.label_noise {
-                s.below(classes as u64) as i32
-            } else {
-                (model.community(v) % classes as usize) as i32
-            }
-        })
-        .collect();
-    let splits = make_splits(cfg, n);
-    tracing::debug!("labels and split in {:.2} s", t.elapsed().as_secs_f64());
-    let labels_arc = Arc::new(labels.clone());
-    Ok(GeneratedParts {
-        name: cfg.preset.name.to_string(),
-        row_ptr,
-        labels,
-        num_classes: classes,
-        splits,
-        features: GenFeatures::new(cfg, labels_arc),
-    })
+/// The reversed keys (`low << 32 | high`) of the live candidate ranges whose low end lies in
+/// `rows`: the upper neighbours of those rows, unsorted.
+fn upper_keys(ranges: &[Vec<u64>], live: &[usize], rows: std::ops::Range<u64>, n: u64) -> Vec<u64> {
+    if live.len() == 1 {
+        let keys = &ranges[live[0]];
+        if rows.start == 0 && rows.end == n {
+            keys.par_iter().map(|&x| x.rotate_right(32)).collect()
+        } else {
+            keys.par_iter()
+                .filter(|&&x| rows.contains(&(x & 0xFFFF_FFFF)))
+                .map(|&x| x.rotate_right(32))
+                .collect()
+        }
+    } else {
+        live.par_iter()
+            .flat_map(|&r| {
+                ranges[r]
+                    .par_iter()
+                    .filter(|&&x| rows.contains(&(x & 0xFFFF_FFFF)))
+                    .map(|&x| x.rotate_right(32))
+            })
+            .collect()
+    }
 }
 
 /// The keys of `keys` (global positions `first..`) that `kept_before` keeps: position i is kept
