@@ -481,3 +481,121 @@ fn cooperative_batches_give_the_gradients_of_the_servers_union_batch() {
         }
     }
 }
+
+/// A rank's collectives as it issues them: the group (the world, or the n-th group split off
+/// it, with its size), the operation and the bytes it sends, one entry per call, in order.
+type CallLog = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// A [`Comm`] that logs every collective call made through it (and through the groups split
+/// off it) before passing it on.
+struct Counting<'a> {
+    inner: CommBox<'a>,
+    log: CallLog,
+    /// Which group: "world", or "split n, color c" for the n-th split made through this rank's
+    /// log (the ranks of one group pass the same color).
+    group: String,
+}
+
+enum CommBox<'a> {
+    Borrowed(&'a dyn Comm),
+    Owned(Box<dyn Comm>),
+}
+
+impl Counting<'_> {
+    fn comm(&self) -> &dyn Comm {
+        match &self.inner {
+            CommBox::Borrowed(c) => *c,
+            CommBox::Owned(c) => c.as_ref(),
+        }
+    }
+
+    fn note(&self, what: String) {
+        self.log.lock().unwrap().push(format!("{}: {what}", self.group));
+    }
+}
+
+impl Comm for Counting<'_> {
+    fn rank(&self) -> usize {
+        self.comm().rank()
+    }
+    fn size(&self) -> usize {
+        self.comm().size()
+    }
+    fn all_to_all(&self, send: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+        self.note(format!("all_to_all of {} buffers", send.len()));
+        self.comm().all_to_all(send)
+    }
+    fn all_gather(&self, data: &[u8]) -> Vec<Vec<u8>> {
+        self.note("all_gather".into());
+        self.comm().all_gather(data)
+    }
+    fn split(&self, color: usize) -> Box<dyn Comm> {
+        let n = self.log.lock().unwrap().iter().filter(|e| e.contains(": split")).count();
+        self.note("split".into());
+        let inner = self.comm().split(color);
+        Box::new(Counting {
+            inner: CommBox::Owned(inner),
+            log: self.log.clone(),
+            group: format!("split {n}, color {color}"),
+        })
+    }
+    fn describe(&self) -> String {
+        self.comm().describe()
+    }
+}
+
+/// Every rank issues the same collectives in the same order: on the whole group, and on each
+/// group split off it, for every rank of that group (a rank that issued one call more or in
+/// another order would leave the others waiting: the hangs the MPI runs would show).
+#[test]
+fn every_rank_issues_the_same_collectives_in_the_same_order() {
+    let ds = dataset();
+    for ranks in [2, 3, 4] {
+        for (cfg, tc, what) in cases(ranks).into_iter().step_by(3) {
+            for on_device in [false, true] {
+                let logs = ThreadComm::run(ranks, |c| {
+                    let log = CallLog::default();
+                    let counting =
+                        Counting { inner: CommBox::Borrowed(c), log: log.clone(), group: "world".into() };
+                    if on_device {
+                        pass_on_device(&ds, &cfg, &tc, &counting);
+                    } else {
+                        pass(&ds, &cfg, &tc, Some(&counting));
+                    }
+                    let log = log.lock().unwrap().clone();
+                    log
+                });
+                let what = format!("{what}, {ranks} ranks, device transport {on_device}");
+                let mut groups: std::collections::BTreeMap<String, Vec<(usize, Vec<&String>)>> =
+                    Default::default();
+                for (r, log) in logs.iter().enumerate() {
+                    let mut by_group: std::collections::BTreeMap<String, Vec<&String>> = Default::default();
+                    for e in log {
+                        let g = e.split(": ").next().unwrap().to_string();
+                        by_group.entry(g).or_default().push(e);
+                    }
+                    for (g, calls) in by_group {
+                        groups.entry(g).or_default().push((r, calls));
+                    }
+                }
+                let world = &groups["world"];
+                assert_eq!(world.len(), ranks, "{what}: every rank called the whole group");
+                assert!(
+                    world[0].1.len() > 10,
+                    "{what}: a pass exchanges halos and sums ({} calls)",
+                    world[0].1.len()
+                );
+                for (g, members) in &groups {
+                    for (r, calls) in members {
+                        assert!(
+                            calls == &members[0].1,
+                            "{what}: rank {r}'s calls on {g} differ from rank {}'s:\n{calls:?}\n{:?}",
+                            members[0].0,
+                            members[0].1
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

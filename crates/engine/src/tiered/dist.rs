@@ -499,15 +499,15 @@ impl<'a, B: Backend> Executor<'a, B> {
             for (p, rows) in &sends[r] {
                 let id = BlockId { kind, layer: l, part: *p };
                 let own = self.parts[*p].own;
-                if self.on_dev.contains(&id) {
-                    let block = self.dev.entry(id).or_insert_with(|| b.zeros(own, d));
+                if self.tiers.on_device(id) {
+                    let block = self.tiers.device_or(id, || b.zeros(own, d));
                     b.scatter_add_rows(g, at, Rows::Index(rows), block);
                 } else {
                     let mut m = b.output(rows.len(), d);
                     b.gather_rows(g, Rows::Range(at, rows.len()), &mut m, 0);
                     let h = b.download(&m);
                     self.stats.download_bytes += (h.data.len() * std::mem::size_of::<B::T>()) as u64;
-                    self.store.add_rows(id, own, d, Some(rows), &h.data).map_err(io_err)?;
+                    self.tiers.store_add_rows(id, own, d, Some(rows), &h.data).map_err(io_err)?;
                 }
                 at += rows.len();
             }

@@ -11,15 +11,43 @@
 //! gradient block and scatter-adds its halo rows into their owners' blocks. A layer's
 //! gradient blocks are complete before the layer below starts (the loop is the barrier).
 //!
-//! Invariants: the result does not depend on the partitioning: normalisations come from the
-//! whole graph, dropout masks are keyed by original node ids, and every parameter gradient is
-//! a sum over partitions of exact partial sums.
+//! The result does not depend on the partitioning: normalisations come from the whole graph,
+//! dropout masks are keyed by original node ids, and every parameter gradient is a sum over
+//! partitions of exact partial sums.
+//!
+//! Invariants, each backed by a check (a debug assertion, or the named test in
+//! `crates/engine/tests`, `tiers.rs` or `plan.rs`):
+//! 1. **A block is in at most one tier — exactly one once written** (the GPU tier, the backend's
+//!    page-locked host memory, the store): [`tiers::Tiers`] asserts it at every change of place
+//!    (debug builds; `a_block_placed_on_the_device_cannot_also_be_stored`,
+//!    `a_pinned_block_cannot_also_be_stored`).
+//! 2. **A lent block is given back before the same block is read again**: reading or writing a
+//!    lent block panics, naming it, and every pass ends with none lent (asserted;
+//!    `a_lent_block_is_not_read_before_it_comes_back`).
+//! 3. **A layer's gradient blocks are complete (own rows, and mirrors flushed to their owners)
+//!    before the layer below starts**: the backward loop is the barrier
+//!    (`tiered.rs`: `gradients_equal_the_in_memory_trainer_for_every_partition_count`,
+//!    `a_cache_smaller_than_the_blocks_spills_and_prefetches_exactly`; `dist.rs`:
+//!    `partition_parallel_gradients_equal_one_process`).
+//! 4. **Mirrors are synced after a layer's outputs exist and before their first read**
+//!    (`dist.rs`: `partition_parallel_gradients_equal_one_process`,
+//!    `the_matrix_transport_gives_the_byte_transport_results`).
+//! 5. **After a failed pass every later pass refuses**, naming the first error
+//!    ([`Executor::guarded`]; `tiered.rs`:
+//!    `storage_faults_mid_epoch_stop_with_the_file_named_and_keep_the_last_good_state`).
+//! 6. **Resident + working set + margin + host cache ≤ the host budget**, or the run is refused
+//!    naming the least budget that would do (`tiered.rs`:
+//!    `every_host_budget_is_kept_or_refused_with_the_least_that_would_do`, a table of budgets;
+//!    `plan.rs`: `the_least_host_budget_is_the_least_that_leaves_its_margin`).
+//! 7. **Every rank issues the same collectives in the same order**, on the whole group and on
+//!    each group split off it (`dist.rs`:
+//!    `every_rank_issues_the_same_collectives_in_the_same_order` logs each rank's calls).
 //!
 //! The executor by concern: `setup.rs` (partitioning, partition graphs, the first blocks),
 //! `plan.rs` (the memory plan and its margins), `placement.rs` (the GPU tier), `rows.rs`
 //! (gather, row reads and adds, prefetch, write-back), `schedule.rs` (the forward and backward
-//! passes, evaluation), `dist.rs` (ranks: the halo exchange and the sums); `store.rs` and
-//! `files.rs` are the host cache and the block files.
+//! passes, evaluation), `dist.rs` (ranks: the halo exchange and the sums), `tiers.rs` (which
+//! tier holds each block); `store.rs` and `files.rs` are the host cache and the block files.
 
 mod dist;
 pub mod files;
@@ -29,8 +57,9 @@ mod rows;
 mod schedule;
 mod setup;
 pub mod store;
+mod tiers;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -49,6 +78,7 @@ pub use files::Faults;
 use plan::*;
 pub use plan::{DevicePlan, Plan};
 pub use store::{BlockId, BlockKind, CacheMode, Store, StoreConfig, TierDtype, TierStats};
+use tiers::Tiers;
 
 use crate::config::{FeatureNorm, TrainError};
 use crate::features::{feature_rows, feature_shift};
@@ -171,14 +201,10 @@ pub struct Executor<'a, B: Backend> {
     b: &'a B,
     pub model: Model<B>,
     parts: Vec<Part<B>>,
-    store: Store<B::T>,
-    /// The GPU tier: blocks the plan placed in the backend's memory, and those present now.
-    on_dev: HashSet<BlockId>,
-    dev: HashMap<BlockId, B::Mat>,
-    /// Fixed blocks (features, layer 0's aggregation) in the backend's host memory
-    /// ([`grinnder_tensor::Memory::HostBlock`]: page-locked on a GPU) instead of the store, when nothing bounds
-    /// host memory (`pin_fixed`).
-    pinned: HashMap<BlockId, B::HostBlock>,
+    /// Where each block lives: the GPU tier, the backend's page-locked host memory (fixed
+    /// blocks — features, layer 0's aggregation — when nothing bounds host memory:
+    /// `pin_fixed`), or the store.
+    tiers: Tiers<B>,
     pin_fixed: bool,
     /// The first error of a pass. The blocks may be incomplete after one (a block lent to the
     /// computation is not back in the GPU tier, a write may be half done), so every later pass
@@ -211,17 +237,17 @@ fn io_err(e: std::io::Error) -> TrainError {
 impl<'a, B: Backend> Executor<'a, B> {
     /// The run's private storage directory (inside `--storage-dir`), `None` without storage.
     pub fn storage_dir(&self) -> Option<&std::path::Path> {
-        self.store.storage_dir()
+        self.tiers.store.storage_dir()
     }
 
     /// Block-file reads and writes attempted since the start (setup included).
     pub fn storage_ops(&self) -> (usize, usize) {
-        self.store.storage_ops()
+        self.tiers.store.storage_ops()
     }
 
     /// `(O_DIRECT, io_uring)` of the storage tier, `None` without one.
     pub fn store_direct_io(&self) -> Option<(bool, bool)> {
-        self.store.direct_io()
+        self.tiers.store.direct_io()
     }
 }
 

@@ -55,7 +55,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         if self.pin_fixed && Self::fixed(id) {
             match self.b.host_block(m) {
                 Ok(h) => {
-                    self.pinned.insert(id, h);
+                    self.tiers.pin(id, h);
                     return Ok(());
                 }
                 Err(back) => {
@@ -67,7 +67,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
             }
         }
-        self.store.put(id, m.rows, m.cols, m.data).map_err(io_err)
+        self.tiers.store_put(id, m.rows, m.cols, m.data).map_err(io_err)
     }
 
     /// The GPU tier's share of the plan: what the backend holds now (graphs, parameters), the
@@ -139,7 +139,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             g as f64 / GIB,
             moved.0,
             moved.1 as f64 / GIB,
-            self.on_dev.len()
+            self.tiers.placed_count()
         );
         Ok(moved.0)
     }
@@ -154,7 +154,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
         self.fused = false;
         let missing: u64 =
-            self.block_list().iter().filter(|(id, _)| !self.on_dev.contains(id)).map(|(_, b)| b).sum();
+            self.block_list().iter().filter(|(id, _)| !self.tiers.on_device(*id)).map(|(_, b)| b).sum();
         self.fused = missing > room;
     }
 
@@ -164,24 +164,30 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub(super) fn place_while_fits(&mut self, mut room: u64) -> Result<(usize, u64), TrainError> {
         let mut placed = (0usize, 0u64);
         self.ahead.clear();
-        if !self.pinned.is_empty() {
+        if self.tiers.any_pinned() {
             // device threads may still be reading host blocks that move below (zero-copy
             // gathers record no event on them)
             self.b.synchronize();
         }
         for (id, bytes) in self.block_list() {
-            if self.on_dev.contains(&id) || bytes > room {
+            if self.tiers.on_device(id) || bytes > room {
                 continue;
             }
-            if let Some(h) = self.pinned.remove(&id) {
-                self.dev.insert(id, self.b.arrived(self.b.upload_host_block(&h)));
-            } else if let Some((rows, cols)) = self.store.shape(id) {
+            // out of the host tier it is in, into the GPU tier
+            let moved = if let Some(h) = self.tiers.unpin(id) {
+                Some(self.b.arrived(self.b.upload_host_block(&h)))
+            } else if let Some((rows, cols)) = self.tiers.store.shape(id) {
                 let mut data = vec![B::T::of(0.0); rows * cols];
-                self.store.read_rows(id, None, &mut data).map_err(io_err)?;
-                self.store.remove(id).map_err(io_err)?;
-                self.dev.insert(id, self.b.upload_owned(Mat::from_vec(rows, cols, data)));
+                self.tiers.store.read_rows(id, None, &mut data).map_err(io_err)?;
+                self.tiers.store.remove(id).map_err(io_err)?;
+                Some(self.b.upload_owned(Mat::from_vec(rows, cols, data)))
+            } else {
+                None
+            };
+            self.tiers.place(id);
+            if let Some(m) = moved {
+                self.tiers.put_device(id, m);
             }
-            self.on_dev.insert(id);
             room -= bytes;
             placed = (placed.0 + 1, placed.1 + bytes);
         }
@@ -190,9 +196,9 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// Stores a host block where the plan put it.
     pub(super) fn put_host(&mut self, id: BlockId, m: Mat<B::T>) -> Result<(), TrainError> {
-        if self.on_dev.contains(&id) {
+        if self.tiers.on_device(id) {
             self.stats.upload_bytes += (m.data.len() * std::mem::size_of::<B::T>()) as u64;
-            self.dev.insert(id, self.b.upload_owned(m));
+            self.tiers.put_device(id, self.b.upload_owned(m));
             return Ok(());
         }
         self.keep_host(id, m)
@@ -200,17 +206,17 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// Drops a block from whichever tier holds it.
     pub(super) fn remove(&mut self, id: BlockId) -> Result<(), TrainError> {
-        if self.on_dev.contains(&id) {
-            self.dev.remove(&id);
+        if self.tiers.on_device(id) {
+            self.tiers.remove_device(id);
             return Ok(());
         }
         self.ahead.retain(|(a, _)| *a != id);
-        if self.pinned.contains_key(&id) {
+        if self.tiers.is_pinned(id) {
             // device threads may still be reading it (zero-copy gathers)
             self.b.synchronize();
-            self.pinned.remove(&id);
+            self.tiers.unpin(id);
             return Ok(());
         }
-        self.store.remove(id).map_err(io_err)
+        self.tiers.store.remove(id).map_err(io_err)
     }
 }

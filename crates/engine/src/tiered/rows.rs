@@ -27,7 +27,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         // started ahead
         if !halo || self.parts[q].fetch.is_empty() {
             let (src, n) = (id(q), self.parts[q].own);
-            let whole = self.pinned.get(&src).is_some_and(|h| b.host_block_dims(h).0 == n);
+            let whole = self.tiers.pinned(src).is_some_and(|h| b.host_block_dims(h).0 == n);
             let m = match self.ahead.iter().position(|(a, _)| *a == src) {
                 Some(i) => Some(self.ahead.swap_remove(i).1),
                 None if whole => self.upload_pinned(src),
@@ -48,7 +48,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let rows: usize = sources.iter().map(|(_, r)| r.len()).sum();
         let host_sources: Vec<(BlockId, Rows<'_>)> = sources
             .iter()
-            .filter(|(s, _)| !self.on_dev.contains(s) && !self.pinned.contains_key(s))
+            .filter(|(s, _)| !self.tiers.on_device(*s) && !self.tiers.is_pinned(*s))
             .copied()
             .collect();
         let host_rows: usize = host_sources.iter().map(|(_, r)| r.len()).sum();
@@ -56,8 +56,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         let staged = if host_sources.is_empty() {
             None
         } else {
-            self.store.pin(host_sources.iter().map(|(s, _)| *s));
-            let store = &mut self.store;
+            self.tiers.store.pin(host_sources.iter().map(|(s, _)| *s));
+            let store = &mut self.tiers.store;
             let mut failed = None;
             let staged = b.upload_with(host_rows, d, &mut |buf: &mut [B::T]| {
                 let mut at = 0;
@@ -73,7 +73,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                     at += r.len();
                 }
             });
-            self.store.unpin_all();
+            self.tiers.store.unpin_all();
             if let Some(e) = failed {
                 return Err(io_err(e));
             }
@@ -86,13 +86,13 @@ impl<'a, B: Backend> Executor<'a, B> {
                 let mut m = b.output(rows, d);
                 let (mut at, mut at_host) = (0, 0);
                 for (src, r) in &sources {
-                    if self.on_dev.contains(src) {
+                    if self.tiers.on_device(*src) {
                         let block = self
-                            .dev
-                            .get(src)
+                            .tiers
+                            .device(*src)
                             .unwrap_or_else(|| panic!("block {src:?} read before it was written"));
                         b.gather_rows(block, *r, &mut m, at);
-                    } else if let Some(h) = self.pinned.get(src) {
+                    } else if let Some(h) = self.tiers.pinned(*src) {
                         b.gather_host_block(h, *r, &mut m, at);
                         self.stats.upload_bytes += (r.len() * d) as u64 * elem;
                     } else {
@@ -132,8 +132,8 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Partition `q`'s own rows of the `kind` block of layer `l` (see [`Own`]).
     pub(super) fn own(&mut self, kind: BlockKind, l: usize, q: usize) -> Result<Own<B>, TrainError> {
         let id = BlockId { kind, layer: l, part: q };
-        if self.on_dev.contains(&id) {
-            if let Some(m) = self.dev.remove(&id) {
+        if self.tiers.on_device(id) {
+            if let Some(m) = self.tiers.lend(id) {
                 return Ok(Own::Lent(id, m));
             }
         }
@@ -143,7 +143,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Returns a lent block to the device tier (a copy is dropped).
     pub(super) fn give_back(&mut self, own: Option<Own<B>>) {
         if let Some(Own::Lent(id, m)) = own {
-            self.dev.insert(id, m);
+            self.tiers.give_back(id, m);
         }
     }
 
@@ -170,8 +170,8 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub(super) fn put(&mut self, kind: BlockKind, l: usize, q: usize, m: B::Mat) -> Result<(), TrainError> {
         let t = Instant::now();
         let id = BlockId { kind, layer: l, part: q };
-        if self.on_dev.contains(&id) {
-            self.dev.insert(id, m);
+        if self.tiers.on_device(id) {
+            self.tiers.put_device(id, m);
         } else {
             let (rows, cols) = self.b.dims(&m);
             let mut data = Vec::new();
@@ -186,10 +186,10 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// Whether block `id` has been written (a gradient block no partition added to is not).
     pub(super) fn written(&self, id: BlockId) -> bool {
-        if self.on_dev.contains(&id) {
-            self.dev.contains_key(&id)
+        if self.tiers.on_device(id) {
+            self.tiers.device(id).is_some()
         } else {
-            self.store.shape(id).is_some()
+            self.tiers.store.shape(id).is_some()
         }
     }
 
@@ -203,9 +203,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         at: usize,
     ) -> Result<(), TrainError> {
         let b = self.b;
-        if self.on_dev.contains(&id) {
+        if self.tiers.on_device(id) {
             let block =
-                self.dev.get(&id).unwrap_or_else(|| panic!("block {id:?} read before it was written"));
+                self.tiers.device(id).unwrap_or_else(|| panic!("block {id:?} read before it was written"));
             b.gather_rows(block, rows, out, at);
             return Ok(());
         }
@@ -214,7 +214,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             Rows::Range(..) => None,
         };
         let mut h = vec![B::T::of(0.0); rows.len() * d];
-        self.store.read_rows(id, idx, &mut h).map_err(io_err)?;
+        self.tiers.store.read_rows(id, idx, &mut h).map_err(io_err)?;
         self.stats.upload_bytes += std::mem::size_of_val(h.as_slice()) as u64;
         let m = b.upload_owned(Mat::from_vec(rows.len(), d, h));
         b.gather_rows(&m, Rows::Range(0, rows.len()), out, at);
@@ -232,15 +232,15 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Rows `rows` of block `id` (either tier) on the host.
     pub(super) fn read_rows(&mut self, id: BlockId, rows: &[u32], d: usize) -> Result<Vec<B::T>, TrainError> {
         let b = self.b;
-        if self.on_dev.contains(&id) {
+        if self.tiers.on_device(id) {
             let block =
-                self.dev.get(&id).unwrap_or_else(|| panic!("block {id:?} read before it was written"));
+                self.tiers.device(id).unwrap_or_else(|| panic!("block {id:?} read before it was written"));
             let mut m = b.output(rows.len(), d);
             b.gather_rows(block, Rows::Index(rows), &mut m, 0);
             return Ok(b.download(&m).data);
         }
         let mut out = vec![B::T::of(0.0); rows.len() * d];
-        self.store.read_rows(id, Some(rows), &mut out).map_err(io_err)?;
+        self.tiers.store.read_rows(id, Some(rows), &mut out).map_err(io_err)?;
         Ok(out)
     }
 
@@ -254,13 +254,13 @@ impl<'a, B: Backend> Executor<'a, B> {
     ) -> Result<(), TrainError> {
         let b = self.b;
         let own = self.parts[id.part].own;
-        if self.on_dev.contains(&id) {
+        if self.tiers.on_device(id) {
             let m = b.upload_owned(Mat::from_vec(rows.len(), d, src.to_vec()));
-            let block = self.dev.entry(id).or_insert_with(|| b.zeros(own, d));
+            let block = self.tiers.device_or(id, || b.zeros(own, d));
             b.scatter_add_rows(&m, 0, Rows::Index(rows), block);
             return Ok(());
         }
-        self.store.add_rows(id, own, d, Some(rows), src).map_err(io_err)
+        self.tiers.store_add_rows(id, own, d, Some(rows), src).map_err(io_err)
     }
 
     /// The output gradient of layer `l` on partition `q`: from the store, or at the top from
@@ -290,7 +290,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// A whole block of the backend's host memory on its way to the backend (its bytes counted
     /// as uploaded); `None` when `id` is not such a block.
     pub(super) fn upload_pinned(&mut self, id: BlockId) -> Option<B::Arriving> {
-        let h = self.pinned.get(&id)?;
+        let h = self.tiers.pinned(id)?;
         let (r, c) = self.b.host_block_dims(h);
         let m = self.b.upload_host_block(h);
         self.stats.upload_bytes += (r * c * std::mem::size_of::<B::T>()) as u64;
@@ -338,8 +338,8 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.ahead.push((*a, m));
             }
         }
-        ids.retain(|i| !self.on_dev.contains(i) && !self.pinned.contains_key(i));
-        self.store.prefetch(ids).map_err(io_err)
+        ids.retain(|i| !self.tiers.on_device(*i) && !self.tiers.is_pinned(*i));
+        self.tiers.store.prefetch(ids).map_err(io_err)
     }
 
     /// Own rows of `dx` into partition `q`'s `kind` block of layer `l`; rows past the own ones
@@ -356,9 +356,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         let (n, d) = b.dims(&dx);
         let part = &self.parts[q];
         let id = |p: usize| BlockId { kind, layer: l, part: p };
-        if n == part.own && self.on_dev.contains(&id(q)) && !self.dev.contains_key(&id(q)) {
+        if n == part.own && self.tiers.on_device(id(q)) && self.tiers.device(id(q)).is_none() {
             // own rows only, into a device block nothing has added to yet: it becomes the block
-            self.dev.insert(id(q), dx);
+            self.tiers.put_device(id(q), dx);
             return Ok(());
         }
         let own = (q, Rows::Range(0, part.own));
@@ -369,8 +369,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         let mut from = 0;
         for (p, r) in targets {
             let rows = self.parts[p].own;
-            if self.on_dev.contains(&id(p)) {
-                let block = self.dev.entry(id(p)).or_insert_with(|| b.zeros(rows, d));
+            if self.tiers.on_device(id(p)) {
+                let block = self.tiers.device_or(id(p), || b.zeros(rows, d));
                 b.scatter_add_rows(&dx, from, r, block);
             } else {
                 host_targets.push((p, rows, from, r));
@@ -381,7 +381,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             return Ok(());
         }
         // one download for every host destination
-        let store = &mut self.store;
+        let store = &mut self.tiers.store;
         let mut failed = None;
         b.download_with(&dx, &mut |h: &[B::T]| {
             for (p, rows, from, r) in &host_targets {

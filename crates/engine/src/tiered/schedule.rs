@@ -97,8 +97,10 @@ impl<'a, B: Backend> Executor<'a, B> {
             return Err(TrainError::Stopped(e.clone()));
         }
         let r = pass(self);
-        if let Err(e) = &r {
-            self.stopped = Some(e.to_string());
+        match &r {
+            Err(e) => self.stopped = Some(e.to_string()),
+            // a pass gives back every block it lent (invariant 2 of the module)
+            Ok(_) => assert!(self.tiers.none_lent(), "a pass ended with a block still lent"),
         }
         r
     }
@@ -225,7 +227,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
             }
         }
-        self.store.sync().map_err(io_err)?;
+        self.tiers.store.sync().map_err(io_err)?;
         if calibrate {
             self.calibrated = true;
             self.place_more()?;
@@ -299,14 +301,14 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
             self.remove(BlockId { kind: BlockKind::Xw, layer: l, part: q })?;
         }
-        self.store.sync().map_err(io_err)?;
+        self.tiers.store.sync().map_err(io_err)?;
         Ok(correct)
     }
 
     /// Phase times and store counters since the last call.
     pub fn take_stats(&mut self) -> PhaseStats {
         let mut s = std::mem::take(&mut self.stats);
-        s.tier = self.store.take_stats();
+        s.tier = self.tiers.store.take_stats();
         if let Some(d) = self.dist.as_mut() {
             d.take_comm_seconds();
             // every rank's bytes, summed (the counters of this reduction count next time)

@@ -91,10 +91,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             b,
             model,
             parts,
-            store,
-            on_dev: HashSet::new(),
-            dev: HashMap::new(),
-            pinned: HashMap::new(),
+            tiers: Tiers::new(store),
             ahead: Vec::new(),
             pin_fixed: tc.host_mem.is_none() && tc.cache_bytes.is_none() && tc.tier_dtype == TierDtype::F32,
             stopped: None,
@@ -167,7 +164,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
             }
         }
-        self.store.take_stats();
+        self.tiers.store.take_stats();
         self.stats = PhaseStats::default();
         Ok(())
     }
