@@ -3,10 +3,6 @@
 
 use super::*;
 
-pub(crate) fn thr(p: f64) -> u32 {
-    grinnder_tensor::dropout::threshold(p)
-}
-
 impl Cuda {
     /// Launches `name` (`cross_entropy` or `cross_entropy_ids`) over `n` rows, the row numbers
     /// or node ids at device address `idx`, the labels at `labels`, writing the per-row losses

@@ -102,7 +102,7 @@ impl Cuda {
         // H200, products-like zero-copy epochs 1.706 / 1.684 s against 1.735 / 1.795 s
         // (BENCHMARKS, eleventh session)
         let stream = ctx.new_stream().map_err(err)?;
-        let pool = keep_freed_memory(&ctx);
+        let pool = pool::keep_freed_memory(&ctx);
         let blas = CudaBlas::new(stream.clone()).map_err(err)?;
         let dummy_u32 = stream.alloc_zeros::<u32>(1).map_err(err)?;
         tracing::info!(

@@ -48,9 +48,7 @@ pub use host::{CudaLoss, DeviceIndex, HostLabels, HostTable, StreamHold};
 pub use nccl::{nccl_present, Nccl};
 pub use spmm::{SpmmKernel, SpmmShapeInfo};
 
-use compute::thr;
 use device::Kernels;
-use pool::keep_freed_memory;
 use pool::MemPool;
 use profile::approx;
 use profile::Profile;
@@ -171,6 +169,11 @@ fn grid(threads: usize) -> LaunchConfig {
     let blocks = threads.div_ceil(BLOCK as usize).max(1);
     assert!(blocks <= i32::MAX as usize, "launch of {threads} threads is too large");
     LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// The drop threshold of probability `p` (the CPU's, so the masks agree).
+fn thr(p: f64) -> u32 {
+    grinnder_tensor::dropout::threshold(p)
 }
 
 /// One warp per row.

@@ -338,24 +338,28 @@ fn col_sums<B: Backend<T = f32>>(b: &B) {
     check_within(b, "col_sums", &got, &want, 1e-4);
 }
 
-fn layer_norm<B: Backend<T = f32>>(b: &B) {
+/// LayerNorm's input (10,000 rows of 37), γ and β; its forward on the reference and on `b`:
+/// `(y, statistics)` of each.
+#[allow(clippy::type_complexity)]
+fn layer_norm_forward<B: Backend<T = f32>>(b: &B) -> ([Mat<f32>; 3], (Mat<f64>, Mat<f64>), (B::Mat, B::Mat)) {
     let (x, gamma, beta) = (random(10_000, 37, 24), random(1, 37, 25), random(1, 37, 26));
     let (mut yw, mut sw) = (Mat::zeros(10_000, 37), Mat::zeros(10_000, 2));
     let (mut yg, mut sg) = (b.zeros(10_000, 37), b.zeros(10_000, 2));
     R.layer_norm(&wide(&x), &wide(&gamma), &wide(&beta), 1e-5, &mut yw, &mut sw);
     b.layer_norm(&b.upload(&x), &b.upload(&gamma), &b.upload(&beta), 1e-5, &mut yg, &mut sg);
+    ([x, gamma, beta], (yw, sw), (yg, sg))
+}
+
+fn layer_norm<B: Backend<T = f32>>(b: &B) {
+    let (_, (yw, sw), (yg, sg)) = layer_norm_forward(b);
     check(b, "layer_norm y", &yg, &yw);
     check(b, "layer_norm statistics", &sg, &sw);
 }
 
 /// `dgamma` and `dbeta` sum over 10,000 rows: hence 1e-4 for them.
 fn layer_norm_backward<B: Backend<T = f32>>(b: &B) {
-    let (x, gamma, beta, dy) =
-        (random(10_000, 37, 24), random(1, 37, 25), random(1, 37, 26), random(10_000, 37, 27));
-    let (mut yw, mut sw) = (Mat::zeros(10_000, 37), Mat::zeros(10_000, 2));
-    let (mut yg, mut sg) = (b.zeros(10_000, 37), b.zeros(10_000, 2));
-    R.layer_norm(&wide(&x), &wide(&gamma), &wide(&beta), 1e-5, &mut yw, &mut sw);
-    b.layer_norm(&b.upload(&x), &b.upload(&gamma), &b.upload(&beta), 1e-5, &mut yg, &mut sg);
+    let ([x, gamma, _], (_, sw), (_, sg)) = layer_norm_forward(b);
+    let dy = random(10_000, 37, 27);
     let (mut dxw, mut dgw, mut dbw) = (Mat::zeros(10_000, 37), Mat::zeros(1, 37), Mat::zeros(1, 37));
     let (mut dxg, mut dgg, mut dbg) = (b.zeros(10_000, 37), b.zeros(1, 37), b.zeros(1, 37));
     R.layer_norm_backward(&wide(&x), &wide(&gamma), &sw, &wide(&dy), &mut dxw, &mut dgw, &mut dbw);

@@ -46,11 +46,8 @@ impl<'a, B: Backend> Executor<'a, B> {
             .chain(part.fetch.iter().filter(|_| halo).map(|(s, idx)| (id(*s), Rows::Index(idx))))
             .collect();
         let rows: usize = sources.iter().map(|(_, r)| r.len()).sum();
-        let host_sources: Vec<(BlockId, Rows<'_>)> = sources
-            .iter()
-            .filter(|(s, _)| !self.tiers.on_device(*s) && !self.tiers.is_pinned(*s))
-            .copied()
-            .collect();
+        let host_sources: Vec<(BlockId, Rows<'_>)> =
+            sources.iter().filter(|(s, _)| self.tiers.in_store(*s)).copied().collect();
         let host_rows: usize = host_sources.iter().map(|(_, r)| r.len()).sum();
         // host rows straight into the backend's staging memory
         let staged = if host_sources.is_empty() {
@@ -338,7 +335,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.ahead.push((*a, m));
             }
         }
-        ids.retain(|i| !self.tiers.on_device(*i) && !self.tiers.is_pinned(*i));
+        ids.retain(|i| self.tiers.in_store(*i));
         self.tiers.store.prefetch(ids).map_err(io_err)
     }
 

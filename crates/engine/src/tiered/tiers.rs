@@ -104,6 +104,11 @@ impl<B: Backend> Tiers<B> {
         self.pinned.contains_key(&id)
     }
 
+    /// Whether `id` belongs to the store's tier (neither the GPU tier nor page-locked memory).
+    pub(super) fn in_store(&self, id: BlockId) -> bool {
+        !self.placed.contains(&id) && !self.pinned.contains_key(&id)
+    }
+
     pub(super) fn any_pinned(&self) -> bool {
         !self.pinned.is_empty()
     }
