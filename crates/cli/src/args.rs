@@ -25,6 +25,10 @@ pub struct Cli {
 pub enum Command {
     /// Train a GNN on a dataset, full-graph (every node and edge, every epoch).
     Train(Box<TrainArgs>),
+    /// Run a trained model (a --save-model file, or a PyG model saved as safetensors) on a
+    /// dataset: per-node logits, probabilities or classes, and hidden layers' outputs, as .npy
+    /// files in the dataset's node order.
+    Predict(Box<PredictArgs>),
     /// Partition a dataset and print the quality of the partitioning.
     Partition(PartitionArgs),
     /// Print a dataset's statistics and the memory full-graph training needs.
@@ -604,6 +608,91 @@ pub enum TierDtypeArg {
     Bf16,
 }
 
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputArg {
+    /// The output layer's values (`logits.npy`, float).
+    Logits,
+    /// Their softmax (`probs.npy`, float).
+    Probs,
+    /// The predicted class, the first largest logit (`class.npy`, int64).
+    Class,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutDtypeArg {
+    F32,
+    /// bfloat16, stored as its 16-bit patterns ('<u2': `torch.from_numpy(a).view(torch.bfloat16)`).
+    Bf16,
+}
+
+#[derive(Args, Debug)]
+pub struct PredictArgs {
+    #[command(flatten)]
+    pub input: Input,
+    /// The model file: from `grinnder train --save-model`, or a PyG model's state dict saved
+    /// with safetensors under the names of docs/model-files.md.
+    #[arg(long)]
+    pub model_file: PathBuf,
+    /// Output directory (made if missing): logits.npy, probs.npy or class.npy; embedding-L.npy
+    /// for --embed L; nodes.npy (the node ids of the rows) for a --nodes subset.
+    #[arg(long, short)]
+    pub out: PathBuf,
+    /// What to write per node.
+    #[arg(long, value_enum, default_value_t = OutputArg::Logits)]
+    pub output: OutputArg,
+    /// Also write hidden layer L's output (0-based: after its norm, ReLU and residual); several
+    /// comma separated.
+    #[arg(long, value_delimiter = ',')]
+    pub embed: Vec<usize>,
+    /// The nodes to predict: all, train, valid, test, or an .npy file of node ids (int64 or
+    /// int32; rows are written in its order). In the last layer only what these need is
+    /// computed.
+    #[arg(long, default_value = "all")]
+    pub nodes: String,
+    /// Element type of the values written.
+    #[arg(long, value_enum, default_value_t = OutDtypeArg::F32)]
+    pub out_dtype: OutDtypeArg,
+    /// Where to compute: cpu, or cuda / cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Run layer by layer and partition by partition over this many partitions (the tiered
+    /// executor) [default: the whole graph at once, or 4 when another executor flag below is
+    /// given; under mpirun one per rank].
+    #[arg(long)]
+    pub parts: Option<usize>,
+    /// Partitioner of the tiered executor [default: metis].
+    #[arg(long, value_enum)]
+    pub partitioner: Option<PartitionerArg>,
+    /// Host memory budget of the whole process, e.g. 8GiB; blocks beyond it go to --storage-dir.
+    #[arg(long)]
+    pub host_mem: Option<String>,
+    /// Size of the host cache for blocks, e.g. 2GiB; 0 sends every block through --storage-dir.
+    #[arg(long)]
+    pub block_cache: Option<String>,
+    /// Directory for block files of the storage tier.
+    #[arg(long)]
+    pub storage_dir: Option<PathBuf>,
+    /// Which blocks leave host RAM first [default: auto].
+    #[arg(long, value_enum)]
+    pub cache_mode: Option<CacheModeArg>,
+    /// Element type of cached and stored blocks [default: f32].
+    #[arg(long, value_enum)]
+    pub tier_dtype: Option<TierDtypeArg>,
+    /// GPU memory budget with --device cuda, e.g. 8GiB.
+    #[arg(long)]
+    pub gpu_mem: Option<String>,
+    /// GEMMs on TF32 tensor cores with --device cuda.
+    #[arg(long)]
+    pub tf32: bool,
+    /// Under mpirun: consecutive ranks that share a server [default: the ranks MPI finds on
+    /// each machine].
+    #[arg(long)]
+    pub ranks_per_server: Option<usize>,
+    /// Write one JSON object per output file written (rows, time, bytes moved per tier).
+    #[arg(long)]
+    pub metrics_out: Option<PathBuf>,
+}
+
 #[derive(Args, Debug)]
 pub struct TrainArgs {
     #[command(flatten)]
@@ -632,6 +721,19 @@ pub struct TrainArgs {
     /// for other settings or another dataset; starts afresh when there is none).
     #[arg(long, requires = "checkpoint_dir")]
     pub resume: bool,
+    /// Write the trained model to this safetensors file (PyG's parameter names; the
+    /// architecture and feature preprocessing in its metadata; docs/model-files.md): the
+    /// parameters of the epoch of best validation accuracy (the one whose test accuracy is
+    /// reported) unless --save-last.
+    #[arg(long)]
+    pub save_model: Option<PathBuf>,
+    /// With --save-model: the parameters after the last epoch instead.
+    #[arg(long, requires = "save_model")]
+    pub save_last: bool,
+    /// Start from the weights of this model file (fine-tuning, or a model trained in PyG) instead
+    /// of a fresh initialisation; its tensors must fit the model the settings describe.
+    #[arg(long)]
+    pub init_from: Option<PathBuf>,
 }
 
 impl TrainArgs {

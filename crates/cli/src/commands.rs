@@ -18,6 +18,7 @@ use crate::load::load;
 pub fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
         Command::Train(a) => crate::train::run(*a),
+        Command::Predict(a) => crate::predict::run(*a),
         Command::Info(a) => info(a),
         Command::Partition(a) => partition(a),
         Command::Convert(a) => convert(a),

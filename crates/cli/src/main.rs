@@ -7,6 +7,7 @@ mod commands;
 mod load;
 mod plan;
 mod plot;
+mod predict;
 mod train;
 
 use clap::Parser;

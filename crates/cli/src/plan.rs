@@ -163,6 +163,7 @@ impl TrainArgs {
                     FeatureNormArg::None => grinnder_engine::FeatureNorm::None,
                     FeatureNormArg::Row => grinnder_engine::FeatureNorm::Row,
                 },
+                feature_shift: None,
             },
             precision: pick!(precision, PrecisionArg::F32),
             device: {

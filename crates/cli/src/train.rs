@@ -6,7 +6,7 @@ use std::io::Write;
 use anyhow::Context;
 use grinnder_engine::{
     CheckpointConfig, DeviceGroups, EpochMetrics, FeatureSource, HostFeatures, Mode, Summary, TieredConfig,
-    Trainer,
+    Trainer, Weights,
 };
 use grinnder_graph::{io, progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
@@ -64,11 +64,11 @@ impl FeatureSource<grinnder_cuda::Cuda> for ZeroCopyFeatures {
 }
 
 /// This process's place in a partition-parallel run started by `mpirun`.
-struct Launch {
+pub(crate) struct Launch {
     /// Every rank, this server's ranks, the server heads.
-    groups: grinnder_dist::Groups,
+    pub(crate) groups: grinnder_dist::Groups,
     /// This rank's index among the ranks of its machine (which GPU it uses).
-    local_rank: usize,
+    pub(crate) local_rank: usize,
     /// How many ranks share this machine.
     local_size: usize,
     /// MPI stays initialised while this lives (declared last: dropped after `comm`).
@@ -76,8 +76,9 @@ struct Launch {
     _mpi: grinnder_dist::mpi::Mpi,
 }
 
-/// Joins the MPI job this process was started in, if any (more than one rank).
-fn launch(plan: &TrainPlan) -> anyhow::Result<Option<Launch>> {
+/// Joins the MPI job this process was started in, if any (more than one rank); servers of
+/// `ranks_per_server` ranks (default: the ranks on each machine).
+pub(crate) fn launch(ranks_per_server: Option<usize>) -> anyhow::Result<Option<Launch>> {
     let Some(ranks) = grinnder_dist::launched_ranks().filter(|&n| n > 1) else { return Ok(None) };
     #[cfg(feature = "mpi")]
     {
@@ -85,13 +86,13 @@ fn launch(plan: &TrainPlan) -> anyhow::Result<Option<Launch>> {
         let mpi = grinnder_dist::mpi::Mpi::init().context("MPI did not initialise")?;
         let world = mpi.world();
         let (local_rank, local_size) = world.local();
-        let ranks_per_server = plan.ranks_per_server.unwrap_or(local_size);
+        let ranks_per_server = ranks_per_server.unwrap_or(local_size);
         let groups = grinnder_dist::Groups::new(Box::new(world), ranks_per_server);
         Ok(Some(Launch { groups, local_rank, local_size, _mpi: mpi }))
     }
     #[cfg(not(feature = "mpi"))]
     {
-        let _ = plan;
+        let _ = ranks_per_server;
         anyhow::bail!(
             "started as one of {ranks} MPI ranks, but this grinnder was built without MPI: build it with `cargo build --release --features mpi` (needs Open MPI: libopenmpi-dev)"
         )
@@ -139,7 +140,10 @@ fn nccl_groups(
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let mut plan = a.plan()?;
     let ckpt = a.checkpoint()?;
-    let launch = launch(&plan)?;
+    if let Some(p) = &a.save_model {
+        check_writable(p, "--save-model")?;
+    }
+    let launch = launch(plan.ranks_per_server)?;
     anyhow::ensure!(
         launch.is_some() || plan.expansion == grinnder_engine::Expansion::Plain,
         "--expansion shares the graph out by server: start several ranks with mpirun"
@@ -189,6 +193,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
                 groups,
                 $device,
                 ckpt.as_ref(),
+                &a,
                 &mut metrics_file,
                 &mut history,
             )?
@@ -238,6 +243,19 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     }
     report(&summary, &plan, host_mem);
     Ok(())
+}
+
+/// Refuses an output path that cannot be written, before any work: its directory must exist
+/// and take a new file.
+pub(crate) fn check_writable(path: &std::path::Path, flag: &str) -> anyhow::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    anyhow::ensure!(!path.is_dir(), "{flag} {} is a directory; give a file name", path.display());
+    grinnder_graph::io::files::temp_in(dir, ".grinnder-write-test-")
+        .map(drop)
+        .with_context(|| format!("{flag} {}: cannot write into {}", path.display(), dir.display()))
 }
 
 /// Settles `plan` for this rank of `l`: the partitions (at least one per rank), this rank's GPU,
@@ -321,6 +339,7 @@ fn run_on<B: Backend>(
     groups: Option<&grinnder_dist::Groups>,
     device: Option<&DeviceGroups<B>>,
     ckpt: Option<&CheckpointConfig>,
+    a: &TrainArgs,
     file: &mut Option<std::fs::File>,
     history: &mut Vec<EpochMetrics>,
 ) -> anyhow::Result<Summary> {
@@ -382,7 +401,49 @@ fn run_on<B: Backend>(
         }
         history.push(m.clone());
     };
-    let mode = match (&plan.tiered, &plan.minibatch) {
+    let mode = mode_of(plan, features, groups, device);
+    let mut trainer = Trainer::new(b, ds, plan.config.clone(), mode)?;
+    if let Some(c) = ckpt {
+        trainer = trainer.with_checkpoints(c)?;
+    }
+    if let Some(p) = &a.init_from {
+        if trainer.epochs_done() > 0 {
+            tracing::info!(
+                "resumed at epoch {}: the checkpoint's weights, not --init-from's",
+                trainer.epochs_done()
+            );
+        } else {
+            let f = grinnder_engine::ModelFile::load(p)?;
+            trainer.load_weights(&f)?;
+            tracing::info!("starting from the weights of {} ({})", p.display(), f.arch.describe());
+        }
+    }
+    while !trainer.done() {
+        let m = trainer.train_epoch()?;
+        on_epoch(&m);
+    }
+    let summary = trainer.summary();
+    pb.finish_and_clear();
+    if let Some(e) = write_err {
+        return Err(e).context("cannot write the metrics file");
+    }
+    if let Some(p) = &a.save_model {
+        let which = if a.save_last { Weights::Last } else { Weights::BestValid };
+        let note = trainer.save_model(p, which)?;
+        tracing::info!("model saved to {} ({note})", p.display());
+    }
+    Ok(summary)
+}
+
+/// The trainer's mode for `plan`: mini-batches (cooperative over ranks), the whole graph in
+/// memory, or the tiered executor (partition-parallel over ranks).
+fn mode_of<'a, B: Backend>(
+    plan: &TrainPlan,
+    features: Option<&'a dyn FeatureSource<B>>,
+    groups: Option<&'a grinnder_dist::Groups>,
+    device: Option<&'a DeviceGroups<B>>,
+) -> Mode<'a, B> {
+    match (&plan.tiered, &plan.minibatch) {
         (_, Some(mb)) => match groups {
             Some(groups) => Mode::Cooperative { config: mb.clone(), groups, features },
             None => Mode::MiniBatch { config: mb.clone(), features },
@@ -408,19 +469,5 @@ fn run_on<B: Backend>(
                 None => Mode::Tiered(tiered),
             }
         }
-    };
-    let mut trainer = Trainer::new(b, ds, plan.config.clone(), mode)?;
-    if let Some(c) = ckpt {
-        trainer = trainer.with_checkpoints(c)?;
     }
-    while !trainer.done() {
-        let m = trainer.train_epoch()?;
-        on_epoch(&m);
-    }
-    let summary = trainer.summary();
-    pb.finish_and_clear();
-    if let Some(e) = write_err {
-        return Err(e).context("cannot write the metrics file");
-    }
-    Ok(summary)
 }

@@ -43,6 +43,36 @@ fn epochs(path: &Path) -> Vec<serde_json::Value> {
 }
 
 #[test]
+fn mpirun_predicts_what_one_process_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |x: &str| dir.path().join(x).to_str().unwrap().to_string();
+    let o =
+        single(&["-q", "train", "--model", "sage", "--epochs", "20", "--save-model", &d("m.safetensors")]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (m, one, two) = (d("m.safetensors"), d("one"), d("two"));
+    let o = single(&["-q", "predict", "--model-file", &m, "--out", &one, "--embed", "0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = mpirun(2, &["-q", "predict", "--model-file", &m, "--out", &two, "--embed", "0", "--parts", "4"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.matches("logits: 2708").count(), 1, "rank 0 alone reports: {out}");
+    for name in ["logits.npy", "embedding-0.npy"] {
+        let read = |sub: &str| {
+            let a = grinnder_graph::io::npy::Npy::open(&Path::new(&d(sub)).join(name)).unwrap();
+            (a.shape.clone(), a.to_f32().unwrap().to_vec())
+        };
+        let ((ws, want), (gs, got)) = (read("one"), read("two"));
+        assert_eq!(ws, gs, "{name}");
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * scale, "{name}: value {i}: {g} against {w}");
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(d("two")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left.len(), 2, "no temporaries left: {left:?}");
+}
+
+#[test]
 fn mpirun_trains_partition_parallel_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
     for model in ["gcn", "sage", "gat", "gin"] {

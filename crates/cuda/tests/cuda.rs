@@ -506,6 +506,7 @@ fn the_minibatch_trainer_gives_the_cpu_losses() {
             epochs: 3,
             eval_every: 0,
             feature_norm: FeatureNorm::Row,
+            feature_shift: None,
         };
         let mb = MiniBatchConfig {
             fanouts: vec![5, 3],

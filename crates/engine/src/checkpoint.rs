@@ -68,6 +68,9 @@ pub struct Checkpoint {
     pub best: Option<(usize, f64, f64)>,
     pub epoch_times: Vec<f64>,
     pub last_loss: f64,
+    /// The parameters of the best validation epoch (what `--save-model` writes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_params: Option<Vec<crate::model_file::Tensor>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,10 +93,10 @@ pub enum CheckpointError {
 }
 
 /// The largest checkpoint file of a model of `values` parameter values over `epochs` epochs:
-/// each value and its two optimizer moments as f64 text (at most 24 characters and a comma),
-/// one time per epoch, and a MiB for the rest.
+/// each value, its two optimizer moments and its best-validation value as f64 text (at most 24
+/// characters and a comma), one time per epoch, and a MiB for the rest.
 pub fn max_bytes(values: usize, epochs: usize) -> u64 {
-    75 * values as u64 + 32 * epochs as u64 + (1 << 20)
+    100 * values as u64 + 32 * epochs as u64 + (1 << 20)
 }
 
 /// xxh3 over the graph structure, labels, splits, feature shape and the first and last MiB of

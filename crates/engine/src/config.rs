@@ -14,6 +14,31 @@ pub struct TrainConfig {
     /// Evaluate every this many epochs and after the last; 0: never.
     pub eval_every: usize,
     pub feature_norm: FeatureNorm,
+    /// The statistic `feature_norm` uses ([`FeatureNorm::Row`]'s shift), when it is given —
+    /// a model file's, from its training graph — instead of computed from the dataset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feature_shift: Option<f64>,
+}
+
+impl TrainConfig {
+    /// How the input features are preprocessed.
+    pub fn features(&self) -> FeaturePrep {
+        FeaturePrep { norm: self.feature_norm, shift: self.feature_shift }
+    }
+}
+
+/// Feature preprocessing and, when fixed in advance, its statistic (otherwise computed from the
+/// dataset it is applied to).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FeaturePrep {
+    pub norm: FeatureNorm,
+    pub shift: Option<f64>,
+}
+
+impl From<FeatureNorm> for FeaturePrep {
+    fn from(norm: FeatureNorm) -> FeaturePrep {
+        FeaturePrep { norm, shift: None }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +59,9 @@ pub enum TrainError {
     Memory(String),
     #[error("{0}")]
     Config(String),
+    /// A model file could not be read, written or used (its message).
+    #[error("{0}")]
+    ModelFile(String),
     #[error("the tiered executor stopped at an earlier error and cannot go on (start again): {0}")]
     Stopped(String),
 }

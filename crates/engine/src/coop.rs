@@ -255,7 +255,7 @@ impl<'a, B: Backend> Cooperative<'a, B> {
             groups,
             model: Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize),
             sampler: NeighborSampler::new(mb.fanouts.clone(), cfg.model.seed),
-            host: HostFeatures::new(ds, cfg.feature_norm),
+            host: HostFeatures::new(ds, cfg.features()),
             features,
             evaluator: ExactEval::new(b, ds, cfg, groups.global.size(), Some(dist)),
             mb,
@@ -327,6 +327,15 @@ impl<B: Backend> crate::mode::Engine<B> for Cooperative<'_, B> {
 
     fn correct(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
         self.evaluator.run(&mut self.model, epoch)
+    }
+
+    fn predict(
+        &mut self,
+        upto: usize,
+        wanted: &dyn Fn(u32) -> bool,
+        emit: &mut crate::tiered::Emit<'_>,
+    ) -> Result<Option<PhaseStats>, TrainError> {
+        self.evaluator.predict(&mut self.model, upto, wanted, emit)
     }
 
     fn model(&mut self) -> &mut Model<B> {

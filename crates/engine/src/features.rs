@@ -5,12 +5,12 @@ use grinnder_graph::Dataset;
 use grinnder_tensor::{Backend, Mat, Rows, Scalar};
 use rayon::prelude::*;
 
-use crate::config::FeatureNorm;
+use crate::config::{FeatureNorm, FeaturePrep};
 
 /// Host features, preprocessed, as a backend matrix: on a device in chunks of
 /// [`FEATURE_CHUNK_BYTES`] (see [`features_in_chunks`]).
-pub fn features<B: Backend>(b: &B, ds: &Dataset, norm: FeatureNorm) -> B::Mat {
-    features_in_chunks(b, ds, norm, b.device_memory().map(|_| FEATURE_CHUNK_BYTES))
+pub fn features<B: Backend>(b: &B, ds: &Dataset, prep: impl Into<FeaturePrep>) -> B::Mat {
+    features_in_chunks(b, ds, prep, b.device_memory().map(|_| FEATURE_CHUNK_BYTES))
 }
 
 /// Bytes of preprocessed feature rows that go to a device at a time.
@@ -23,11 +23,11 @@ const FEATURE_CHUNK_BYTES: usize = 256 << 20;
 pub fn features_in_chunks<B: Backend>(
     b: &B,
     ds: &Dataset,
-    norm: FeatureNorm,
+    prep: impl Into<FeaturePrep>,
     chunk: Option<usize>,
 ) -> B::Mat {
     let (n, d) = (ds.num_nodes(), ds.features.dim);
-    let host = HostFeatures::new(ds, norm);
+    let host = HostFeatures::new(ds, prep);
     let Some(chunk) = chunk.filter(|_| n > 0 && d > 0) else {
         let mut m = Mat::zeros(n, d);
         host.write_rows(None, &mut m.data);
@@ -52,6 +52,11 @@ pub fn feature_shift(ds: &Dataset, norm: FeatureNorm) -> f64 {
         FeatureNorm::None => 0.0,
         FeatureNorm::Row => ds.features.data.par_iter().copied().reduce(|| f32::INFINITY, f32::min) as f64,
     }
+}
+
+/// The shift `prep` applies to `ds`: its fixed one, else [`feature_shift`].
+pub fn shift_of(ds: &Dataset, prep: FeaturePrep) -> f64 {
+    prep.shift.unwrap_or_else(|| feature_shift(ds, prep.norm))
 }
 
 /// One feature row preprocessed (`shift` from [`feature_shift`]).
@@ -116,8 +121,15 @@ pub struct HostFeatures<'a> {
 }
 
 impl<'a> HostFeatures<'a> {
-    pub fn new(ds: &'a Dataset, norm: FeatureNorm) -> HostFeatures<'a> {
-        HostFeatures { ds, norm, shift: feature_shift(ds, norm), staged: false, staged_batches: 0.into() }
+    pub fn new(ds: &'a Dataset, prep: impl Into<FeaturePrep>) -> HostFeatures<'a> {
+        let prep = prep.into();
+        HostFeatures {
+            ds,
+            norm: prep.norm,
+            shift: shift_of(ds, prep),
+            staged: false,
+            staged_batches: 0.into(),
+        }
     }
 
     /// The same rows gathered by the sampling threads, as a framework's loader workers do:

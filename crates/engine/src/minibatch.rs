@@ -17,7 +17,7 @@ use grinnder_nn::graph::Adjacency;
 use grinnder_nn::{Aggregation, Graph, Model, Optimizer};
 use grinnder_tensor::Backend;
 
-use crate::config::{FeatureNorm, TrainConfig, TrainError};
+use crate::config::{FeaturePrep, TrainConfig, TrainError};
 use crate::features::{FeatureSource, HostFeatures};
 use crate::tiered::{Executor, PhaseStats, TieredConfig};
 
@@ -217,7 +217,7 @@ pub(crate) struct ExactEval<'a, B: Backend> {
     b: &'a B,
     ds: &'a Dataset,
     model: grinnder_nn::ModelConfig,
-    norm: FeatureNorm,
+    norm: FeaturePrep,
     tc: TieredConfig,
     dist: Option<crate::tiered::DistConfig<'a, B>>,
     ex: Option<Executor<'a, B>>,
@@ -235,7 +235,7 @@ impl<'a, B: Backend> ExactEval<'a, B> {
             b,
             ds,
             model: grinnder_nn::ModelConfig { input_dropout: 0.0, ..cfg.model.clone() },
-            norm: cfg.feature_norm,
+            norm: cfg.features(),
             tc: TieredConfig::in_ram(parts.max(1), grinnder_partition::Method::Contiguous),
             dist,
             ex: None,
@@ -244,16 +244,41 @@ impl<'a, B: Backend> ExactEval<'a, B> {
 
     /// Correct predictions on train, valid and test with `model`'s weights.
     pub(crate) fn run(&mut self, model: &mut Model<B>, epoch: u64) -> Result<[usize; 3], TrainError> {
+        self.run_with(model, |ex| {
+            let mut c = ex.evaluate(epoch)?.map(|n| n as u64);
+            ex.reduce(&mut c);
+            Ok(c.map(|n| n as usize))
+        })
+    }
+
+    /// `pass` on the executor (set up at its first use) holding `model`'s weights.
+    fn run_with<R>(
+        &mut self,
+        model: &mut Model<B>,
+        pass: impl FnOnce(&mut Executor<'a, B>) -> Result<R, TrainError>,
+    ) -> Result<R, TrainError> {
         if self.ex.is_none() {
             self.ex = Some(Executor::new_dist(self.b, self.ds, &self.model, self.norm, &self.tc, self.dist)?);
         }
         let ex = self.ex.as_mut().expect("set up");
-        for (dst, src) in ex.model.params_mut().into_iter().zip(model.params_mut()) {
+        for (dst, src) in ex.model.state_mut().into_iter().zip(model.state_mut()) {
             self.b.copy(&src.value, &mut dst.value);
         }
-        let mut c = ex.evaluate(epoch)?.map(|n| n as u64);
-        ex.reduce(&mut c);
-        Ok(c.map(|n| n as usize))
+        pass(ex)
+    }
+
+    /// [`crate::mode::Engine::predict`] with `model`'s weights.
+    pub(crate) fn predict(
+        &mut self,
+        model: &mut Model<B>,
+        upto: usize,
+        wanted: &dyn Fn(u32) -> bool,
+        emit: &mut crate::tiered::Emit<'_>,
+    ) -> Result<Option<PhaseStats>, TrainError> {
+        self.run_with(model, |ex| {
+            ex.predict(upto, wanted, emit)?;
+            Ok(Some(ex.take_stats()))
+        })
     }
 }
 
@@ -345,10 +370,8 @@ impl<'a, B: Backend> MiniBatches<'a, B> {
         // the CPU staging would only add a copy
         let rows = match features {
             Some(f) => Rows::Given(f),
-            None if b.device_memory().is_some() => {
-                Rows::Host(HostFeatures::new(ds, cfg.feature_norm).staged())
-            }
-            None => Rows::Host(HostFeatures::new(ds, cfg.feature_norm)),
+            None if b.device_memory().is_some() => Rows::Host(HostFeatures::new(ds, cfg.features()).staged()),
+            None => Rows::Host(HostFeatures::new(ds, cfg.features())),
         };
         let model = Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize);
         let workers = mb.loader_threads.unwrap_or_else(default_loader_threads).max(1);
@@ -525,6 +548,15 @@ impl<B: Backend> crate::mode::Engine<B> for MiniBatches<'_, B> {
 
     fn correct(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
         self.evaluator.run(&mut self.model, epoch)
+    }
+
+    fn predict(
+        &mut self,
+        upto: usize,
+        wanted: &dyn Fn(u32) -> bool,
+        emit: &mut crate::tiered::Emit<'_>,
+    ) -> Result<Option<PhaseStats>, TrainError> {
+        self.evaluator.predict(&mut self.model, upto, wanted, emit)
     }
 
     fn model(&mut self) -> &mut Model<B> {

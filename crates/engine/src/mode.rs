@@ -3,7 +3,7 @@
 //! `minibatch.rs`, `coop.rs` and `trainer/` implement it without depending on each other.)
 
 use grinnder_nn::{Model, Optimizer};
-use grinnder_tensor::Backend;
+use grinnder_tensor::{Backend, Mat};
 
 use crate::config::TrainError;
 use crate::tiered::PhaseStats;
@@ -21,4 +21,32 @@ pub(crate) trait Engine<B: Backend> {
     fn correct(&mut self, epoch: u64) -> Result<[usize; 3], TrainError>;
     /// The model being trained (on every rank the same parameters).
     fn model(&mut self) -> &mut Model<B>;
+    /// The output of layer `upto - 1` without dropout (`upto = layers`: the logits) for this
+    /// rank's nodes, in pieces: `emit(ids, rows)`, row i being node `ids[i]` of the dataset.
+    /// Where the mode can, the output layer skips pieces without a node `wanted` accepts.
+    fn predict(
+        &mut self,
+        upto: usize,
+        wanted: &dyn Fn(u32) -> bool,
+        emit: &mut crate::tiered::Emit<'_>,
+    ) -> Result<Option<PhaseStats>, TrainError>;
 }
+
+/// Hands `m` (row i: node `first + i`) to `emit` in pieces of at most [`PIECE_ROWS`] rows.
+pub(crate) fn emit_in_pieces<T: grinnder_tensor::Scalar>(
+    m: &Mat<T>,
+    first: u32,
+    emit: &mut crate::tiered::Emit<'_>,
+) -> Result<(), TrainError> {
+    let w = m.cols;
+    for start in (0..m.rows).step_by(PIECE_ROWS) {
+        let n = PIECE_ROWS.min(m.rows - start);
+        let ids: Vec<u32> = (first + start as u32..first + (start + n) as u32).collect();
+        let data = m.data[start * w..(start + n) * w].iter().map(|x| x.f64() as f32).collect();
+        emit(&ids, Mat::from_vec(n, w, data))?;
+    }
+    Ok(())
+}
+
+/// Rows handed on at a time by a mode that holds its whole output.
+pub(crate) const PIECE_ROWS: usize = 1 << 16;

@@ -19,7 +19,6 @@ use grinnder_graph::Dataset;
 use grinnder_tensor::{Backend, MatComm};
 
 use crate::config::TrainConfig;
-use crate::features::feature_shift;
 use crate::tiered::SubgraphOf;
 
 /// How each server extends the nodes it owns.
@@ -82,7 +81,7 @@ pub fn share(ds: &Dataset, part: &[u32], server: usize, expansion: Expansion, cf
         ids: sub.ids,
         degree: sub.degree,
         n_train: ds.splits.train.len(),
-        feature_shift: feature_shift(ds, cfg.feature_norm),
+        feature_shift: crate::features::shift_of(ds, cfg.features()),
     };
     Share { ds: sub.ds, of, owned: owned.len() }
 }

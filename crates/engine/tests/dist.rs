@@ -312,6 +312,7 @@ fn train_config(cfg: &ModelConfig) -> TrainConfig {
         epochs: 1,
         eval_every: 1,
         feature_norm: FeatureNorm::Row,
+        feature_shift: None,
     }
 }
 

@@ -86,7 +86,7 @@ fn checkpoints_survive_corruption() {
         dataset: "0123456789abcdef".into(),
         optimizer_steps: 7,
         params: vec![ParamState {
-            name: "convs.0.weight".into(),
+            name: "convs.0.lin.weight".into(),
             rows: 2,
             cols: 3,
             value: vec![0.5, -1.25, 3.0e-7, 1.0, 2.0, -0.0],
@@ -95,6 +95,11 @@ fn checkpoints_survive_corruption() {
         best: Some((5, 0.8, 0.79)),
         epoch_times: vec![0.01; 7],
         last_loss: 0.6,
+        best_params: Some(vec![grinnder_engine::model_file::Tensor {
+            name: "convs.0.lin.weight".into(),
+            shape: vec![2, 3],
+            data: vec![0.25, -1.0, 2.0e-7, 1.5, 2.5, -0.5],
+        }]),
     };
     let path = checkpoint::save(&cfg, &ck).unwrap();
     let max = checkpoint::max_bytes(6, 9);

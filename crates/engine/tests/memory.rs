@@ -28,6 +28,7 @@ fn config(kind: Kind, epochs: usize) -> TrainConfig {
         epochs,
         eval_every: 1,
         feature_norm: FeatureNorm::None,
+        feature_shift: None,
     }
 }
 

@@ -129,6 +129,7 @@ fn sampled_batches_train_and_evaluate_exactly() {
         epochs: 8,
         eval_every: 4,
         feature_norm: FeatureNorm::Row,
+        feature_shift: None,
     };
     let mb = MiniBatchConfig {
         fanouts: vec![5, 5],
@@ -213,6 +214,7 @@ fn rows_staged_by_the_sampling_threads_train_exactly_like_rows_gathered_by_the_t
         epochs: 3,
         eval_every: 3,
         feature_norm: FeatureNorm::Row,
+        feature_shift: None,
     };
     let mb = MiniBatchConfig {
         fanouts: vec![5, 5],

@@ -330,6 +330,7 @@ fn blocks_kept_in_the_device_tier_give_the_same_gradients() {
         epochs: 4,
         eval_every: 2,
         feature_norm: FeatureNorm::Row,
+        feature_shift: None,
     };
     let mut want = Vec::new();
     fit(&Cpu::<f32>::new(), &ds, &cfg, Mode::FullGraph, &mut |m| want.push(m.clone())).unwrap();
@@ -366,6 +367,7 @@ fn ten_epochs_give_the_same_parameters() {
             epochs: 10,
             eval_every: 5,
             feature_norm: FeatureNorm::Row,
+            feature_shift: None,
         };
         let mut reference = Vec::new();
         let s_ref =
@@ -426,6 +428,7 @@ fn bf16_blocks_train_close_to_f32() {
         epochs: 30,
         eval_every: 30,
         feature_norm: FeatureNorm::Row,
+        feature_shift: None,
     };
     let run = |dtype| {
         let tc = TieredConfig { tier_dtype: dtype, ..TieredConfig::in_ram(4, Method::Metis { seed: 0 }) };

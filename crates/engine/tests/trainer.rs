@@ -34,6 +34,7 @@ fn config(epochs: usize) -> TrainConfig {
         epochs,
         eval_every: 2,
         feature_norm: FeatureNorm::Row,
+        feature_shift: None,
     }
 }
 

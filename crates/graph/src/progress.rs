@@ -4,7 +4,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+pub use indicatif::ProgressBar;
+use indicatif::{MultiProgress, ProgressDrawTarget, ProgressStyle};
 
 static QUIET: AtomicBool = AtomicBool::new(false);
 /// Every bar of the process draws through this, so nested bars (training's epochs, an epoch's

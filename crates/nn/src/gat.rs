@@ -47,6 +47,7 @@ impl<B: Backend> GatConv<B> {
         seed: u64,
     ) -> Self {
         let width = heads * out_dim;
+        let bias_width = if concat { width } else { out_dim };
         let mean = (!concat).then(|| {
             let mut m = Mat::<B::T>::zeros(width, out_dim);
             let w = <B::T as grinnder_tensor::Scalar>::of(1.0 / heads as f64);
@@ -59,9 +60,11 @@ impl<B: Backend> GatConv<B> {
         });
         GatConv {
             lin: Linear::init(b, &format!("{name}.lin"), in_dim, width, false, seed),
-            att_src: Param::glorot(b, format!("{name}.att_src"), heads, out_dim, seed),
-            att_dst: Param::glorot(b, format!("{name}.att_dst"), heads, out_dim, seed),
-            bias: Param::zeros(b, format!("{name}.bias"), 1, if concat { width } else { out_dim }),
+            att_src: Param::glorot(b, format!("{name}.att_src"), heads, out_dim, seed)
+                .shaped(&[1, heads, out_dim]),
+            att_dst: Param::glorot(b, format!("{name}.att_dst"), heads, out_dim, seed)
+                .shaped(&[1, heads, out_dim]),
+            bias: Param::zeros(b, format!("{name}.bias"), 1, bias_width).shaped(&[bias_width]),
             heads,
             concat,
             mean,

@@ -22,8 +22,16 @@ pub struct GcnConv<B: Backend> {
 pub type GcnCache<B> = aggregate::AggCache<B>;
 
 impl<B: Backend> GcnConv<B> {
+    /// PyG's names: `{name}.lin.weight` `[out, in]`, `{name}.bias` `[out]` (the bias is the
+    /// conv's, after aggregation).
     pub fn init(b: &B, name: &str, in_dim: usize, out_dim: usize, seed: u64) -> Self {
-        GcnConv { lin: Linear::init(b, name, in_dim, out_dim, true, seed) }
+        // drawn under the names the layer had first, so a seed gives the weights it always gave
+        let mut lin = Linear::init(b, name, in_dim, out_dim, true, seed);
+        lin.weight.name = format!("{name}.lin.weight");
+        if let Some(bias) = &mut lin.bias {
+            bias.name = format!("{name}.bias");
+        }
+        GcnConv { lin }
     }
 
     /// `Â x`, the aggregation of an input (what a fixed input can have done once).

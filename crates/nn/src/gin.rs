@@ -53,7 +53,7 @@ impl<B: Backend> GinConv<B> {
         GinConv {
             lin1: Linear::init(b, &format!("{name}.nn.0"), in_dim, hid, true, seed),
             lin2: Linear::init(b, &format!("{name}.nn.2"), hid, out_dim, true, seed.wrapping_add(1 << 32)),
-            eps: Param::new(b, format!("{name}.eps"), &Mat::from_vec(1, 1, vec![B::T::of(eps)])),
+            eps: Param::new(b, format!("{name}.eps"), &Mat::from_vec(1, 1, vec![B::T::of(eps)])).shaped(&[1]),
             train_eps,
         }
     }
@@ -137,6 +137,15 @@ impl<B: Backend> GinConv<B> {
         if self.train_eps {
             v.push(&mut self.eps);
         }
+        v
+    }
+
+    /// Everything PyG's `state_dict` holds: the parameters and ε also when it is fixed (a
+    /// buffer there).
+    pub fn state_mut(&mut self) -> Vec<&mut Param<B>> {
+        let mut v = self.lin1.params_mut();
+        v.extend(self.lin2.params_mut());
+        v.push(&mut self.eps);
         v
     }
 }

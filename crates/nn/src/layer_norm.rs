@@ -16,8 +16,8 @@ pub struct LayerNorm<B: Backend> {
 impl<B: Backend> LayerNorm<B> {
     pub fn init(b: &B, name: &str, dim: usize) -> Self {
         LayerNorm {
-            gamma: Param::ones(b, format!("{name}.weight"), 1, dim),
-            beta: Param::zeros(b, format!("{name}.bias"), 1, dim),
+            gamma: Param::ones(b, format!("{name}.weight"), 1, dim).shaped(&[dim]),
+            beta: Param::zeros(b, format!("{name}.bias"), 1, dim).shaped(&[dim]),
         }
     }
 

@@ -14,6 +14,7 @@ pub mod graph;
 pub mod layer_norm;
 pub mod linear;
 pub mod model;
+mod naming;
 pub mod optim;
 pub mod param;
 pub mod sage;

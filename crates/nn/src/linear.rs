@@ -14,7 +14,7 @@ impl<B: Backend> Linear<B> {
     pub fn init(b: &B, name: &str, in_dim: usize, out_dim: usize, bias: bool, seed: u64) -> Self {
         Linear {
             weight: Param::glorot(b, format!("{name}.weight"), out_dim, in_dim, seed),
-            bias: bias.then(|| Param::zeros(b, format!("{name}.bias"), 1, out_dim)),
+            bias: bias.then(|| Param::zeros(b, format!("{name}.bias"), 1, out_dim).shaped(&[out_dim])),
         }
     }
 

@@ -88,7 +88,7 @@ impl ModelConfig {
     }
 
     /// Attention heads of a hidden layer (1 without attention).
-    fn heads_of_hidden(&self) -> usize {
+    pub fn heads_of_hidden(&self) -> usize {
         if self.kind == Kind::Gat {
             self.heads.max(1)
         } else {
@@ -167,6 +167,13 @@ impl<B: Backend> Conv<B> {
             Conv::Sage(c) => c.params_mut(),
             Conv::Gat(c) => c.params_mut(),
             Conv::Gin(c) => c.params_mut(),
+        }
+    }
+
+    fn state_mut(&mut self) -> Vec<&mut Param<B>> {
+        match self {
+            Conv::Gin(c) => c.state_mut(),
+            c => c.params_mut(),
         }
     }
 }
@@ -318,6 +325,14 @@ impl<B: Backend> Model<B> {
         v
     }
 
+    /// Everything a model file holds, in PyG's names and shapes (`Param::name`,
+    /// `Param::shape`): the parameters, and values PyG keeps as buffers (a fixed GIN ε).
+    pub fn state_mut(&mut self) -> Vec<&mut Param<B>> {
+        let mut v: Vec<&mut Param<B>> = self.convs.iter_mut().flat_map(|c| c.state_mut()).collect();
+        v.extend(self.norms.iter_mut().flat_map(|n| n.params_mut()));
+        v
+    }
+
     pub fn zero_grad(&mut self, b: &B) {
         for p in self.params_mut() {
             p.zero_grad(b);
@@ -340,6 +355,20 @@ impl<B: Backend> Model<B> {
             tape.hidden.push(y);
         }
         unreachable!("a model has at least one layer")
+    }
+
+    /// The output of layer `upto - 1` without dropout, on a square graph: a hidden layer's rows
+    /// after its norm, ReLU and residual (an embedding), or the logits for `upto = layers()`.
+    pub fn forward_to(&self, b: &B, g: &Graph<B>, x: &B::Mat, upto: usize) -> B::Mat {
+        assert!((1..=self.layers()).contains(&upto), "layer {upto} of {}", self.layers());
+        let mut h: Option<B::Mat> = None;
+        for l in 0..upto {
+            let input = h.as_ref().unwrap_or(x);
+            let pre = if l == 0 { self.pre.as_ref() } else { None };
+            let (y, _) = self.layer_forward_impl(b, g, l, input, pre, false, 0, false);
+            h = Some(y);
+        }
+        h.expect("at least one layer ran")
     }
 
     /// Backward from the logits' gradient: accumulates every parameter's gradient.

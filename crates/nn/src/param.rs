@@ -5,7 +5,11 @@ use grinnder_tensor::{Backend, Mat, Scalar};
 
 /// A parameter matrix with its gradient (accumulated by backward passes, zeroed by the trainer).
 pub struct Param<B: Backend> {
+    /// PyG's name for it (`convs.0.lin.weight`): the key in model files.
     pub name: String,
+    /// PyG's shape for it (a bias is `[out]`, GAT's attention `[1, heads, out]`): the same
+    /// values as `value` in row-major order, the shape a model file stores.
+    pub shape: Vec<usize>,
     pub value: B::Mat,
     pub grad: B::Mat,
     /// Optimizer state (Adam's moments, SGD's momentum buffer), allocated on first use.
@@ -17,6 +21,7 @@ impl<B: Backend> Param<B> {
     pub fn new(b: &B, name: impl Into<String>, value: &Mat<B::T>) -> Self {
         Param {
             name: name.into(),
+            shape: vec![value.rows, value.cols],
             value: b.upload(value),
             grad: b.zeros(value.rows, value.cols),
             state: None,
@@ -42,6 +47,19 @@ impl<B: Backend> Param<B> {
     /// A parameter filled with ones (LayerNorm scale).
     pub fn ones(b: &B, name: impl Into<String>, rows: usize, cols: usize) -> Self {
         Param::new(b, name, &Mat::from_vec(rows, cols, vec![B::T::of(1.0); rows * cols]))
+    }
+
+    /// The parameter with PyG's `shape` for it (same element count).
+    pub fn shaped(mut self, shape: &[usize]) -> Self {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            self.shape.iter().product::<usize>(),
+            "{}: shape {shape:?} for {:?}",
+            self.name,
+            self.shape
+        );
+        self.shape = shape.to_vec();
+        self
     }
 
     pub fn zero_grad(&mut self, b: &B) {

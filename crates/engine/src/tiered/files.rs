@@ -183,19 +183,7 @@ pub struct Faults {
     pub reads_after: Option<usize>,
 }
 
-/// Free bytes for an unprivileged writer in the file system holding `dir`.
-pub fn free_bytes(dir: &Path) -> io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))?;
-    // SAFETY: statvfs is plain old data; zeroed is a valid value and the call fills it.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is a valid NUL-terminated path and st a valid out pointer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
-}
+pub use grinnder_graph::io::files::free_bytes;
 
 /// Reads or writes `len` bytes at `ptr` from offset 0 of `file` through `ring`, at most
 /// [`QUEUE_DEPTH`] requests of [`CHUNK`] bytes in flight; returns the bytes transferred before

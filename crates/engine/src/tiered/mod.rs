@@ -53,6 +53,7 @@ mod dist;
 pub mod files;
 mod placement;
 mod plan;
+mod predict;
 mod rows;
 mod schedule;
 mod setup;
@@ -77,10 +78,11 @@ pub(crate) use dist::{sum_gradients, Reducer};
 pub use files::Faults;
 use plan::*;
 pub use plan::{DevicePlan, Plan};
+pub use predict::Emit;
 pub use store::{BlockId, BlockKind, CacheMode, Store, StoreConfig, TierDtype, TierStats};
 use tiers::Tiers;
 
-use crate::config::{FeatureNorm, TrainError};
+use crate::config::{FeatureNorm, FeaturePrep, TrainError};
 use crate::features::{feature_rows, feature_shift};
 
 /// How the executor partitions and where its blocks live.
@@ -228,6 +230,8 @@ pub struct Executor<'a, B: Backend> {
     /// The partitions this rank computes (all of them in one process).
     local: std::ops::Range<usize>,
     dist: Option<DistState<'a, B>>,
+    /// Progress bars per layer (inference).
+    progress: bool,
 }
 
 fn io_err(e: std::io::Error) -> TrainError {

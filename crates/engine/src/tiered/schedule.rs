@@ -8,9 +8,17 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Forward over all partitions: hidden layers into the store, and the output layer's
     /// transform when it runs split (its aggregation happens where the logits are used).
     pub(super) fn forward_layers(&mut self, train: bool, epoch: u64) -> Result<(), TrainError> {
+        self.forward_to(self.model.layers(), train, epoch)
+    }
+
+    /// [`Executor::forward_layers`] up to layer `upto - 1`: its output rows (layer `upto`'s
+    /// input) end in the store; `upto = layers()` is the whole forward. With
+    /// [`Executor::fused`], layer 0 runs only inside layer 1, so `upto` is then at least 2.
+    pub(super) fn forward_to(&mut self, upto: usize, train: bool, epoch: u64) -> Result<(), TrainError> {
         let b = self.b;
         let layers = self.model.layers();
-        for l in 0..layers {
+        assert!(upto > 1 || !self.fused, "layer 0's output is never a block when fused");
+        for l in 0..upto.min(layers) {
             let top = l + 1 == layers;
             if l == 0 && self.fused {
                 continue;
@@ -34,7 +42,9 @@ impl<'a, B: Backend> Executor<'a, B> {
                 if top {
                     break;
                 }
+                let pb = self.layer_bar(l, &self.local.clone().collect::<Vec<_>>());
                 for q in self.local.clone() {
+                    pb.iter().for_each(|pb| pb.inc(self.parts[q].own as u64));
                     let h = self.gather_kind(BlockKind::Xw, l, q, true)?;
                     let x = self.split_own_input(l, q)?;
                     self.prefetch(BlockKind::Xw, l, q + 1, true, &[])?;
@@ -52,7 +62,9 @@ impl<'a, B: Backend> Executor<'a, B> {
             if top {
                 break;
             }
+            let pb = self.layer_bar(l, &self.local.clone().collect::<Vec<_>>());
             for q in self.local.clone() {
+                pb.iter().for_each(|pb| pb.inc(self.parts[q].own as u64));
                 let inp = self.inputs(l, q)?;
                 self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
                 let t = Instant::now();
@@ -266,43 +278,62 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub(super) fn evaluate_pass(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
         let b = self.b;
         self.forward_layers(false, epoch)?;
-        let l = self.model.layers() - 1;
-        let split = self.split(l);
         let mut correct = [0usize; 3];
         for q in self.local.clone() {
-            let y = if split {
-                let h = self.gather_kind(BlockKind::Xw, l, q, true)?;
-                let x = self.split_own_input(l, q)?;
-                self.prefetch(BlockKind::Xw, l, q + 1, true, &[])?;
-                let t = Instant::now();
-                let (y, _) =
-                    self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_deref(), false, epoch);
-                self.stats.compute_s += t.elapsed().as_secs_f64();
-                self.give_back(x);
-                y
-            } else {
-                let inp = self.inputs(l, q)?;
-                self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
-                let t = Instant::now();
-                let g = &self.parts[q].graph;
-                let (y, _) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), false, epoch);
-                self.stats.compute_s += t.elapsed().as_secs_f64();
-                self.give_back_inputs(inp);
-                y
-            };
+            let y = self.output_rows(q, Some(q + 1), epoch)?;
             let part = &self.parts[q];
             for (k, rows) in part.split_rows.iter().enumerate() {
                 correct[k] += b.count_correct(&y, &part.labels, rows);
             }
         }
+        self.remove_forward_blocks(self.model.layers())?;
+        Ok(correct)
+    }
+
+    /// The output layer's rows of partition `q` without dropout, once the hidden layers ran
+    /// ([`Executor::forward_layers`]); `next` is the partition whose inputs to start loading.
+    pub(super) fn output_rows(
+        &mut self,
+        q: usize,
+        next: Option<usize>,
+        epoch: u64,
+    ) -> Result<B::Mat, TrainError> {
+        let b = self.b;
+        let l = self.model.layers() - 1;
+        let next = next.unwrap_or(usize::MAX);
+        if self.split(l) {
+            let h = self.gather_kind(BlockKind::Xw, l, q, true)?;
+            let x = self.split_own_input(l, q)?;
+            self.prefetch(BlockKind::Xw, l, next, true, &[])?;
+            let t = Instant::now();
+            let (y, _) = self.model.split_forward(b, &self.parts[q].graph, l, &h, x.as_deref(), false, epoch);
+            self.stats.compute_s += t.elapsed().as_secs_f64();
+            self.give_back(x);
+            return Ok(y);
+        }
+        let inp = self.inputs(l, q)?;
+        self.prefetch(BlockKind::Act, l, next, !(l == 0 && self.pre), &[])?;
+        let t = Instant::now();
+        let g = &self.parts[q].graph;
+        let (y, _) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), false, epoch);
+        self.stats.compute_s += t.elapsed().as_secs_f64();
+        self.give_back_inputs(inp);
+        Ok(y)
+    }
+
+    /// Removes what a forward pass up to layer `upto` left: the hidden layers' outputs and the
+    /// output layer's transformed rows.
+    pub(super) fn remove_forward_blocks(&mut self, upto: usize) -> Result<(), TrainError> {
+        let layers = self.model.layers();
         for q in 0..self.parts.len() {
-            for layer in 1..self.model.layers() {
+            for layer in 1..=upto.min(layers - 1) {
                 self.remove(act(layer, q))?;
             }
-            self.remove(BlockId { kind: BlockKind::Xw, layer: l, part: q })?;
+            if upto == layers {
+                self.remove(BlockId { kind: BlockKind::Xw, layer: layers - 1, part: q })?;
+            }
         }
-        self.tiers.store.sync().map_err(io_err)?;
-        Ok(correct)
+        self.tiers.store.sync().map_err(io_err)
     }
 
     /// Phase times and store counters since the last call.

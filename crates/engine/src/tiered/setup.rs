@@ -10,10 +10,10 @@ impl<'a, B: Backend> Executor<'a, B> {
         b: &'a B,
         ds: &Dataset,
         model_cfg: &ModelConfig,
-        feature_norm: FeatureNorm,
+        features: impl Into<FeaturePrep>,
         tc: &TieredConfig,
     ) -> Result<Self, TrainError> {
-        Self::new_dist(b, ds, model_cfg, feature_norm, tc, None)
+        Self::new_dist(b, ds, model_cfg, features, tc, None)
     }
 
     /// [`Executor::new`] as one rank of a partition-parallel run (`dist`; `None`: one process).
@@ -21,11 +21,11 @@ impl<'a, B: Backend> Executor<'a, B> {
         b: &'a B,
         ds: &Dataset,
         model_cfg: &ModelConfig,
-        feature_norm: FeatureNorm,
+        features: impl Into<FeaturePrep>,
         tc: &TieredConfig,
         dist: Option<DistConfig<'a, B>>,
     ) -> Result<Self, TrainError> {
-        Self::new_share(b, ds, None, model_cfg, feature_norm, tc, dist)
+        Self::new_share(b, ds, None, model_cfg, features, tc, dist)
     }
 
     /// [`Executor::new_dist`] where `ds` is a part of the whole (`sub`: a server's share).
@@ -34,11 +34,11 @@ impl<'a, B: Backend> Executor<'a, B> {
         ds: &Dataset,
         sub: Option<&SubgraphOf>,
         model_cfg: &ModelConfig,
-        feature_norm: FeatureNorm,
+        features: impl Into<FeaturePrep>,
         tc: &TieredConfig,
         dist: Option<DistConfig<'a, B>>,
     ) -> Result<Self, TrainError> {
-        crate::config::check_dataset(ds)?;
+        let features = features.into();
         let (rank, ranks) = dist.map_or((0, 1), |d| (d.comm.rank(), d.comm.size()));
         if tc.parts < ranks {
             return Err(TrainError::Config(format!(
@@ -105,6 +105,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             stats: PhaseStats::default(),
             local: local.clone(),
             dist: None,
+            progress: false,
         };
         if let Some(d) = dist {
             ex.dist = Some(dist_state(d, ranks, owner, mirrors));
@@ -113,7 +114,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
-        ex.load_features(ds, feature_norm, sub.map(|s| s.feature_shift))?;
+        // a share's shift is the whole graph's
+        ex.load_features(ds, features.norm, sub.map(|s| s.feature_shift).or(features.shift))?;
         Ok(ex)
     }
 

@@ -25,7 +25,7 @@ impl<'a, B: Backend> FullGraph<'a, B> {
         let mut model = Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize);
         // only the adjacency the model's layers aggregate over
         let graph = Graph::with(b, &ds.graph, &[model.aggregation()]);
-        let x = features(b, ds, cfg.feature_norm);
+        let x = features(b, ds, cfg.features());
         model.prepare(b, &graph, &x);
         // GCN's layer 0 reads only `Â x` from here: the features need not stay beside it
         let x = if model.reads_only_pre() {
@@ -66,5 +66,19 @@ impl<B: Backend> Engine<B> for FullGraph<'_, B> {
 
     fn model(&mut self) -> &mut Model<B> {
         &mut self.model
+    }
+
+    fn predict(
+        &mut self,
+        upto: usize,
+        _wanted: &dyn Fn(u32) -> bool,
+        emit: &mut crate::tiered::Emit<'_>,
+    ) -> Result<Option<PhaseStats>, TrainError> {
+        // every node at once, as this mode trains
+        let y = self.model.forward_to(self.b, &self.graph, &self.x, upto);
+        let host = self.b.download(&y);
+        drop(y);
+        crate::mode::emit_in_pieces(&host, 0, emit)?;
+        Ok(None)
     }
 }

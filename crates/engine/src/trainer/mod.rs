@@ -32,10 +32,12 @@ use serde::Serialize;
 
 use crate::checkpoint::CheckpointConfig;
 use crate::config::{check_dataset, TrainConfig, TrainError};
-use crate::features::FeatureSource;
+use crate::features::{shift_of, FeatureSource};
+use crate::inference::{Finisher, Output, Positions, Prediction, Request, RowSink};
 use crate::metrics::{EpochMetrics, Summary};
 use crate::minibatch::MiniBatchConfig;
 pub(crate) use crate::mode::Engine;
+use crate::model_file::{capture_tensors, Arch, ModelFile, Tensor};
 use crate::preload::{DeviceGroups, Expansion};
 use crate::process::peak_rss_bytes;
 use crate::tiered::TieredConfig;
@@ -90,12 +92,51 @@ pub struct Trainer<'a, B: Backend> {
     best: Option<(usize, f64, f64)>,
     times: Vec<f64>,
     last_loss: f64,
+    /// The parameters of the best validation epoch (PyG's names), kept as it is reached.
+    best_state: Option<Vec<Tensor>>,
+}
+
+/// Which parameters a model file gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weights {
+    /// Those of the epoch with the best validation accuracy (the epoch whose test accuracy
+    /// the summary reports); the last ones where nothing was evaluated.
+    BestValid,
+    /// Those after the last epoch trained.
+    Last,
 }
 
 impl<'a, B: Backend> Trainer<'a, B> {
     /// Validates `ds` and sets `mode` up (partitioning, plans, blocks: the setup a mode needs).
     pub fn new(b: &'a B, ds: &'a Dataset, cfg: TrainConfig, mode: Mode<'a, B>) -> Result<Self, TrainError> {
         check_dataset(ds)?;
+        Self::set_up(b, ds, cfg, mode)
+    }
+
+    /// A trainer holding `file`'s model, to predict with ([`Trainer::predict`]) on `ds`: the
+    /// training graph or another with the same feature width (the next snapshot, a subgraph,
+    /// a held-out graph). `ds` needs no labels or splits, but its class count must be the
+    /// model's (0 for a graph without labels is refused: set it to the model's).
+    pub fn for_model(
+        b: &'a B,
+        ds: &'a Dataset,
+        file: &ModelFile,
+        mode: Mode<'a, B>,
+    ) -> Result<Self, TrainError> {
+        let path = file.path.clone().unwrap_or_default();
+        file.arch.check_dataset(ds, &path)?;
+        if ds.num_classes as usize != file.arch.classes {
+            return Err(TrainError::Config(format!(
+                "the dataset declares {} classes and the model predicts {}: give the dataset the model's class count",
+                ds.num_classes, file.arch.classes
+            )));
+        }
+        let mut t = Self::set_up(b, ds, file.arch.inference_config(), mode)?;
+        t.load_weights(file)?;
+        Ok(t)
+    }
+
+    fn set_up(b: &'a B, ds: &'a Dataset, cfg: TrainConfig, mode: Mode<'a, B>) -> Result<Self, TrainError> {
         let (engine, group): (Box<dyn Engine<B> + 'a>, Option<&'a dyn Comm>) = match mode {
             Mode::FullGraph => (Box::new(full_graph::FullGraph::new(b, ds, &cfg)), None),
             Mode::Tiered(tc) => (Box::new(partitioned::Partitioned::one_process(b, ds, &cfg, &tc)?), None),
@@ -124,6 +165,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             best: None,
             times: Vec::new(),
             last_loss: f64::NAN,
+            best_state: None,
         })
     }
 
@@ -135,7 +177,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             if let Some(state) =
                 c.resume(self.b, self.engine.model(), &mut self.opt, self.group, self.cfg.epochs)?
             {
-                (self.epoch, self.best, self.times, self.last_loss) = state;
+                (self.epoch, self.best, self.times, self.last_loss, self.best_state) = state;
             }
         }
         self.ckpt = Some(c);
@@ -216,6 +258,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let m = EvalMetrics { epoch, train_acc: acc(0), valid_acc: acc(1), test_acc: acc(2), eval_s: 0.0 };
         if self.best.is_none_or(|(_, v, _)| m.valid_acc > v) {
             self.best = Some((epoch, m.valid_acc, m.test_acc));
+            self.best_state = Some(capture_tensors(self.b, self.engine.model()));
         }
         Ok(EvalMetrics { eval_s: t.elapsed().as_secs_f64(), ..m })
     }
@@ -231,6 +274,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             best: self.best,
             times: &self.times,
             last_loss: self.last_loss,
+            best_params: self.best_state.as_deref(),
         };
         c.save(self.b, self.engine.model(), &self.opt, self.group, &state)
     }
@@ -259,6 +303,92 @@ impl<'a, B: Backend> Trainer<'a, B> {
             peak_host_bytes: peak_rss_bytes(),
             peak_device_bytes: self.peak_device_bytes(),
         }
+    }
+
+    /// The model as a model file: `which` parameters, the architecture and the feature
+    /// preprocessing with its statistic on this dataset.
+    pub fn model_file(&mut self, which: Weights) -> ModelFile {
+        let ds = self.ds;
+        let shift = shift_of(ds, self.cfg.features());
+        let arch = Arch::of(&self.cfg, ds.features.dim, ds.num_classes as usize, shift);
+        if let (Weights::BestValid, Some(t), Some((epoch, valid, _))) = (which, &self.best_state, self.best) {
+            let mut f = ModelFile::capture(self.b, self.engine.model(), arch, None);
+            f.tensors = t.clone();
+            f.tensors.sort_by(|a, b| a.name.cmp(&b.name));
+            f.note = Some(format!("best validation accuracy {:.4} (epoch {epoch})", valid));
+            return f;
+        }
+        let note = format!("after epoch {}", self.epoch.saturating_sub(1));
+        ModelFile::capture(self.b, self.engine.model(), arch, Some(note))
+    }
+
+    /// Writes [`Trainer::model_file`] to `path` (rank 0 writes; every rank learns the outcome);
+    /// returns which parameters it holds.
+    pub fn save_model(&mut self, path: &std::path::Path, which: Weights) -> Result<String, TrainError> {
+        let f = self.model_file(which);
+        let lead = self.group.is_none_or(|g| g.rank() == 0);
+        let saved = if lead { f.save(path).map_err(|e| e.to_string()) } else { Ok(()) };
+        let saved = match self.group.filter(|g| g.size() > 1) {
+            None => saved,
+            Some(g) => {
+                let all = g.all_gather(saved.err().unwrap_or_default().as_bytes());
+                if all[0].is_empty() {
+                    Ok(())
+                } else {
+                    Err(String::from_utf8_lossy(&all[0]).into_owned())
+                }
+            }
+        };
+        saved.map_err(TrainError::Config)?;
+        Ok(f.note.unwrap_or_default())
+    }
+
+    /// Sets the model's weights to `file`'s (fine-tuning, or a model trained elsewhere); every
+    /// parameter must be in the file with the model's shape.
+    pub fn load_weights(&mut self, file: &ModelFile) -> Result<(), TrainError> {
+        let path = file.path.clone().unwrap_or_default();
+        file.apply(self.b, self.engine.model(), &path)?;
+        Ok(())
+    }
+
+    /// The model's output for the requested nodes (see [`crate::inference`]), into `sink`
+    /// without ever holding all of it, computed as the mode trains: in memory, layer by layer
+    /// and partition by partition under its budgets, or over its ranks (each rank writes the
+    /// rows of its partitions; every rank calls this). No dropout.
+    pub fn predict(&mut self, req: &Request, sink: &mut dyn RowSink) -> Result<Prediction, TrainError> {
+        let layers = self.engine.model().layers();
+        let upto = match req.output {
+            Output::Embedding(l) if l + 1 >= layers => {
+                return Err(TrainError::Config(format!(
+                    "layer {l} is not a hidden layer: this model's are 0 to {} (its last layer's output is the logits)",
+                    layers as i64 - 2
+                )));
+            }
+            Output::Embedding(l) => l + 1,
+            _ => layers,
+        };
+        let positions = Positions::new(req, self.ds)?;
+        let t = Instant::now();
+        let mut fin = Finisher {
+            output: req.output,
+            positions: &positions,
+            labels: &self.ds.labels,
+            sink,
+            done: Prediction::default(),
+        };
+        let wanted = |v: u32| positions.at(v).is_some();
+        let tier = self.engine.predict(upto, &wanted, &mut |ids, m| fin.take(ids, m))?;
+        let mut done = fin.done;
+        done.tier = tier;
+        done.compute_s = t.elapsed().as_secs_f64() - done.write_s;
+        if let Some(g) = self.group.filter(|g| g.size() > 1) {
+            // the same collective on every rank, whatever the output
+            let mut c = [done.correct.unwrap_or_default().0, done.correct.unwrap_or_default().1];
+            grinnder_dist::all_reduce_sum(g, &mut c);
+            done.correct = done.correct.map(|_| (c[0], c[1]));
+            g.barrier();
+        }
+        Ok(done)
     }
 
     fn peak_device_bytes(&self) -> Option<u64> {

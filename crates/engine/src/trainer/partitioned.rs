@@ -20,6 +20,8 @@ use crate::tiered::{
 pub(super) struct Partitioned<'a, B: Backend> {
     b: &'a B,
     ex: Executor<'a, B>,
+    /// Trains on a server's share of the graph (its rows are not all its own).
+    share: bool,
 }
 
 impl<'a, B: Backend> Partitioned<'a, B> {
@@ -77,7 +79,9 @@ impl<'a, B: Backend> Partitioned<'a, B> {
             device: device.map(|d| DeviceComms { comm: d.server.as_ref(), reduce: d.global.as_ref() }),
             groups: Some(groups),
         };
-        Self::on(b, &sh.ds, Some(&sh.of), cfg, &tc_server, Some(dist))
+        let mut me = Self::on(b, &sh.ds, Some(&sh.of), cfg, &tc_server, Some(dist))?;
+        me.share = true;
+        Ok(me)
     }
 
     fn on(
@@ -88,7 +92,7 @@ impl<'a, B: Backend> Partitioned<'a, B> {
         tc: &TieredConfig,
         dist: Option<DistConfig<'a, B>>,
     ) -> Result<Self, TrainError> {
-        let ex = Executor::new_share(b, ds, sub, &cfg.model, cfg.feature_norm, tc, dist)?;
+        let ex = Executor::new_share(b, ds, sub, &cfg.model, cfg.features(), tc, dist)?;
         tracing::info!(
             "{} partitions; host cache {}, mode {:?}; blocks need {:.1} MiB; storage {}",
             tc.parts,
@@ -105,7 +109,7 @@ impl<'a, B: Backend> Partitioned<'a, B> {
                 Some((false, false)) => "buffered pread/pwrite",
             }
         );
-        Ok(Partitioned { b, ex })
+        Ok(Partitioned { b, ex, share: false })
     }
 }
 
@@ -134,5 +138,21 @@ impl<B: Backend> Engine<B> for Partitioned<'_, B> {
 
     fn model(&mut self) -> &mut Model<B> {
         &mut self.ex.model
+    }
+
+    fn predict(
+        &mut self,
+        upto: usize,
+        wanted: &dyn Fn(u32) -> bool,
+        emit: &mut crate::tiered::Emit<'_>,
+    ) -> Result<Option<PhaseStats>, TrainError> {
+        if self.share {
+            return Err(TrainError::Config(
+                "predictions run over the whole graph: use plain partition-parallel ranks (no --expansion)"
+                    .into(),
+            ));
+        }
+        self.ex.predict(upto, wanted, emit)?;
+        Ok(Some(self.ex.take_stats()))
     }
 }

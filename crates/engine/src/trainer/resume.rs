@@ -9,6 +9,7 @@ use grinnder_tensor::Backend;
 
 use crate::checkpoint::{self, Checkpoint, CheckpointConfig, CheckpointError};
 use crate::config::{TrainConfig, TrainError};
+use crate::model_file::Tensor;
 
 /// Where and how often a run checkpoints, and what every checkpoint of it carries.
 pub(super) struct Checkpoints {
@@ -24,10 +25,11 @@ pub(super) struct State<'s> {
     pub best: Option<(usize, f64, f64)>,
     pub times: &'s [f64],
     pub last_loss: f64,
+    pub best_params: Option<&'s [Tensor]>,
 }
 
-/// (epochs done, best, epoch times, last loss) of a resumed run.
-pub(super) type Resumed = (usize, Option<(usize, f64, f64)>, Vec<f64>, f64);
+/// (epochs done, best, epoch times, last loss, the best epoch's parameters) of a resumed run.
+pub(super) type Resumed = (usize, Option<(usize, f64, f64)>, Vec<f64>, f64, Option<Vec<Tensor>>);
 
 fn ck_err(e: CheckpointError) -> TrainError {
     TrainError::Checkpoint(e.to_string())
@@ -87,7 +89,7 @@ impl Checkpoints {
         checkpoint::restore_state(b, model, opt, &ck.params, ck.optimizer_steps)
             .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
         tracing::info!("resuming from {} (epoch {} done)", path.display(), ck.epoch);
-        Ok(Some((ck.epoch, ck.best, ck.epoch_times, ck.last_loss)))
+        Ok(Some((ck.epoch, ck.best, ck.epoch_times, ck.last_loss, ck.best_params)))
     }
 
     /// Writes the checkpoint of `state` (rank 0), every rank learning the outcome.
@@ -110,6 +112,7 @@ impl Checkpoints {
                 best: state.best,
                 epoch_times: state.times.to_vec(),
                 last_loss: state.last_loss,
+                best_params: state.best_params.map(<[Tensor]>::to_vec),
             };
             checkpoint::save(&self.cfg, &ck).map(|_| ()).map_err(|e| e.to_string())
         } else {

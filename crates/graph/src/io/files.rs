@@ -125,6 +125,37 @@ pub fn temp_in(dir: &Path, prefix: &str) -> io::Result<tempfile::NamedTempFile> 
         .tempfile_in(dir)
 }
 
+/// Writes `bytes` as the whole of `path`, atomically: into a new temporary beside it (removed
+/// on failure), synced, renamed into place (replacing a link at `path`, never following it),
+/// and the directory synced. A reader sees the old file or the new one, never a part.
+pub fn write_whole(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().map_or("out".into(), |n| n.to_string_lossy().into_owned());
+    let mut tmp = temp_in(dir, &format!(".{name}.tmp-"))?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    File::open(dir)?.sync_all()
+}
+
+/// Free bytes for an unprivileged writer in the file system holding `dir`.
+pub fn free_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))?;
+    // SAFETY: statvfs is plain old data; zeroed is a valid value and the call fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid NUL-terminated path and st a valid out pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
 /// A new private directory (mode 0700, unpredictable name starting with `prefix`) inside
 /// `dir`; removed with its contents when dropped unless kept (`TempDir::keep`).
 pub fn private_dir_in(dir: &Path, prefix: &str) -> io::Result<tempfile::TempDir> {

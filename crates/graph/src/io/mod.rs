@@ -8,6 +8,7 @@ pub mod files;
 pub mod igb;
 pub mod native;
 pub mod npy;
+pub mod npy_rows;
 pub mod ogb;
 pub mod text;
 

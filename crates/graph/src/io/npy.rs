@@ -414,25 +414,9 @@ pub struct NpyWriter {
 impl NpyWriter {
     /// Creates `path` for an array of `dtype` and `shape` and writes its (version 1.0) header.
     pub fn create(path: &Path, dtype: DType, shape: &[u64]) -> Result<NpyWriter> {
-        let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
-        let tuple = match dims.len() {
-            1 => format!("({},)", dims[0]),
-            _ => format!("({})", dims.join(", ")),
-        };
-        let mut header =
-            format!("{{'descr': '{}', 'fortran_order': False, 'shape': {tuple}, }}", dtype.descr());
-        // pad so that the data starts on a 64-byte boundary, ending the header with '\n'
-        let total = 10 + header.len() + 1;
-        header.push_str(&" ".repeat((64 - total % 64) % 64));
-        header.push('\n');
         let file = File::create(path).map_err(|e| GraphError::io(path, e))?;
         let mut out = BufWriter::with_capacity(8 << 20, file);
-        let mut head = Vec::with_capacity(10 + header.len());
-        head.extend_from_slice(MAGIC);
-        head.extend_from_slice(&[1, 0]);
-        head.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        head.extend_from_slice(header.as_bytes());
-        out.write_all(&head).map_err(|e| GraphError::io(path, e))?;
+        out.write_all(&header(dtype, shape)).map_err(|e| GraphError::io(path, e))?;
         Ok(NpyWriter {
             path: path.to_path_buf(),
             out,
@@ -453,6 +437,27 @@ impl NpyWriter {
         assert_eq!(self.remaining, 0, "{}: fewer elements written than declared", self.path.display());
         self.out.flush().map_err(|e| GraphError::io(&self.path, e))
     }
+}
+
+/// The (version 1.0) header of an array of `dtype` and `shape`, padded so that the data starts
+/// on a 64-byte boundary.
+pub(crate) fn header(dtype: DType, shape: &[u64]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+    let tuple = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {tuple}, }}", dtype.descr());
+    // ending the header with '\n'
+    let total = 10 + header.len() + 1;
+    header.push_str(&" ".repeat((64 - total % 64) % 64));
+    header.push('\n');
+    let mut head = Vec::with_capacity(10 + header.len());
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(&[1, 0]);
+    head.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    head.extend_from_slice(header.as_bytes());
+    head
 }
 
 /// Writes a whole array in one call.

@@ -1,0 +1,673 @@
+//! Model files: a model's weights and what it takes to run it, in the safetensors format with
+//! PyG's parameter names and shapes (`convs.0.lin.weight` `[out, in]`, `convs.0.bias` `[out]`,
+//! …, stacked as PyG's `BasicGNN` stacks them; `docs/model-files.md` has a table per model), so
+//! `safetensors.torch.load_file` gives a state dict PyG's layers take, and a model trained in PyG
+//! and saved under those names runs here.
+//!
+//! The architecture and the feature preprocessing (with the statistic it was fitted with on the
+//! training graph) are string entries of the file's metadata ([`Arch`]); a file without them
+//! (one written by `safetensors.torch.save_file` without metadata) has its architecture read
+//! from the tensors' names and shapes, with no residual and no feature normalisation unless
+//! the metadata says otherwise.
+//!
+//! Invariants: a file is written whole or not at all (temporary, sync, rename); a file is
+//! never trusted unchecked — a tensor cut short, a shape that does not match its bytes or the
+//! model, a value changed after grinnder wrote it (the `checksums` entry), a missing or unknown
+//! tensor is refused, naming the tensor.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use grinnder_graph::Dataset;
+use grinnder_nn::{Kind, Model, ModelConfig, Norm, OptimConfig};
+use grinnder_tensor::{Backend, Mat, Scalar};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::config::{FeatureNorm, TrainConfig};
+
+/// The largest model file read: parameters only (a 1024-wide, 8-layer GAT is tens of MB).
+pub const MODEL_FILE_BYTES_MAX: u64 = 4 << 30;
+
+/// What a model file says besides its tensors: the model and its input's preprocessing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Arch {
+    pub kind: Kind,
+    pub layers: usize,
+    /// Hidden width (per head for GAT).
+    pub hidden: usize,
+    /// GAT: heads of the hidden layers (the output layer has one).
+    pub heads: usize,
+    pub norm: Norm,
+    pub residual: bool,
+    /// GIN: ε's initial value (the trained value is the `eps` tensor).
+    pub gin_eps: f64,
+    pub train_eps: bool,
+    pub in_features: usize,
+    pub classes: usize,
+    pub feature_norm: FeatureNorm,
+    /// The statistic of `feature_norm` on the training graph ([`FeatureNorm::Row`]'s shift).
+    pub feature_shift: f64,
+}
+
+impl Arch {
+    /// The architecture `cfg` trains on a dataset of `in_features` and `classes`, its
+    /// features preprocessed with `shift`.
+    pub fn of(cfg: &TrainConfig, in_features: usize, classes: usize, shift: f64) -> Arch {
+        let m = &cfg.model;
+        Arch {
+            kind: m.kind,
+            layers: m.layers,
+            hidden: m.hidden,
+            heads: m.heads_of_hidden(),
+            norm: m.norm,
+            residual: m.residual,
+            gin_eps: m.gin_eps,
+            train_eps: m.train_eps,
+            in_features,
+            classes,
+            feature_norm: cfg.feature_norm,
+            feature_shift: shift,
+        }
+    }
+
+    /// The model to run: this architecture without dropout.
+    pub fn model_config(&self) -> ModelConfig {
+        ModelConfig {
+            kind: self.kind,
+            layers: self.layers,
+            hidden: self.hidden,
+            dropout: 0.0,
+            input_dropout: 0.0,
+            norm: self.norm,
+            residual: self.residual,
+            heads: self.heads,
+            attn_dropout: 0.0,
+            gin_eps: self.gin_eps,
+            train_eps: self.train_eps,
+            seed: 0,
+        }
+    }
+
+    /// A configuration that runs the model and trains nothing (no epochs).
+    pub fn inference_config(&self) -> TrainConfig {
+        TrainConfig {
+            model: self.model_config(),
+            optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
+            epochs: 0,
+            eval_every: 0,
+            feature_norm: self.feature_norm,
+            feature_shift: Some(self.feature_shift),
+        }
+    }
+
+    /// One line for logs: `gcn, 2 layers, hidden 16, …`.
+    pub fn describe(&self) -> String {
+        let mut s = format!("{}, {} layers, hidden {}", self.kind.name(), self.layers, self.hidden);
+        let heads = self.model_config().heads_of_hidden();
+        if heads > 1 {
+            s += &format!(" × {heads} heads");
+        }
+        if self.norm == Norm::Layer {
+            s += ", layer norm";
+        }
+        if self.residual {
+            s += ", residual";
+        }
+        s += &format!(
+            ", {} features → {} classes, feature norm {}",
+            self.in_features,
+            self.classes,
+            norm_name(self.feature_norm)
+        );
+        s
+    }
+
+    /// Refuses a dataset the model cannot run on: another feature width, or labels of more
+    /// classes than the model predicts.
+    pub fn check_dataset(&self, ds: &Dataset, path: &Path) -> Result<(), ModelFileError> {
+        let mismatch = |what: &str, file: usize, here: usize| ModelFileError::Dataset {
+            path: path.to_path_buf(),
+            what: what.into(),
+            file,
+            here,
+        };
+        if ds.features.dim != self.in_features {
+            return Err(mismatch("features per node", self.in_features, ds.features.dim));
+        }
+        let classes = ds.num_classes as usize;
+        // a graph without labels (every node -1) predicts into the model's classes
+        if classes != 0 && classes != self.classes {
+            return Err(mismatch("classes", self.classes, classes));
+        }
+        Ok(())
+    }
+
+    fn metadata(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("model", self.kind.name().into()),
+            ("layers", self.layers.to_string()),
+            ("hidden", self.hidden.to_string()),
+            ("heads", self.heads.to_string()),
+            ("norm", if self.norm == Norm::Layer { "layer" } else { "none" }.into()),
+            ("residual", self.residual.to_string()),
+            ("gin_eps", self.gin_eps.to_string()),
+            ("train_eps", self.train_eps.to_string()),
+            ("in_features", self.in_features.to_string()),
+            ("classes", self.classes.to_string()),
+            ("feature_norm", norm_name(self.feature_norm).into()),
+            ("feature_shift", self.feature_shift.to_string()),
+        ]
+    }
+}
+
+fn norm_name(n: FeatureNorm) -> &'static str {
+    match n {
+        FeatureNorm::None => "none",
+        FeatureNorm::Row => "row",
+    }
+}
+
+/// One tensor: PyG's name and shape, its values row-major.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Tensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<f64>,
+}
+
+/// The element type tensors are written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueType {
+    F32,
+    F64,
+}
+
+/// A model file's contents.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelFile {
+    pub arch: Arch,
+    pub tensors: Vec<Tensor>,
+    pub value_type: ValueType,
+    /// Free text kept in the metadata (`params`: which parameters these are).
+    pub note: Option<String>,
+    /// Where it was read from.
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelFileError {
+    #[error("cannot read model file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot write model file {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not a usable model file: {reason}")]
+    Format { path: PathBuf, reason: String },
+    #[error("model file {path}: tensor {name}: {reason}")]
+    Tensor { path: PathBuf, name: String, reason: String },
+    #[error("model file {path}: metadata {key} = {value:?}: {reason}")]
+    Metadata { path: PathBuf, key: String, value: String, reason: String },
+    #[error(
+        "model file {path} is for {file} {what}, but the dataset has {here}; a model runs on \
+         graphs with the features and classes it was trained on"
+    )]
+    Dataset { path: PathBuf, what: String, file: usize, here: usize },
+}
+
+impl From<ModelFileError> for crate::config::TrainError {
+    fn from(e: ModelFileError) -> Self {
+        crate::config::TrainError::ModelFile(e.to_string())
+    }
+}
+
+impl ModelFile {
+    /// The current values of `model`'s parameters (and PyG's buffers: a fixed GIN ε).
+    pub fn capture<B: Backend>(b: &B, model: &mut Model<B>, arch: Arch, note: Option<String>) -> ModelFile {
+        let value_type = if std::mem::size_of::<B::T>() == 8 { ValueType::F64 } else { ValueType::F32 };
+        let mut tensors = capture_tensors(b, model);
+        tensors.sort_by(|a, b| a.name.cmp(&b.name));
+        ModelFile { arch, tensors, value_type, note, path: None }
+    }
+
+    /// Writes the file atomically (see the module docs).
+    pub fn save(&self, path: &Path) -> Result<(), ModelFileError> {
+        let bytes = self.to_bytes().map_err(|reason| ModelFileError::Format { path: path.into(), reason })?;
+        grinnder_graph::io::files::write_whole(path, &bytes)
+            .map_err(|source| ModelFileError::Write { path: path.into(), source })
+    }
+
+    fn to_bytes(&self) -> Result<Vec<u8>, String> {
+        let (dtype, size) = match self.value_type {
+            ValueType::F32 => (Dtype::F32, 4),
+            ValueType::F64 => (Dtype::F64, 8),
+        };
+        let bytes: Vec<Vec<u8>> = self
+            .tensors
+            .iter()
+            .map(|t| match self.value_type {
+                ValueType::F32 => t.data.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+                ValueType::F64 => t.data.iter().flat_map(|&x| x.to_le_bytes()).collect(),
+            })
+            .collect();
+        let mut meta: HashMap<String, String> =
+            self.arch.metadata().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        meta.insert("format".into(), "pt".into());
+        meta.insert("producer".into(), format!("grinnder {}", env!("CARGO_PKG_VERSION")));
+        if let Some(n) = &self.note {
+            meta.insert("params".into(), n.clone());
+        }
+        let sums: BTreeMap<&str, String> = self
+            .tensors
+            .iter()
+            .zip(&bytes)
+            .map(|(t, b)| (t.name.as_str(), format!("{:016x}", xxh3_64(b))))
+            .collect();
+        meta.insert("checksums".into(), serde_json::to_string(&sums).expect("strings serialise"));
+        let views = self
+            .tensors
+            .iter()
+            .zip(&bytes)
+            .map(|(t, b)| {
+                debug_assert_eq!(b.len(), t.shape.iter().product::<usize>() * size);
+                TensorView::new(dtype, t.shape.clone(), b).map(|v| (t.name.clone(), v))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        safetensors::serialize(views, Some(meta)).map_err(|e| e.to_string())
+    }
+
+    /// Reads and checks a model file (see the module docs).
+    pub fn load(path: &Path) -> Result<ModelFile, ModelFileError> {
+        let bytes = grinnder_graph::io::files::read_bounded(path, MODEL_FILE_BYTES_MAX, "model file")
+            .map_err(|source| ModelFileError::Read { path: path.into(), source })?;
+        Self::from_bytes(&bytes, path)
+    }
+
+    fn from_bytes(bytes: &[u8], path: &Path) -> Result<ModelFile, ModelFileError> {
+        let st = SafeTensors::deserialize(bytes).map_err(|e| diagnose(bytes, path, &e.to_string()))?;
+        let meta = SafeTensors::read_metadata(bytes)
+            .map(|(_, m)| m.metadata().clone().unwrap_or_default())
+            .map_err(|e| diagnose(bytes, path, &e.to_string()))?;
+        let sums: Option<HashMap<String, String>> = match meta.get("checksums") {
+            None => None,
+            Some(s) => Some(serde_json::from_str(s).map_err(|e| ModelFileError::Metadata {
+                path: path.into(),
+                key: "checksums".into(),
+                value: s.clone(),
+                reason: e.to_string(),
+            })?),
+        };
+        let mut tensors = Vec::new();
+        let mut value_type = ValueType::F32;
+        for (name, view) in st.tensors() {
+            let tensor_err =
+                |reason: String| ModelFileError::Tensor { path: path.into(), name: name.clone(), reason };
+            if let Some(sums) = &sums {
+                let want = sums.get(&name).ok_or_else(|| {
+                    tensor_err(
+                        "not among the tensors grinnder wrote (its checksums); the file was changed".into(),
+                    )
+                })?;
+                if *want != format!("{:016x}", xxh3_64(view.data())) {
+                    return Err(tensor_err(
+                        "its values differ from what grinnder wrote (checksum); the file was changed after it was saved"
+                            .into(),
+                    ));
+                }
+            }
+            if view.dtype() == Dtype::F64 {
+                value_type = ValueType::F64;
+            }
+            let data = values(&view).map_err(tensor_err)?;
+            if let Some(i) = data.iter().position(|x| !x.is_finite()) {
+                return Err(tensor_err(format!("value {i} is {}", data[i])));
+            }
+            tensors.push(Tensor { name: canonical(&name), shape: view.shape().to_vec(), data });
+        }
+        tensors.sort_by(|a, b| a.name.cmp(&b.name));
+        if let Some(w) = tensors.windows(2).find(|w| w[0].name == w[1].name) {
+            return Err(ModelFileError::Tensor {
+                path: path.into(),
+                name: w[0].name.clone(),
+                reason: "given twice (under PyG's GIN model name and GINConv's)".into(),
+            });
+        }
+        let arch = arch_of(&tensors, &meta, path)?;
+        let file = ModelFile {
+            arch,
+            tensors,
+            value_type,
+            note: meta.get("params").cloned(),
+            path: Some(path.into()),
+        };
+        // every tensor named and shaped as the model's
+        file.apply(&grinnder_tensor::Cpu::<f32>::new(), &mut file.template(), path)?;
+        Ok(file)
+    }
+
+    /// A model of this architecture (initial weights) on the CPU, to check names and shapes.
+    fn template(&self) -> Model<grinnder_tensor::Cpu<f32>> {
+        Model::init(
+            &grinnder_tensor::Cpu::new(),
+            self.arch.model_config(),
+            self.arch.in_features,
+            self.arch.classes,
+        )
+    }
+
+    /// A model of the file's architecture with its weights, on `b`.
+    pub fn model<B: Backend>(&self, b: &B) -> Model<B> {
+        let mut m = Model::init(b, self.arch.model_config(), self.arch.in_features, self.arch.classes);
+        self.apply(b, &mut m, Path::new("")).expect("checked when the file was read");
+        m
+    }
+
+    /// Sets `model`'s parameters (and buffers) to the file's; every one must be in the file,
+    /// shaped as the model's, and the file may hold nothing else. `path` names the file in errors.
+    pub fn apply<B: Backend>(&self, b: &B, model: &mut Model<B>, path: &Path) -> Result<(), ModelFileError> {
+        let by_name: HashMap<&str, &Tensor> = self.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        let mut used = 0;
+        let describe = format!("the model is {}", self.arch.describe());
+        for p in model.state_mut() {
+            let err =
+                |reason: String| ModelFileError::Tensor { path: path.into(), name: p.name.clone(), reason };
+            let t = by_name.get(p.name.as_str()).ok_or_else(|| err(format!("missing ({describe})")))?;
+            if t.shape != p.shape {
+                return Err(err(format!(
+                    "shaped {:?} in the file, {:?} in the model ({describe})",
+                    t.shape, p.shape
+                )));
+            }
+            let (r, c) = b.dims(&p.value);
+            p.value = b.upload(&Mat::from_vec(r, c, t.data.iter().map(|&x| B::T::of(x)).collect()));
+            used += 1;
+        }
+        if used != self.tensors.len() {
+            let known: Vec<String> = model.state_mut().iter().map(|p| p.name.clone()).collect();
+            let extra =
+                self.tensors.iter().find(|t| !known.contains(&t.name)).expect("a tensor the model lacks");
+            return Err(ModelFileError::Tensor {
+                path: path.into(),
+                name: extra.name.clone(),
+                reason: format!("not a parameter of the model ({describe})"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `model`'s state (parameters and buffers) as stored: PyG's names and shapes.
+pub fn capture_tensors<B: Backend>(b: &B, model: &mut Model<B>) -> Vec<Tensor> {
+    model
+        .state_mut()
+        .into_iter()
+        .map(|p| Tensor {
+            name: p.name.clone(),
+            shape: p.shape.clone(),
+            data: b.download(&p.value).data.iter().map(|x| x.f64()).collect(),
+        })
+        .collect()
+}
+
+/// PyG's `GIN` model wraps each `GINConv`'s MLP in an `MLP` (`nn.lins.0`, `nn.lins.1`); a
+/// `GINConv` given `Sequential(Linear, ReLU, Linear)` names them `nn.0`, `nn.2`.
+fn canonical(name: &str) -> String {
+    name.replace(".nn.lins.0.", ".nn.0.").replace(".nn.lins.1.", ".nn.2.")
+}
+
+/// A tensor's values as f64 (F32, F64, F16 and BF16 are read).
+fn values(v: &TensorView<'_>) -> Result<Vec<f64>, String> {
+    let d = v.data();
+    Ok(match v.dtype() {
+        Dtype::F32 => {
+            d.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64).collect()
+        }
+        Dtype::F64 => d.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
+        Dtype::F16 => d
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes(c.try_into().expect("2 bytes")).to_f64())
+            .collect(),
+        Dtype::BF16 => d
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes(c.try_into().expect("2 bytes")).to_f64())
+            .collect(),
+        t => return Err(format!("element type {t:?}; model files hold F32, F64, F16 or BF16")),
+    })
+}
+
+/// An error of the safetensors reader, naming the tensor at fault where the header tells.
+fn diagnose(bytes: &[u8], path: &Path, reason: &str) -> ModelFileError {
+    let format = |reason: String| ModelFileError::Format { path: path.into(), reason };
+    let Some(n) = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize) else {
+        return format(format!("{} bytes, shorter than a safetensors header", bytes.len()));
+    };
+    let Some(header) = bytes.get(8..8usize.saturating_add(n)) else {
+        return format(format!("its header claims {n} bytes but the file has {}: cut short?", bytes.len()));
+    };
+    let Ok(map) = serde_json::from_slice::<BTreeMap<String, serde_json::Value>>(header) else {
+        return format(format!("its header is not JSON ({reason})"));
+    };
+    let data_len = bytes.len() - 8 - n;
+    // (name, shape, dtype, data offsets)
+    type Info = (String, Vec<u64>, String, (u64, u64));
+    let mut infos: Vec<Info> = map
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .filter_map(|(k, v)| {
+            let shape =
+                v.get("shape")?.as_array()?.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>()?;
+            let dtype = v.get("dtype")?.as_str()?.to_string();
+            let o = v.get("data_offsets")?.as_array()?;
+            Some((k.clone(), shape, dtype, (o.first()?.as_u64()?, o.get(1)?.as_u64()?)))
+        })
+        .collect();
+    infos.sort_by_key(|i| i.3);
+    for (name, shape, dtype, (s, e)) in &infos {
+        let size = match dtype.as_str() {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            _ => 1,
+        };
+        let want = shape.iter().product::<u64>() * size;
+        let tensor =
+            |reason: String| ModelFileError::Tensor { path: path.into(), name: name.clone(), reason };
+        if *e as usize > data_len {
+            return tensor(format!(
+                "its data ends at byte {} of the data section, but the file holds {data_len}: the file is cut short",
+                e
+            ));
+        }
+        if e.saturating_sub(*s) != want {
+            return tensor(format!(
+                "shape {shape:?} of {dtype} needs {want} bytes, its offsets {s}..{e} give {}",
+                e.saturating_sub(*s)
+            ));
+        }
+    }
+    format(reason.to_string())
+}
+
+/// The architecture of a file: its metadata, and what the tensors' names and shapes say where
+/// the metadata is silent (a file saved by PyG).
+fn arch_of(tensors: &[Tensor], meta: &HashMap<String, String>, path: &Path) -> Result<Arch, ModelFileError> {
+    let shape = |name: &str| tensors.iter().find(|t| t.name == name).map(|t| t.shape.clone());
+    let format = |reason: String| ModelFileError::Format { path: path.into(), reason };
+    let inferred_kind = Kind::recognise(|n| shape(n).is_some()).ok_or_else(|| {
+        format(format!(
+            "no first layer: expected {}; it holds {}",
+            Kind::ALL.map(|k| format!("{} ({})", k.first_map(0), k.name())).join(", "),
+            tensors.iter().take(6).map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+        ))
+    })?;
+    let m = Meta { meta, path };
+    let kind = m.get("model", inferred_kind, Kind::parse)?;
+    let layers_seen =
+        (0..).take_while(|l| tensors.iter().any(|t| t.name.starts_with(&format!("convs.{l}.")))).count();
+    let layers = m.get("layers", layers_seen, |s| s.parse().ok())?;
+    let last = layers.saturating_sub(1);
+    let first = shape(&kind.first_map(0)).filter(|s| s.len() == 2);
+    let (first_out, in_seen) = first
+        .map(|s| (s[0], s[1]))
+        .ok_or_else(|| format(format!("its first layer has no {} of two dimensions", kind.first_map(0))))?;
+    let heads_seen = match kind.heads_tensor(0) {
+        Some(t) if layers > 1 => shape(&t).and_then(|s| s.get(1).copied()).unwrap_or(1),
+        _ => 1,
+    };
+    let classes_seen = shape(&kind.output_map(last)).and_then(|s| s.first().copied()).unwrap_or(0);
+    let eps_seen = tensors.iter().find(|t| t.name == "convs.0.eps").and_then(|t| t.data.first().copied());
+    let parse_bool = |s: &str| match s.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Some(true),
+        "false" | "0" | "no" => Some(false),
+        _ => None,
+    };
+    Ok(Arch {
+        kind,
+        layers,
+        hidden: m
+            .get("hidden", if layers > 1 { first_out / heads_seen.max(1) } else { 1 }, |s| s.parse().ok())?,
+        heads: m.get("heads", heads_seen, |s| s.parse().ok())?,
+        norm: m.get(
+            "norm",
+            if shape("norms.0.weight").is_some() { Norm::Layer } else { Norm::None },
+            |s| match s.to_ascii_lowercase().as_str() {
+                "layer" | "layer_norm" | "layernorm" => Some(Norm::Layer),
+                "none" => Some(Norm::None),
+                _ => None,
+            },
+        )?,
+        residual: m.get("residual", false, parse_bool)?,
+        gin_eps: m.get("gin_eps", eps_seen.unwrap_or(0.0), |s| s.parse().ok())?,
+        train_eps: m.get("train_eps", false, parse_bool)?,
+        in_features: m.get("in_features", in_seen, |s| s.parse().ok())?,
+        classes: m.get("classes", classes_seen, |s| s.parse().ok())?,
+        feature_norm: m.get("feature_norm", FeatureNorm::None, |s| {
+            match s.to_ascii_lowercase().as_str() {
+                "none" => Some(FeatureNorm::None),
+                "row" => Some(FeatureNorm::Row),
+                _ => None,
+            }
+        })?,
+        feature_shift: m.get("feature_shift", 0.0, |s| s.parse().ok().filter(|x: &f64| x.is_finite()))?,
+    })
+}
+
+/// Metadata entries, parsed or defaulted.
+struct Meta<'a> {
+    meta: &'a HashMap<String, String>,
+    path: &'a Path,
+}
+
+impl Meta<'_> {
+    fn get<T>(&self, key: &str, default: T, parse: impl Fn(&str) -> Option<T>) -> Result<T, ModelFileError> {
+        match self.meta.get(key) {
+            None => Ok(default),
+            Some(v) => parse(v.trim()).ok_or_else(|| ModelFileError::Metadata {
+                path: self.path.into(),
+                key: key.into(),
+                value: v.clone(),
+                reason: "not a value this entry takes (docs/model-files.md lists them)".into(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arch(kind: Kind) -> Arch {
+        let a = Arch {
+            kind,
+            layers: 2,
+            hidden: 4,
+            heads: 2,
+            norm: Norm::Layer,
+            residual: false,
+            gin_eps: 0.25,
+            train_eps: false,
+            in_features: 5,
+            classes: 3,
+            feature_norm: FeatureNorm::Row,
+            feature_shift: -0.5,
+        };
+        // heads only where the family has them
+        Arch { heads: a.model_config().heads_of_hidden(), ..a }
+    }
+
+    fn file(kind: Kind) -> ModelFile {
+        let a = arch(kind);
+        let b = grinnder_tensor::Cpu::<f32>::new();
+        let mut m = Model::init(&b, a.model_config(), a.in_features, a.classes);
+        ModelFile::capture(&b, &mut m, a, Some("last epoch".into()))
+    }
+
+    #[test]
+    fn every_model_round_trips_through_bytes() {
+        for kind in Kind::ALL {
+            let f = file(kind);
+            let back = ModelFile::from_bytes(&f.to_bytes().unwrap(), Path::new("m.safetensors")).unwrap();
+            assert_eq!(back, ModelFile { path: Some("m.safetensors".into()), ..f }, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn the_architecture_is_read_from_the_tensors_without_metadata() {
+        for kind in Kind::ALL {
+            let f = file(kind);
+            let views: Vec<(String, Vec<u8>, Vec<usize>)> = f
+                .tensors
+                .iter()
+                .map(|t| {
+                    (
+                        t.name.clone(),
+                        t.data.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+                        t.shape.clone(),
+                    )
+                })
+                .collect();
+            let bytes = safetensors::serialize(
+                views.iter().map(|(n, b, s)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap())),
+                None,
+            )
+            .unwrap();
+            let back = ModelFile::from_bytes(&bytes, Path::new("pyg.safetensors")).unwrap();
+            let want = Arch { feature_norm: FeatureNorm::None, feature_shift: 0.0, ..arch(kind) };
+            // ε is read from the eps tensor where the family has one
+            let has_eps = f.tensors.iter().any(|t| t.name.ends_with(".eps"));
+            let want = if has_eps { want } else { Arch { gin_eps: 0.0, ..want } };
+            assert_eq!(back.arch, want, "{kind:?}");
+            assert_eq!(back.tensors, f.tensors);
+        }
+    }
+
+    #[test]
+    fn a_cut_or_changed_file_is_refused_naming_the_tensor() {
+        let f = file(Kind::ALL[0]);
+        let bytes = f.to_bytes().unwrap();
+        let p = Path::new("m.safetensors");
+        let err = ModelFile::from_bytes(&bytes[..bytes.len() - 7], p).unwrap_err().to_string();
+        assert!(err.contains("cut short") && err.contains("tensor "), "{err}");
+        // the last value of the data section changed
+        let mut changed = bytes.clone();
+        let n = changed.len();
+        changed[n - 1] ^= 0x40;
+        let err = ModelFile::from_bytes(&changed, p).unwrap_err().to_string();
+        assert!(err.contains("checksum") && err.contains("tensor "), "{err}");
+        let err = ModelFile::from_bytes(&bytes[..5], p).unwrap_err().to_string();
+        assert!(err.contains("shorter than a safetensors header"), "{err}");
+    }
+
+    #[test]
+    fn a_file_for_another_model_names_the_first_tensor_that_differs() {
+        let f = file(Kind::parse("sage").unwrap());
+        let other = Arch { hidden: 8, ..f.arch.clone() };
+        let b = grinnder_tensor::Cpu::<f32>::new();
+        let mut m = Model::init(&b, other.model_config(), 5, 3);
+        let err = f.apply(&b, &mut m, Path::new("m.safetensors")).unwrap_err().to_string();
+        assert!(
+            err.contains("convs.0.lin_l.weight") && err.contains("[4, 5]") && err.contains("[8, 5]"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! Inference through the executor: a forward pass without dropout up to the requested layer,
+//! whose rows are handed out partition by partition with their nodes' ids in the dataset —
+//! never the whole output at once, under the same plan, tiers and ranks as training. No
+//! gradient block is made. In the output layer only the partitions holding a requested node
+//! are computed.
+
+use grinnder_graph::progress;
+
+use super::*;
+
+/// How a mode hands on its output: `emit(ids, rows)`, row i being node `ids[i]` of the dataset.
+pub type Emit<'a> = dyn FnMut(&[u32], Mat<f32>) -> Result<(), TrainError> + 'a;
+
+impl<'a, B: Backend> Executor<'a, B> {
+    /// The output of layer `upto - 1` (`upto = layers()`: the logits) for the nodes of this
+    /// rank's partitions, a partition at a time: `emit(ids, rows)`, row i being node `ids[i]`
+    /// of the dataset. Partitions without a node `wanted` accepts are skipped in that layer.
+    pub fn predict(
+        &mut self,
+        upto: usize,
+        wanted: &dyn Fn(u32) -> bool,
+        emit: &mut Emit<'_>,
+    ) -> Result<(), TrainError> {
+        let layers = self.model.layers();
+        if !(1..=layers).contains(&upto) {
+            return Err(TrainError::Config(format!(
+                "layer {} has no output: the model has layers 0 to {}",
+                upto as i64 - 1,
+                layers - 1
+            )));
+        }
+        self.progress = true;
+        let r = self.guarded(|ex| ex.predict_pass(upto, wanted, emit));
+        self.progress = false;
+        r
+    }
+
+    fn predict_pass(
+        &mut self,
+        upto: usize,
+        wanted: &dyn Fn(u32) -> bool,
+        emit: &mut Emit<'_>,
+    ) -> Result<(), TrainError> {
+        let layers = self.model.layers();
+        // layer 0's output is no block when it runs inside layer 1: made per partition below
+        let fused0 = upto == 1 && self.fused;
+        if !fused0 {
+            self.forward_to(upto, false, 0)?;
+        }
+        let todo: Vec<usize> =
+            self.local.clone().filter(|&q| self.own_ids(q).iter().any(|&v| wanted(v))).collect();
+        let pb = self.layer_bar(upto - 1, &todo);
+        for (i, &q) in todo.iter().enumerate() {
+            let next = todo.get(i + 1).copied();
+            let y = if upto == layers {
+                self.output_rows(q, next, 0)?
+            } else if fused0 {
+                self.layer0(q, false, 0)?
+            } else {
+                let own = self.own(BlockKind::Act, upto, q)?;
+                self.prefetch(BlockKind::Act, upto, next.unwrap_or(usize::MAX), false, &[])?;
+                let (n, d) = self.b.dims(&own);
+                let mut y = self.b.output(n, d);
+                self.b.copy(&own, &mut y);
+                self.give_back(Some(own));
+                y
+            };
+            let t = Instant::now();
+            let host = self.b.download(&y);
+            drop(y);
+            self.stats.download_bytes += (host.data.len() * std::mem::size_of::<B::T>()) as u64;
+            self.stats.write_back_s += t.elapsed().as_secs_f64();
+            let rows =
+                Mat::from_vec(host.rows, host.cols, host.data.iter().map(|x| x.f64() as f32).collect());
+            drop(host);
+            let ids = self.own_ids(q).to_vec();
+            emit(&ids, rows)?;
+            if let Some(pb) = &pb {
+                pb.inc(ids.len() as u64);
+            }
+        }
+        if let Some(pb) = pb {
+            pb.finish_and_clear();
+        }
+        if !fused0 {
+            self.remove_forward_blocks(upto)?;
+        }
+        Ok(())
+    }
+
+    /// The dataset's ids of partition `q`'s own nodes, in row order.
+    pub(super) fn own_ids(&self, q: usize) -> &[u32] {
+        let first = self.partitioning.ptr[q] as usize;
+        &self.partitioning.inv_perm[first..first + self.parts[q].own]
+    }
+
+    /// A progress bar over the rows of `parts` for layer `l`, while [`Executor::predict`] runs.
+    pub(super) fn layer_bar(&self, l: usize, parts: &[usize]) -> Option<progress::ProgressBar> {
+        let rows: usize = parts.iter().map(|&q| self.parts[q].own).sum();
+        self.progress.then(|| progress::counter(rows as u64, &format!("layer {l}"), "rows"))
+    }
+}
