@@ -691,6 +691,10 @@ pub struct PredictArgs {
     /// Write one JSON object per output file written (rows, time, bytes moved per tier).
     #[arg(long)]
     pub metrics_out: Option<PathBuf>,
+    /// Compute (and write) every output this many times (benchmarks: the first pass also picks
+    /// the GPU's SpMM kernels); each pass's time goes to --metrics-out, the last to the summary.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
 }
 
 #[derive(Args, Debug)]

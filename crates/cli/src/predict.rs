@@ -11,10 +11,12 @@ use anyhow::Context;
 use grinnder_engine::{
     Mode, ModelFile, Output, Prediction, Request, RowSink, Rows, TieredConfig, TrainError, Trainer,
 };
+use grinnder_graph::buf::as_bytes;
 use grinnder_graph::io::npy::{DType, Npy};
 use grinnder_graph::io::npy_rows::NpyRows;
 use grinnder_graph::{io, Dataset};
 use grinnder_tensor::{Backend, Cpu};
+use rayon::prelude::*;
 
 use crate::args::{
     byte_size, CacheModeArg, OutDtypeArg, OutputArg, PartitionerArg, PredictArgs, TierDtypeArg,
@@ -48,6 +50,7 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
         "--gpu-mem and --tf32 need --device cuda"
     );
     let tiered = tiered_config(&a, launch.as_ref().map_or(1, |l| l.groups.global.size()))?;
+    anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
     let layers = arch.layers;
     if let Some(&l) = a.embed.iter().find(|&&l| l + 1 >= layers) {
         anyhow::bail!(
@@ -93,9 +96,9 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
                 grinnder_cuda::Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
             gpu.set_memory_budget(byte_size(a.gpu_mem.clone())?)?;
             gpu.set_tf32(a.tf32)?;
-            run_on(&gpu, &ds, &model, tiered, groups, &nodes, &mut outs)?
+            run_on(&gpu, &ds, &model, tiered, groups, &nodes, &mut outs, a.repeat)?
         }
-        Device::Cpu => run_on(&Cpu::<f32>::new(), &ds, &model, tiered, groups, &nodes, &mut outs)?,
+        Device::Cpu => run_on(&Cpu::<f32>::new(), &ds, &model, tiered, groups, &nodes, &mut outs, a.repeat)?,
     };
     if !lead {
         return Ok(());
@@ -103,6 +106,7 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
     if let (Some(f), Some(ids)) = (ids_file, &nodes) {
         let at: Vec<u64> = (0..rows).collect();
         let bytes: Vec<u8> = ids.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect();
+        let mut f = f;
         f.write_rows(&at, &bytes)?;
         f.finish()?;
     }
@@ -110,17 +114,22 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
         Some(p) => Some(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
         None => None,
     };
-    for (o, p) in outs.into_iter().zip(&done) {
+    for (o, passes) in outs.into_iter().zip(&done) {
         let target = o.file.path().to_path_buf();
-        report(&o, &target, p, rows);
+        report(&o, &target, passes.last().expect("a pass"), rows);
         o.file.finish()?;
-        if let Some(f) = metrics.as_mut() {
-            let mut v = serde_json::to_value(p)?;
-            v["file"] = target.display().to_string().into();
-            v["output"] = o.name.clone().into();
-            writeln!(f, "{v}")?;
+        for (i, p) in passes.iter().enumerate() {
+            if let Some(f) = metrics.as_mut() {
+                let mut v = serde_json::to_value(p)?;
+                v["file"] = target.display().to_string().into();
+                v["output"] = o.name.clone().into();
+                v["pass"] = i.into();
+                writeln!(f, "{v}")?;
+            }
         }
     }
+    // the last pass of each output
+    let done: Vec<Prediction> = done.into_iter().filter_map(|mut p| p.pop()).collect();
     let (compute, write): (f64, f64) =
         done.iter().fold((0.0, 0.0), |s, p| (s.0 + p.compute_s, s.1 + p.write_s));
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
@@ -290,20 +299,27 @@ fn outputs(
 
 /// Rows into an [`NpyRows`] file, as f32 or bf16 values or int64 classes.
 struct NpySink<'a> {
-    out: &'a NpyRows,
+    out: &'a mut NpyRows,
     bf16: bool,
 }
 
 impl RowSink for NpySink<'_> {
     fn write(&mut self, at: &[u64], rows: Rows<'_>) -> Result<(), TrainError> {
-        let bytes: Vec<u8> = match rows {
-            Rows::Classes(c) => c.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        let halves: Vec<u16>;
+        let bytes: &[u8] = match rows {
+            Rows::Classes(c) => as_bytes(c),
             Rows::Values { data, .. } if self.bf16 => {
-                data.iter().flat_map(|&x| grinnder_engine::tiered::store::to_bf16(x).to_le_bytes()).collect()
+                halves = data.par_iter().map(|&x| grinnder_engine::tiered::store::to_bf16(x)).collect();
+                as_bytes(&halves)
             }
-            Rows::Values { data, .. } => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            // little-endian f32 as the file stores it
+            Rows::Values { data, .. } => as_bytes(data),
         };
-        self.out.write_rows(at, &bytes).map_err(|e| TrainError::Storage(e.to_string()))
+        self.out.write_rows(at, bytes).map_err(|e| TrainError::Storage(e.to_string()))
+    }
+
+    fn flush(&mut self) -> Result<(), TrainError> {
+        self.out.flush().map_err(|e| TrainError::Storage(e.to_string()))
     }
 }
 
@@ -315,7 +331,8 @@ fn run_on<B: Backend>(
     groups: Option<&grinnder_dist::Groups>,
     nodes: &Option<Vec<u32>>,
     outs: &mut [Out],
-) -> anyhow::Result<(Vec<Prediction>, Option<u64>)> {
+    repeat: usize,
+) -> anyhow::Result<(Vec<Vec<Prediction>>, Option<u64>)> {
     let mode = match (tiered, groups) {
         (None, _) => Mode::FullGraph,
         (Some(tiered), Some(groups)) => {
@@ -325,13 +342,14 @@ fn run_on<B: Backend>(
     };
     let mut t = Trainer::for_model(b, ds, model, mode)?;
     let mut done = Vec::new();
-    for o in outs.iter() {
+    for o in outs.iter_mut() {
         let bf16 = o.elem == 2;
-        let p = t.predict(
-            &Request { output: o.output, nodes: nodes.clone() },
-            &mut NpySink { out: &o.file, bf16 },
-        )?;
-        done.push(p);
+        let mut passes = Vec::new();
+        for _ in 0..repeat {
+            let req = Request { output: o.output, nodes: nodes.clone() };
+            passes.push(t.predict(&req, &mut NpySink { out: &mut o.file, bf16 })?);
+        }
+        done.push(passes);
     }
     Ok((done, b.device_memory().map(|m| m.peak)))
 }

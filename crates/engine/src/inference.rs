@@ -6,7 +6,7 @@
 //! can write it straight to a file.
 
 use grinnder_graph::Dataset;
-use grinnder_tensor::Mat;
+use rayon::prelude::*;
 
 use crate::config::TrainError;
 
@@ -46,6 +46,11 @@ pub enum Rows<'a> {
 /// (partition by partition), each output row exactly once.
 pub trait RowSink {
     fn write(&mut self, at: &[u64], rows: Rows<'_>) -> Result<(), TrainError>;
+    /// Makes what was written visible to the other ranks (called once a pass is done, before
+    /// the ranks meet).
+    fn flush(&mut self) -> Result<(), TrainError> {
+        Ok(())
+    }
 }
 
 /// What an inference run did.
@@ -119,35 +124,43 @@ pub(crate) struct Finisher<'a> {
 }
 
 impl Finisher<'_> {
-    /// Rows `m` of nodes `ids` (row i: node `ids[i]`).
-    pub(crate) fn take(&mut self, ids: &[u32], m: Mat<f32>) -> Result<(), TrainError> {
+    /// Rows of nodes `ids` (row i: node `ids[i]`; `rows` row-major, `w` values each).
+    pub(crate) fn take(&mut self, ids: &[u32], rows: &[f32], w: usize) -> Result<(), TrainError> {
         let t = std::time::Instant::now();
-        let w = m.cols;
+        let row = |i: usize| &rows[i * w..(i + 1) * w];
         let (pick, at): (Vec<usize>, Vec<u64>) =
             ids.iter().enumerate().filter_map(|(i, &v)| self.positions.at(v).map(|p| (i, p))).unzip();
         self.done.rows += at.len() as u64;
         let counting = !matches!(self.output, Output::Embedding(_));
         if counting {
+            let labels = self.labels;
+            let (right, labelled) = pick
+                .par_iter()
+                .with_min_len(1 << 12)
+                .map(|&i| match labels[ids[i] as usize] {
+                    l if l >= 0 => ((argmax(row(i)) as i32 == l) as u64, 1u64),
+                    _ => (0, 0),
+                })
+                .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
             let c = self.done.correct.get_or_insert((0, 0));
-            for &i in &pick {
-                let label = self.labels[ids[i] as usize];
-                if label >= 0 {
-                    c.1 += 1;
-                    c.0 += (argmax(m.row(i)) as i32 == label) as u64;
-                }
-            }
+            (c.0, c.1) = (c.0 + right, c.1 + labelled);
         }
         match self.output {
             Output::Class => {
                 self.done.width = 1;
-                let classes: Vec<i64> = pick.iter().map(|&i| argmax(m.row(i)) as i64).collect();
+                let classes: Vec<i64> = pick.par_iter().map(|&i| argmax(row(i)) as i64).collect();
                 self.sink.write(&at, Rows::Classes(&classes))?;
+            }
+            // every row, in order: handed on as it is
+            Output::Logits | Output::Embedding(_) if pick.len() == ids.len() => {
+                self.done.width = w;
+                self.sink.write(&at, Rows::Values { data: rows, width: w })?;
             }
             out => {
                 self.done.width = w;
                 let mut data: Vec<f32> = Vec::with_capacity(pick.len() * w);
                 for &i in &pick {
-                    data.extend_from_slice(m.row(i));
+                    data.extend_from_slice(row(i));
                 }
                 if out == Output::Probs {
                     data.chunks_mut(w.max(1)).for_each(softmax);

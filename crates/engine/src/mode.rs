@@ -42,8 +42,11 @@ pub(crate) fn emit_in_pieces<T: grinnder_tensor::Scalar>(
     for start in (0..m.rows).step_by(PIECE_ROWS) {
         let n = PIECE_ROWS.min(m.rows - start);
         let ids: Vec<u32> = (first + start as u32..first + (start + n) as u32).collect();
-        let data = m.data[start * w..(start + n) * w].iter().map(|x| x.f64() as f32).collect();
-        emit(&ids, Mat::from_vec(n, w, data))?;
+        let piece = &m.data[start * w..(start + n) * w];
+        match bytemuck::try_cast_slice::<T, f32>(piece) {
+            Ok(rows) => emit(&ids, rows, w)?,
+            Err(_) => emit(&ids, &piece.iter().map(|x| x.f64() as f32).collect::<Vec<f32>>(), w)?,
+        }
     }
     Ok(())
 }

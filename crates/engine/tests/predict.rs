@@ -131,7 +131,8 @@ fn a_first_layer_run_inside_the_second_gives_its_embedding_too() {
     let mut whole = Trainer::for_model(&b, &ds, &file, Mode::FullGraph).unwrap();
     let want = predict(&mut whole, Output::Embedding(0), n);
     let mut t = Trainer::for_model(&b, &ds, &file, Mode::Tiered(tiered(4))).unwrap();
-    let got = predict(&mut t, Output::Embedding(0), n);
+    let mut got = Collect::new(n);
+    t.embed(0, None, &mut got).unwrap();
     assert_close(&got.values, &want.values, 1e-5, "fused layer 0");
     let logits = predict(&mut t, Output::Logits, n);
     assert_close(&logits.values, &predict(&mut whole, Output::Logits, n).values, 1e-5, "fused logits");

@@ -2,7 +2,9 @@
 //! changes nothing; a run stopped after a checkpoint and resumed gives the same bits as one
 //! that never stopped — in memory, tiered and by mini-batches.
 
-use grinnder_engine::{CheckpointConfig, FeatureNorm, MiniBatchConfig, Mode, Sampler, TrainConfig, Trainer};
+use grinnder_engine::{
+    CheckpointConfig, FeatureNorm, MiniBatchConfig, Mode, Sampler, TrainConfig, Trainer, Weights,
+};
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::Dataset;
 use grinnder_nn::{Kind, ModelConfig, Norm, OptimConfig};
@@ -117,6 +119,22 @@ fn a_run_resumed_from_its_checkpoint_gives_the_same_bits_as_one_that_never_stopp
         assert_eq!(bits(&got), bits(&want[3..]), "{what}: epochs 3 and 4 after resuming");
         assert_eq!(params(&b, &mut resumed), params(&b, &mut whole), "{what}: parameters");
         assert_eq!(resumed.summary().best_epoch, whole.summary().best_epoch, "{what}");
+        // the best validation epoch's weights are in the checkpoint too
+        let (r, w) = (resumed.model_file(Weights::BestValid), whole.model_file(Weights::BestValid));
+        assert!(r.note.as_ref().is_some_and(|n| n.contains("best validation")), "{what}: {:?}", r.note);
+        assert_eq!(r.note, w.note, "{what}");
+        assert_eq!(r.arch, w.arch, "{what}");
+        for (a, b) in r.tensors.iter().zip(&w.tensors) {
+            assert_eq!(a.name, b.name, "{what}");
+            let first = a.data.iter().zip(&b.data).position(|(x, y)| x != y);
+            assert!(
+                first.is_none(),
+                "{what}: {} differs at {first:?}: {:?}",
+                a.name,
+                first.map(|i| (a.data[i], b.data[i]))
+            );
+        }
+        assert_eq!(r, w, "{what}: the model file after resuming");
     }
 }
 

@@ -8,8 +8,29 @@ use grinnder_graph::progress;
 
 use super::*;
 
-/// How a mode hands on its output: `emit(ids, rows)`, row i being node `ids[i]` of the dataset.
-pub type Emit<'a> = dyn FnMut(&[u32], Mat<f32>) -> Result<(), TrainError> + 'a;
+/// How a mode hands on its output: `emit(ids, rows, width)`, `rows` row-major, row i being node
+/// `ids[i]` of the dataset. The rows are borrowed (on a GPU, straight from the page-locked
+/// buffer they were downloaded into).
+pub type Emit<'a> = dyn FnMut(&[u32], &[f32], usize) -> Result<(), TrainError> + 'a;
+
+/// Hands `m`'s rows (row i: node `ids[i]`) to `emit` from the host copy the backend makes of
+/// it, without another copy where its elements are f32.
+pub(crate) fn emit_matrix<B: Backend>(
+    b: &B,
+    m: &B::Mat,
+    ids: &[u32],
+    emit: &mut Emit<'_>,
+) -> Result<(), TrainError> {
+    let width = b.dims(m).1;
+    let mut r = Ok(());
+    b.download_with(m, &mut |host: &[B::T]| {
+        r = match bytemuck::try_cast_slice::<B::T, f32>(host) {
+            Ok(rows) => emit(ids, rows, width),
+            Err(_) => emit(ids, &host.iter().map(|x| x.f64() as f32).collect::<Vec<f32>>(), width),
+        };
+    });
+    r
+}
 
 impl<'a, B: Backend> Executor<'a, B> {
     /// The output of layer `upto - 1` (`upto = layers()`: the logits) for the nodes of this
@@ -66,15 +87,16 @@ impl<'a, B: Backend> Executor<'a, B> {
                 y
             };
             let t = Instant::now();
-            let host = self.b.download(&y);
-            drop(y);
-            self.stats.download_bytes += (host.data.len() * std::mem::size_of::<B::T>()) as u64;
-            self.stats.write_back_s += t.elapsed().as_secs_f64();
-            let rows =
-                Mat::from_vec(host.rows, host.cols, host.data.iter().map(|x| x.f64() as f32).collect());
-            drop(host);
             let ids = self.own_ids(q).to_vec();
-            emit(&ids, rows)?;
+            self.stats.download_bytes += (ids.len() * self.b.dims(&y).1 * std::mem::size_of::<B::T>()) as u64;
+            let mut timed = |ids: &[u32], rows: &[f32], width: usize| {
+                // the download's time, not the sink's
+                self.stats.write_back_s += t.elapsed().as_secs_f64();
+                emit(ids, rows, width)
+            };
+            let b = self.b;
+            emit_matrix(b, &y, &ids, &mut timed)?;
+            drop(y);
             if let Some(pb) = &pb {
                 pb.inc(ids.len() as u64);
             }

@@ -377,7 +377,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
             done: Prediction::default(),
         };
         let wanted = |v: u32| positions.at(v).is_some();
-        let tier = self.engine.predict(upto, &wanted, &mut |ids, m| fin.take(ids, m))?;
+        let tier = self.engine.predict(upto, &wanted, &mut |ids, rows, w| fin.take(ids, rows, w))?;
+        fin.sink.flush()?;
         let mut done = fin.done;
         done.tier = tier;
         done.compute_s = t.elapsed().as_secs_f64() - done.write_s;
@@ -389,6 +390,17 @@ impl<'a, B: Backend> Trainer<'a, B> {
             g.barrier();
         }
         Ok(done)
+    }
+
+    /// Hidden layer `layer`'s output (0-based; after its norm, ReLU and residual) for `nodes`
+    /// (`None`: every node): [`Trainer::predict`] with [`Output::Embedding`].
+    pub fn embed(
+        &mut self,
+        layer: usize,
+        nodes: Option<Vec<u32>>,
+        sink: &mut dyn RowSink,
+    ) -> Result<Prediction, TrainError> {
+        self.predict(&Request { output: Output::Embedding(layer), nodes }, sink)
     }
 
     fn peak_device_bytes(&self) -> Option<u64> {
