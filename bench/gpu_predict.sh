@@ -41,13 +41,13 @@ for l in open(sys.argv[1]):
         print(f"train epoch {m['epoch']}: {m['epoch_s']:.4f} s, evaluation (the forward pass) {m['eval_s']:.4f} s, peak GPU {m['peak_device_bytes']/2**30:.2f} GiB")
 PY
 stamp predict, no budget
-$bin predict "$data/g.grnd" --model-file "$data/m.safetensors" --device cuda --out "$data/whole" --repeat 2 \
+$bin predict "$data/g.grnd" --model-file "$data/m.safetensors" --device cuda --out "$data/whole" --repeat "${REPEAT:-2}" \
   --metrics-out "$out/$preset-whole.jsonl" 2>"$out/$preset-whole.log" || { tail -3 "$out/$preset-whole.log"; exit 1; }
 extra=()
 [ "$embed" = 1 ] && extra=(--embed 0)
 stamp predict, "$budget_flags"
 # shellcheck disable=SC2086
-$bin predict "$data/g.grnd" --model-file "$data/m.safetensors" --device cuda --out "$data/budget" --repeat 2 \
+$bin predict "$data/g.grnd" --model-file "$data/m.safetensors" --device cuda --out "$data/budget" --repeat "${REPEAT:-2}" \
   $budget_flags "${extra[@]}" --metrics-out "$out/$preset-budget.jsonl" 2>"$out/$preset-budget.log" \
   || { tail -3 "$out/$preset-budget.log"; exit 1; }
 stamp compare

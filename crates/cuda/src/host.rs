@@ -442,6 +442,24 @@ pub(crate) const fn loss_offsets(n: usize) -> (usize, usize, usize) {
     (0, 4 * n, 8 * n)
 }
 
+/// A device matrix on its way into page-locked host memory ([`Cuda::download_ahead`]).
+pub struct Leaving {
+    /// The source, kept alive until the copy is over.
+    m: Option<DMat>,
+    buf: Option<PinnedBuf>,
+    n: usize,
+}
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        // never read: the copy still finishes before the source and the buffer go
+        if let Some(mut b) = self.buf.take() {
+            b.wait();
+        }
+        drop(self.m.take());
+    }
+}
+
 /// Queues a copy of `bytes` bytes from page-locked `host` to device address `dst` on `stream`.
 ///
 /// # Safety
@@ -475,7 +493,7 @@ impl PinnedBuf {
     }
 
     /// Waits for the last copy that used the buffer.
-    fn wait(&mut self) {
+    pub(crate) fn wait(&mut self) {
         if let Some(e) = self.done.take() {
             e.synchronize().expect("CUDA event");
         }
@@ -617,6 +635,41 @@ impl Cuda {
             panic!("cuLaunchHostFunc failed: {r:?}");
         }
         StreamHold(Some(tx))
+    }
+
+    /// See `HandOffs::download_ahead`: `m` copied into a page-locked buffer on the second
+    /// stream, once the main stream's work queued so far (which fills it) is done; the main
+    /// stream's next work runs beside the copy. `m` is kept until the copy is over.
+    pub fn download_ahead(&self, m: DMat) -> Leaving {
+        let n = m.rows * m.cols;
+        let side = self.side_stream();
+        side.wait(&self.stream.record_event(None).expect("CUDA event")).expect("CUDA stream wait");
+        let mut buf = self.pinned.take(&self.ctx, (n * 4).max(1));
+        if n > 0 {
+            let host = buf.ptr();
+            let (src, _sync) = m.data.device_ptr(side);
+            // SAFETY: `n` floats of a live allocation (kept in the `Leaving` until the copy is
+            // waited for) into a page-locked buffer of at least as many bytes, used by nothing
+            // else until then.
+            self.timed_on_side(side, (n * 4) as u64, || unsafe { dtoh(side, host, src, n * 4) });
+        }
+        buf.queued(side);
+        Leaving { m: Some(m), buf: Some(buf), n }
+    }
+
+    /// See `HandOffs::downloaded`.
+    pub fn downloaded(&self, mut l: Leaving, read: &mut dyn FnMut(&[f32])) {
+        let mut buf = l.buf.take().expect("a download is read once");
+        buf.wait();
+        let n = l.n;
+        {
+            let bytes = buf.ptr();
+            // SAFETY: the copy of `n` floats into the buffer is complete (waited for above);
+            // page-locked memory is aligned to a page, so to an f32.
+            let rows = unsafe { std::slice::from_raw_parts(bytes as *const f32, n) };
+            read(rows);
+        }
+        self.pinned.give(buf);
     }
 
     /// See `Transfers::upload_with`: `fill` writes into a staging buffer, copied asynchronously.

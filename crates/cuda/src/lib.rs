@@ -44,7 +44,7 @@ mod transfers;
 mod upload;
 
 pub use handoff::Arriving;
-pub use host::{CudaLoss, DeviceIndex, HostLabels, HostTable, StreamHold};
+pub use host::{CudaLoss, DeviceIndex, HostLabels, HostTable, Leaving, StreamHold};
 pub use nccl::{nccl_present, Nccl};
 pub use spmm::{SpmmKernel, SpmmShapeInfo};
 

@@ -10,6 +10,7 @@ impl Memory for Cuda {
     type HostBlock = host::HostTable;
     type Arriving = Arriving;
     type Loss = CudaLoss;
+    type Leaving = host::Leaving;
     fn device_memory(&self) -> Option<DeviceMemory> {
         let p = self.pool.as_ref()?;
         Some(DeviceMemory { used: p.used(), peak: p.peak() })
@@ -109,5 +110,13 @@ impl HandOffs for Cuda {
     }
     fn arrived(&self, m: Arriving) -> DMat {
         Cuda::arrived(self, m)
+    }
+    fn download_ahead(&self, m: DMat) -> host::Leaving {
+        let _p = self.span("download (ahead)");
+        Cuda::download_ahead(self, m)
+    }
+    fn downloaded(&self, l: host::Leaving, read: &mut dyn FnMut(&[f32])) {
+        let _p = self.span("download (ahead) read");
+        Cuda::downloaded(self, l, read)
     }
 }

@@ -108,6 +108,32 @@ fn losses_read_later_each_give_their_own_logits_loss() {
     release.join().unwrap();
 }
 
+/// A download started ahead waits for the main stream's work queued before it, even when that
+/// work has not run yet (the stream held), and the main stream's later work does not change
+/// what it reads.
+#[test]
+fn a_download_ahead_reads_what_the_work_queued_before_it_wrote() {
+    let Some(g) = gpu() else { return };
+    let x = common::random(3000, 47, 9);
+    let mut m = g.upload(&x);
+    let hold = g.hold_main_stream();
+    g.unary(Unary::Scale(3.0), &mut m);
+    let mut again = g.upload(&x);
+    g.copy(&m, &mut again);
+    let leaving = g.download_ahead(m);
+    // queued after the download: must not reach what it reads
+    g.unary(Unary::Scale(0.0), &mut again);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(hold);
+    });
+    let mut read = Vec::new();
+    g.downloaded(leaving, &mut |d| read.extend_from_slice(d));
+    release.join().unwrap();
+    let want: Vec<f32> = x.data.iter().map(|v| v * 3.0).collect();
+    assert_eq!(read, want);
+}
+
 /// SpMM forward and transposed, one and several value columns, with each implementation
 /// forced in turn (`ops.rs` tests the one `Auto` picks).
 #[test]

@@ -34,6 +34,7 @@ macro_rules! test_device {
 
 test_device!(
     transfers,
+    downloads_ahead,
     host_blocks,
     gemm,
     gemm_split_k,
@@ -103,6 +104,27 @@ fn transfers<B: Backend<T = f32>>(b: &B) {
     assert_eq!(b.dims(&y), (70, 33), "dims");
     assert_eq!(b.download(&b.upload_ahead(&x)), x, "upload made ahead");
     b.synchronize();
+}
+
+/// Downloads started ahead: each sees the work queued before it, and several can be in
+/// flight at once, read in any order.
+fn downloads_ahead<B: Backend<T = f32>>(b: &B) {
+    let x = random(500, 19, 4);
+    let mut twice = x.clone();
+    twice.data.iter_mut().for_each(|v| *v *= 2.0);
+    let mut m = b.upload(&x);
+    b.unary(Unary::Scale(2.0), &mut m);
+    let first = b.download_ahead(m);
+    let second = b.download_ahead(b.upload(&x));
+    let mut read = Vec::new();
+    b.downloaded(second, &mut |d| read.extend_from_slice(d));
+    assert_eq!(read, x.data, "the second download");
+    read.clear();
+    b.downloaded(first, &mut |d| read.extend_from_slice(d));
+    assert_eq!(read, twice.data, "the first download, after the work queued before it");
+    // an empty matrix, and one never read
+    b.downloaded(b.download_ahead(b.zeros(0, 5)), &mut |d| assert!(d.is_empty()));
+    drop(b.download_ahead(b.upload(&x)));
 }
 
 /// A host block: written in place, its first rows uploaded, rows gathered from it.

@@ -123,6 +123,9 @@ pub trait Memory: Send + Sync + 'static {
     /// A loss still on its way to the host ([`TrainOps::cross_entropy_later`]); the values
     /// themselves where the call computes them.
     type Loss: Send;
+    /// A matrix on its way to the host ([`HandOffs::download_ahead`]); the matrix itself where
+    /// it is host memory.
+    type Leaving: Send;
 
     /// Bytes the backend holds in its own memory (a GPU's); `None` where matrices live in host
     /// memory (counted in the process's resident set).
@@ -211,6 +214,13 @@ pub trait HandOffs: Transfers {
     /// The matrix of an upload queued ahead, for computing with: on a GPU, the work queued from
     /// here on waits for the copy (the work queued before it does not).
     fn arrived(&self, m: Self::Arriving) -> Self::Mat;
+    /// Starts copying `m` to host memory once the work queued so far (which fills it) is done:
+    /// on a GPU on a second stream, into page-locked memory, so that the work queued next runs
+    /// beside the copy. [`HandOffs::downloaded`] hands the rows over.
+    fn download_ahead(&self, m: Self::Mat) -> Self::Leaving;
+    /// The elements (row-major) of a matrix whose download was started ahead, to `read`, once
+    /// the copy is done.
+    fn downloaded(&self, l: Self::Leaving, read: &mut dyn FnMut(&[Self::T]));
 }
 
 /// Dense compute: products, row gathers and scatters, element-wise maps, dropout, LayerNorm.

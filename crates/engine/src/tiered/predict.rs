@@ -13,25 +13,6 @@ use super::*;
 /// buffer they were downloaded into).
 pub type Emit<'a> = dyn FnMut(&[u32], &[f32], usize) -> Result<(), TrainError> + 'a;
 
-/// Hands `m`'s rows (row i: node `ids[i]`) to `emit` from the host copy the backend makes of
-/// it, without another copy where its elements are f32.
-pub(crate) fn emit_matrix<B: Backend>(
-    b: &B,
-    m: &B::Mat,
-    ids: &[u32],
-    emit: &mut Emit<'_>,
-) -> Result<(), TrainError> {
-    let width = b.dims(m).1;
-    let mut r = Ok(());
-    b.download_with(m, &mut |host: &[B::T]| {
-        r = match bytemuck::try_cast_slice::<B::T, f32>(host) {
-            Ok(rows) => emit(ids, rows, width),
-            Err(_) => emit(ids, &host.iter().map(|x| x.f64() as f32).collect::<Vec<f32>>(), width),
-        };
-    });
-    r
-}
-
 impl<'a, B: Backend> Executor<'a, B> {
     /// The output of layer `upto - 1` (`upto = layers()`: the logits) for the nodes of this
     /// rank's partitions, a partition at a time: `emit(ids, rows)`, row i being node `ids[i]`
@@ -71,6 +52,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         let todo: Vec<usize> =
             self.local.clone().filter(|&q| self.own_ids(q).iter().any(|&v| wanted(v))).collect();
         let pb = self.layer_bar(upto - 1, &todo);
+        // a partition's rows travel to the host while the next one computes, and are handed on
+        // while the one after is queued
+        let mut pending: Option<(Vec<u32>, usize, B::Leaving)> = None;
         for (i, &q) in todo.iter().enumerate() {
             let next = todo.get(i + 1).copied();
             let y = if upto == layers {
@@ -86,20 +70,18 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.give_back(Some(own));
                 y
             };
-            let t = Instant::now();
-            let ids = self.own_ids(q).to_vec();
-            self.stats.download_bytes += (ids.len() * self.b.dims(&y).1 * std::mem::size_of::<B::T>()) as u64;
-            let mut timed = |ids: &[u32], rows: &[f32], width: usize| {
-                // the download's time, not the sink's
-                self.stats.write_back_s += t.elapsed().as_secs_f64();
-                emit(ids, rows, width)
-            };
-            let b = self.b;
-            emit_matrix(b, &y, &ids, &mut timed)?;
-            drop(y);
-            if let Some(pb) = &pb {
-                pb.inc(ids.len() as u64);
+            let (rows, width) = self.b.dims(&y);
+            self.stats.download_bytes += (rows * width * std::mem::size_of::<B::T>()) as u64;
+            let leaving = self.b.download_ahead(y);
+            if let Some(done) = pending.replace((self.own_ids(q).to_vec(), width, leaving)) {
+                self.hand_on(done, emit)?;
             }
+            if let Some(pb) = &pb {
+                pb.inc(rows as u64);
+            }
+        }
+        if let Some(done) = pending.take() {
+            self.hand_on(done, emit)?;
         }
         if let Some(pb) = pb {
             pb.finish_and_clear();
@@ -108,6 +90,26 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.remove_forward_blocks(upto)?;
         }
         Ok(())
+    }
+
+    /// Rows whose download started ahead to `emit` once they are on the host (without another
+    /// copy where they are f32); the wait counts as write-back time.
+    fn hand_on(
+        &mut self,
+        (ids, width, l): (Vec<u32>, usize, B::Leaving),
+        emit: &mut Emit<'_>,
+    ) -> Result<(), TrainError> {
+        let t = Instant::now();
+        let mut r = Ok(());
+        let stats = &mut self.stats;
+        self.b.downloaded(l, &mut |host: &[B::T]| {
+            stats.write_back_s += t.elapsed().as_secs_f64();
+            r = match bytemuck::try_cast_slice::<B::T, f32>(host) {
+                Ok(rows) => emit(&ids, rows, width),
+                Err(_) => emit(&ids, &host.iter().map(|x| x.f64() as f32).collect::<Vec<f32>>(), width),
+            };
+        });
+        r
     }
 
     /// The dataset's ids of partition `q`'s own nodes, in row order.

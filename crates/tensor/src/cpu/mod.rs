@@ -31,6 +31,7 @@ impl<T: Scalar> Memory for Cpu<T> {
     type HostBlock = Mat<T>;
     type Arriving = Mat<T>;
     type Loss = (f64, usize);
+    type Leaving = Mat<T>;
     fn output(&self, rows: usize, cols: usize) -> Mat<T> {
         if cfg!(debug_assertions) {
             Mat::from_vec(rows, cols, vec![T::nan(); rows * cols])
@@ -90,6 +91,12 @@ impl<T: Scalar> HandOffs for Cpu<T> {
     }
     fn arrived(&self, m: Mat<T>) -> Mat<T> {
         m
+    }
+    fn download_ahead(&self, m: Mat<T>) -> Mat<T> {
+        m
+    }
+    fn downloaded(&self, l: Mat<T>, read: &mut dyn FnMut(&[T])) {
+        read(&l.data)
     }
 }
 
