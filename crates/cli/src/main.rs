@@ -1,16 +1,9 @@
-//! `grinnder`: the command-line front end. Raw flags are turned into validated settings here
-//! and nowhere else (Architecture invariant: only cli parses flags).
-
-mod args;
-mod bench;
-mod commands;
-mod load;
-mod plan;
-mod plot;
-mod predict;
-mod train;
+//! `grinnder`: the command-line front end (the library half of this crate, `grinnder_cli`,
+//! holds the commands; this file starts the process: logging, threads, the allocator, and the
+//! exit code).
 
 use clap::Parser;
+use grinnder_cli::{args, commands};
 
 /// Large matrices are allocated and freed every epoch; mimalloc keeps freed pages for reuse
 /// instead of returning them to the kernel and faulting them in (zeroed) again. Its use is
@@ -82,26 +75,6 @@ fn main() -> std::process::ExitCode {
             }
             None => std::panic::resume_unwind(payload),
         },
-    }
-}
-
-/// Under a host budget, freed memory goes back to the kernel at once (mimalloc's purge delay
-/// 0) instead of 10 ms later: what the allocator keeps of freed memory counts in the resident
-/// set, and with the delay peak RSS overshot `--host-mem` by up to 11 % (arxiv-like at scale
-/// 0.5, hidden 128, 4 partitions, 2026-12-01). The price is page faults when epochs allocate
-/// again, paid only where a budget was asked for.
-///
-/// Transparent huge pages are turned off for the same reason: mimalloc asks for them on its
-/// arenas, and a 2 MiB page stays resident whole while any 64 KiB of it is in use, so purged
-/// memory did not leave the resident set (48 MiB of the overshoot in the run above).
-pub(crate) fn return_freed_memory_at_once() {
-    /// `mi_option_purge_delay` (the same position in mimalloc v2 and v3's option enum).
-    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-    // SAFETY: setting an option has no memory-safety requirement; mimalloc reads it at each purge.
-    unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, 0) };
-    // SAFETY: prctl with integer arguments only; it affects page faults from now on.
-    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
-        tracing::debug!("cannot turn transparent huge pages off: {}", std::io::Error::last_os_error());
     }
 }
 

@@ -97,145 +97,149 @@ impl TrainArgs {
             }
             None => TrainSettings::default(),
         };
-        let f = &self.settings;
-        macro_rules! pick {
-            ($field:ident, $default:expr) => {
-                pick_from!(f, file, $field, $default)
-            };
-        }
-        let layers = pick!(layers, 2);
-        let hidden = pick!(hidden, 16);
-        let dropout = pick!(dropout, 0.5);
-        let input_dropout = pick!(input_dropout, dropout);
-        let attn_dropout = pick!(attn_dropout, dropout);
-        let heads = pick!(heads, 8);
-        anyhow::ensure!(heads >= 1, "--heads must be at least 1");
-        let lr = pick!(lr, 0.01);
-        let weight_decay = pick!(weight_decay, 5e-4);
-        let momentum = pick!(momentum, 0.9);
-        let epochs = pick!(epochs, 200);
-        let eval_every = pick!(eval_every, 1);
-        anyhow::ensure!(layers >= 1, "--layers must be at least 1");
-        anyhow::ensure!(hidden >= 1, "--hidden must be at least 1");
-        for (name, p) in
-            [("--dropout", dropout), ("--input-dropout", input_dropout), ("--attn-dropout", attn_dropout)]
-        {
-            anyhow::ensure!((0.0..1.0).contains(&p), "{name} must be in [0, 1), got {p}");
-        }
-        anyhow::ensure!(lr > 0.0 && lr.is_finite(), "--lr must be positive, got {lr}");
-        anyhow::ensure!(weight_decay >= 0.0, "--weight-decay must be non-negative");
-        anyhow::ensure!((0.0..1.0).contains(&momentum), "--momentum must be in [0, 1)");
-        anyhow::ensure!(epochs >= 1, "--epochs must be at least 1");
-        let optim = match pick!(optimizer, OptimArg::Adam) {
-            OptimArg::Adam => grinnder_nn::OptimConfig::Adam { lr, weight_decay },
-            OptimArg::Adamw => grinnder_nn::OptimConfig::Adamw { lr, weight_decay },
-            OptimArg::Sgd => grinnder_nn::OptimConfig::Sgd { lr, momentum, weight_decay },
-        };
-        let model = grinnder_nn::ModelConfig {
-            kind: match pick!(model, ModelArg::Gcn) {
-                ModelArg::Gcn => grinnder_nn::Kind::Gcn,
-                ModelArg::Sage => grinnder_nn::Kind::Sage,
-                ModelArg::Gat => grinnder_nn::Kind::Gat,
-                ModelArg::Gin => grinnder_nn::Kind::Gin,
-            },
-            gin_eps: pick!(gin_eps, 0.0),
-            train_eps: pick!(train_eps, false),
-            heads,
-            attn_dropout,
-            layers,
-            hidden,
-            dropout,
-            input_dropout,
-            norm: match pick!(norm, NormArg::None) {
-                NormArg::None => grinnder_nn::Norm::None,
-                NormArg::Layer => grinnder_nn::Norm::Layer,
-            },
-            residual: pick!(residual, false),
-            seed: pick!(seed, 0),
-        };
-        Ok(TrainPlan {
-            config: grinnder_engine::TrainConfig {
-                model,
-                optim,
-                epochs,
-                eval_every,
-                feature_norm: match pick!(feature_norm, FeatureNormArg::Row) {
-                    FeatureNormArg::None => grinnder_engine::FeatureNorm::None,
-                    FeatureNormArg::Row => grinnder_engine::FeatureNorm::Row,
-                },
-                feature_shift: None,
-            },
-            precision: pick!(precision, PrecisionArg::F32),
-            device: {
-                let d =
-                    Device::parse(&f.device.clone().or(file.device.clone()).unwrap_or_else(|| "cpu".into()))?;
-                if d != Device::Cpu {
-                    anyhow::ensure!(
-                        pick!(precision, PrecisionArg::F32) == PrecisionArg::F32,
-                        "--device cuda computes in f32 only (drop --precision f64)"
-                    );
-                }
-                d
-            },
-            tiered: self.tiered_plan(&file)?,
-            minibatch: minibatch_plan(f, &file, layers)?,
-            tf32: f.tf32.or(file.tf32).unwrap_or(false),
-            feature_access: pick!(feature_access, FeatureAccessArg::Copy),
-            gpu_mem: byte_size(f.gpu_mem.clone().or(file.gpu_mem.clone()))?,
-            transport: pick!(transport, TransportArg::Auto),
-            ranks_per_server: match f.ranks_per_server.or(file.ranks_per_server) {
-                Some(0) => anyhow::bail!("--ranks-per-server must be at least 1"),
-                r => r,
-            },
-            expansion: expansion_plan(f, &file, layers)?,
-        })
-        .and_then(check_combinations)
+        plan_of(&self.settings, &file)
     }
+}
 
-    fn tiered_plan(&self, file: &TrainSettings) -> anyhow::Result<Option<TieredPlan>> {
-        let f = &self.settings;
-        macro_rules! get {
-            ($field:ident) => {
-                f.$field.clone().or(file.$field.clone())
-            };
-        }
-        let host_mem = byte_size(get!(host_mem))?;
-        let storage_dir = get!(storage_dir);
-        let block_cache = byte_size(get!(block_cache))?;
-        let any = block_cache.is_some()
-            || get!(parts).is_some()
-            || get!(partitioner).is_some()
-            || get!(cache_mode).is_some()
-            || host_mem.is_some()
-            || storage_dir.is_some()
-            || get!(tier_dtype).is_some()
-            || get!(keep_storage).is_some();
-        if !any {
-            return Ok(None);
-        }
-        let parts = get!(parts).unwrap_or(4);
-        anyhow::ensure!(parts >= 1, "--parts must be at least 1");
-        if let Some(d) = &storage_dir {
-            anyhow::ensure!(d.is_dir(), "--storage-dir {} is not an existing directory", d.display());
-        }
-        Ok(Some(TieredPlan {
-            parts,
-            partitioner: get!(partitioner).unwrap_or(PartitionerArg::Metis),
-            cache_mode: match get!(cache_mode).unwrap_or(CacheModeArg::Auto) {
-                CacheModeArg::Auto => grinnder_engine::CacheMode::Auto,
-                CacheModeArg::LruLayer => grinnder_engine::CacheMode::LruLayer,
-                CacheModeArg::PartitionLru => grinnder_engine::CacheMode::PartitionLru,
-            },
-            host_mem,
-            storage_dir,
-            tier_dtype: match get!(tier_dtype).unwrap_or(TierDtypeArg::F32) {
-                TierDtypeArg::F32 => grinnder_engine::TierDtype::F32,
-                TierDtypeArg::Bf16 => grinnder_engine::TierDtype::Bf16,
-            },
-            keep_storage: get!(keep_storage).unwrap_or(false),
-            block_cache,
-        }))
+/// Settings given directly (`f`: flags, Python keywords) over those of a config file (`file`)
+/// over the defaults, validated once.
+pub fn plan_of(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<TrainPlan> {
+    macro_rules! pick {
+        ($field:ident, $default:expr) => {
+            pick_from!(f, file, $field, $default)
+        };
     }
+    let layers = pick!(layers, 2);
+    let hidden = pick!(hidden, 16);
+    let dropout = pick!(dropout, 0.5);
+    let input_dropout = pick!(input_dropout, dropout);
+    let attn_dropout = pick!(attn_dropout, dropout);
+    let heads = pick!(heads, 8);
+    anyhow::ensure!(heads >= 1, "--heads must be at least 1");
+    let lr = pick!(lr, 0.01);
+    let weight_decay = pick!(weight_decay, 5e-4);
+    let momentum = pick!(momentum, 0.9);
+    let epochs = pick!(epochs, 200);
+    let eval_every = pick!(eval_every, 1);
+    anyhow::ensure!(layers >= 1, "--layers must be at least 1");
+    anyhow::ensure!(hidden >= 1, "--hidden must be at least 1");
+    for (name, p) in
+        [("--dropout", dropout), ("--input-dropout", input_dropout), ("--attn-dropout", attn_dropout)]
+    {
+        anyhow::ensure!((0.0..1.0).contains(&p), "{name} must be in [0, 1), got {p}");
+    }
+    anyhow::ensure!(lr > 0.0 && lr.is_finite(), "--lr must be positive, got {lr}");
+    anyhow::ensure!(weight_decay >= 0.0, "--weight-decay must be non-negative");
+    anyhow::ensure!((0.0..1.0).contains(&momentum), "--momentum must be in [0, 1)");
+    anyhow::ensure!(epochs >= 1, "--epochs must be at least 1");
+    let optim = match pick!(optimizer, OptimArg::Adam) {
+        OptimArg::Adam => grinnder_nn::OptimConfig::Adam { lr, weight_decay },
+        OptimArg::Adamw => grinnder_nn::OptimConfig::Adamw { lr, weight_decay },
+        OptimArg::Sgd => grinnder_nn::OptimConfig::Sgd { lr, momentum, weight_decay },
+    };
+    let model = grinnder_nn::ModelConfig {
+        kind: match pick!(model, ModelArg::Gcn) {
+            ModelArg::Gcn => grinnder_nn::Kind::Gcn,
+            ModelArg::Sage => grinnder_nn::Kind::Sage,
+            ModelArg::Gat => grinnder_nn::Kind::Gat,
+            ModelArg::Gin => grinnder_nn::Kind::Gin,
+        },
+        gin_eps: pick!(gin_eps, 0.0),
+        train_eps: pick!(train_eps, false),
+        heads,
+        attn_dropout,
+        layers,
+        hidden,
+        dropout,
+        input_dropout,
+        norm: match pick!(norm, NormArg::None) {
+            NormArg::None => grinnder_nn::Norm::None,
+            NormArg::Layer => grinnder_nn::Norm::Layer,
+        },
+        residual: pick!(residual, false),
+        seed: pick!(seed, 0),
+    };
+    Ok(TrainPlan {
+        config: grinnder_engine::TrainConfig {
+            model,
+            optim,
+            epochs,
+            eval_every,
+            feature_norm: match pick!(feature_norm, FeatureNormArg::Row) {
+                FeatureNormArg::None => grinnder_engine::FeatureNorm::None,
+                FeatureNormArg::Row => grinnder_engine::FeatureNorm::Row,
+            },
+            feature_shift: None,
+        },
+        precision: pick!(precision, PrecisionArg::F32),
+        device: {
+            let d = Device::parse(&f.device.clone().or(file.device.clone()).unwrap_or_else(|| "cpu".into()))?;
+            if d != Device::Cpu {
+                anyhow::ensure!(
+                    pick!(precision, PrecisionArg::F32) == PrecisionArg::F32,
+                    "--device cuda computes in f32 only (drop --precision f64)"
+                );
+            }
+            d
+        },
+        tiered: tiered_plan(f, file)?,
+        minibatch: minibatch_plan(f, file, layers)?,
+        tf32: f.tf32.or(file.tf32).unwrap_or(false),
+        feature_access: pick!(feature_access, FeatureAccessArg::Copy),
+        gpu_mem: byte_size(f.gpu_mem.clone().or(file.gpu_mem.clone()))?,
+        transport: pick!(transport, TransportArg::Auto),
+        ranks_per_server: match f.ranks_per_server.or(file.ranks_per_server) {
+            Some(0) => anyhow::bail!("--ranks-per-server must be at least 1"),
+            r => r,
+        },
+        expansion: expansion_plan(f, file, layers)?,
+    })
+    .and_then(check_combinations)
+}
+
+/// The tiered executor's settings, where any of them is given.
+fn tiered_plan(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<Option<TieredPlan>> {
+    macro_rules! get {
+        ($field:ident) => {
+            f.$field.clone().or(file.$field.clone())
+        };
+    }
+    let host_mem = byte_size(get!(host_mem))?;
+    let storage_dir = get!(storage_dir);
+    let block_cache = byte_size(get!(block_cache))?;
+    let any = block_cache.is_some()
+        || get!(parts).is_some()
+        || get!(partitioner).is_some()
+        || get!(cache_mode).is_some()
+        || host_mem.is_some()
+        || storage_dir.is_some()
+        || get!(tier_dtype).is_some()
+        || get!(keep_storage).is_some();
+    if !any {
+        return Ok(None);
+    }
+    let parts = get!(parts).unwrap_or(4);
+    anyhow::ensure!(parts >= 1, "--parts must be at least 1");
+    if let Some(d) = &storage_dir {
+        anyhow::ensure!(d.is_dir(), "--storage-dir {} is not an existing directory", d.display());
+    }
+    Ok(Some(TieredPlan {
+        parts,
+        partitioner: get!(partitioner).unwrap_or(PartitionerArg::Metis),
+        cache_mode: match get!(cache_mode).unwrap_or(CacheModeArg::Auto) {
+            CacheModeArg::Auto => grinnder_engine::CacheMode::Auto,
+            CacheModeArg::LruLayer => grinnder_engine::CacheMode::LruLayer,
+            CacheModeArg::PartitionLru => grinnder_engine::CacheMode::PartitionLru,
+        },
+        host_mem,
+        storage_dir,
+        tier_dtype: match get!(tier_dtype).unwrap_or(TierDtypeArg::F32) {
+            TierDtypeArg::F32 => grinnder_engine::TierDtype::F32,
+            TierDtypeArg::Bf16 => grinnder_engine::TierDtype::Bf16,
+        },
+        keep_storage: get!(keep_storage).unwrap_or(false),
+        block_cache,
+    }))
 }
 
 /// `--mode`'s settings: `None` for full-graph training (refusing mini-batch flags).

@@ -298,9 +298,9 @@ fn outputs(
 }
 
 /// Rows into an [`NpyRows`] file, as f32 or bf16 values or int64 classes.
-struct NpySink<'a> {
-    out: &'a mut NpyRows,
-    bf16: bool,
+pub struct NpySink<'a> {
+    pub out: &'a mut NpyRows,
+    pub bf16: bool,
 }
 
 impl RowSink for NpySink<'_> {

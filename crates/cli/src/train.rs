@@ -16,14 +16,14 @@ use crate::plan::{Device, TrainPlan};
 
 /// Mini-batch input rows read by GPU threads from mapped page-locked host memory
 /// (`--feature-access zero-copy`).
-struct ZeroCopyFeatures {
+pub struct ZeroCopyFeatures {
     table: grinnder_cuda::HostTable,
     /// The labels, read by the loss kernel by node id.
     labels: grinnder_cuda::HostLabels,
 }
 
 impl ZeroCopyFeatures {
-    fn new(
+    pub fn new(
         g: &grinnder_cuda::Cuda,
         ds: &Dataset,
         norm: grinnder_engine::FeatureNorm,
@@ -247,7 +247,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
 
 /// Refuses an output path that cannot be written, before any work: its directory must exist
 /// and take a new file.
-pub(crate) fn check_writable(path: &std::path::Path, flag: &str) -> anyhow::Result<()> {
+pub fn check_writable(path: &std::path::Path, flag: &str) -> anyhow::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => std::path::Path::new("."),
@@ -437,7 +437,7 @@ fn run_on<B: Backend>(
 
 /// The trainer's mode for `plan`: mini-batches (cooperative over ranks), the whole graph in
 /// memory, or the tiered executor (partition-parallel over ranks).
-fn mode_of<'a, B: Backend>(
+pub fn mode_of<'a, B: Backend>(
     plan: &TrainPlan,
     features: Option<&'a dyn FeatureSource<B>>,
     groups: Option<&'a grinnder_dist::Groups>,

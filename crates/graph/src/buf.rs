@@ -1,7 +1,10 @@
-//! `Buf<T>`: an immutable array that is either owned or a view into a memory-mapped file.
+//! `Buf<T>`: an immutable array that is owned, a view into a memory-mapped file, or memory
+//! another owner keeps alive (an array handed over from Python, read in place).
 //!
 //! Invariant: a mapped view is aligned for `T` and lies inside its mapping; both are checked
-//! when the view is made, so dereferencing never reads out of bounds or misaligned.
+//! when the view is made, so dereferencing never reads out of bounds or misaligned. Borrowed
+//! memory carries its owner, and [`Buf::borrowed`]'s caller promises it stays valid and
+//! unchanged while that owner lives.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -37,7 +40,19 @@ unsafe impl Pod for f64 {}
 /// An immutable array, owned or memory-mapped.
 pub enum Buf<T: Pod> {
     Owned(Vec<T>),
-    Mapped { map: Arc<Mmap>, offset: usize, len: usize, _t: PhantomData<T> },
+    Mapped {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+        _t: PhantomData<T>,
+    },
+    /// `len` elements at address `at`, kept alive by `owner`.
+    Borrowed {
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+        at: usize,
+        len: usize,
+        _t: PhantomData<T>,
+    },
 }
 
 impl<T: Pod> Buf<T> {
@@ -50,6 +65,28 @@ impl<T: Pod> Buf<T> {
             return None;
         }
         Some(Buf::Mapped { map, offset, len, _t: PhantomData })
+    }
+
+    /// `len` elements at `ptr`, read in place while `owner` (what keeps them alive, e.g. a
+    /// reference to the Python array that holds them) lives; `None` when `ptr` is misaligned.
+    ///
+    /// # Safety
+    /// `ptr` must point to `len` initialised elements that stay valid, and are not written,
+    /// until `owner` is dropped.
+    pub unsafe fn borrowed(
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+        ptr: *const T,
+        len: usize,
+    ) -> Option<Self> {
+        if (ptr as usize) % std::mem::align_of::<T>() != 0 || ptr.is_null() {
+            return None;
+        }
+        Some(Buf::Borrowed { owner, at: ptr as usize, len, _t: PhantomData })
+    }
+
+    /// True when the elements are read in place from memory another owner holds.
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self, Buf::Borrowed { .. })
     }
 
     /// True when the data lives in a file mapping rather than in owned memory.
@@ -91,6 +128,9 @@ impl<T: Pod> Deref for Buf<T> {
                 // read-only and kept alive by the Arc for the lifetime of &self.
                 unsafe { std::slice::from_raw_parts(map.as_ptr().add(*offset) as *const T, *len) }
             }
+            // SAFETY: `borrowed`'s caller promised `len` valid, unchanging, aligned elements at
+            // `at` while `owner` lives, which it does for the lifetime of &self.
+            Buf::Borrowed { at, len, .. } => unsafe { std::slice::from_raw_parts(*at as *const T, *len) },
         }
     }
 }
@@ -108,13 +148,20 @@ impl<T: Pod> Clone for Buf<T> {
             Buf::Mapped { map, offset, len, .. } => {
                 Buf::Mapped { map: map.clone(), offset: *offset, len: *len, _t: PhantomData }
             }
+            Buf::Borrowed { owner, at, len, .. } => {
+                Buf::Borrowed { owner: owner.clone(), at: *at, len: *len, _t: PhantomData }
+            }
         }
     }
 }
 
 impl<T: Pod + fmt::Debug> fmt::Debug for Buf<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = if self.is_mapped() { "mapped" } else { "owned" };
+        let kind = match self {
+            Buf::Owned(_) => "owned",
+            Buf::Mapped { .. } => "mapped",
+            Buf::Borrowed { .. } => "borrowed",
+        };
         write!(f, "Buf<{kind}, len {}>", self.len())
     }
 }
@@ -130,4 +177,26 @@ pub fn as_bytes<T: Pod>(s: &[T]) -> &[u8] {
     // SAFETY: T is Pod (no padding, any bit pattern), the byte slice covers exactly the same
     // memory and borrows it for the same lifetime.
     unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn borrowed_memory_is_read_in_place_while_its_owner_lives() {
+        let owner: Arc<Vec<f32>> = Arc::new(vec![1.0, 2.0, 3.0]);
+        let ptr = owner.as_ptr();
+        // SAFETY: three elements the Arc keeps alive and nobody writes.
+        let b = unsafe { Buf::borrowed(owner.clone(), ptr, 3) }.unwrap();
+        assert!(b.is_borrowed() && !b.is_mapped());
+        assert_eq!(&*b, &[1.0, 2.0, 3.0]);
+        assert_eq!(b.as_ptr(), ptr, "no copy");
+        let c = b.clone();
+        drop(b);
+        assert_eq!(c.into_vec(), vec![1.0, 2.0, 3.0]);
+        // SAFETY: misaligned on purpose: refused before any read
+        let odd = unsafe { Buf::<f32>::borrowed(owner, (ptr as usize + 1) as *const f32, 1) };
+        assert!(odd.is_none());
+    }
 }

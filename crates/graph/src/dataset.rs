@@ -136,7 +136,8 @@ impl Splits {
             origin,
             format!(
                 "node {v} is in both the {a} and the {b} split, so evaluation would see training \
-                 nodes; fix the split files, or pass --allow-split-overlap to train anyway"
+                 nodes; fix the splits, or train anyway with --allow-split-overlap (in Python \
+                 allow_split_overlap=True)"
             ),
         ))
     }
@@ -189,7 +190,7 @@ pub(crate) fn check_non_finite(origin: &Path, data: &[f32], dim: usize, policy: 
             Some((r, c)) => Err(GraphError::invalid(
                 origin,
                 format!(
-                    "feature of node {r}, column {c} is {} (use --non-finite report to keep such values)",
+                    "feature of node {r}, column {c} is {} (keep such values with --non-finite report, in Python non_finite=\"report\")",
                     data[r * dim + c]
                 ),
             )),

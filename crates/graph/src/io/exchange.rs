@@ -12,11 +12,12 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
+use super::arrays::{Arrays, Origins};
 use super::native::FeatureSource;
 use super::npy::{DType, Npy, NpyWriter};
 use super::LoadOptions;
 use crate::csr::Csr;
-use crate::dataset::{check_non_finite, normalise_split, Dataset, Features, Splits};
+use crate::dataset::{Dataset, Splits};
 use crate::error::{GraphError, Result};
 use crate::progress;
 
@@ -46,81 +47,57 @@ pub(crate) fn checked_pairs(
     Ok((src, dst))
 }
 
-fn ids(dir: &Path, file: &str, name: &str, n: u64) -> Result<Vec<u32>> {
-    let path = dir.join(file);
-    let npy = Npy::open(&path)?;
-    // a 0-d array is one number, not a list of nodes
-    npy.expect_shape(&["nodes"])?;
-    let v = npy.to_i64()?;
-    let (ids, _) = checked_pairs(&path, v.iter().map(|&x| (x, x)), n)?;
-    normalise_split(&path, name, ids, n as usize)
-}
-
-/// Loads an exchange-layout folder.
+/// Loads an exchange-layout folder (through [`super::arrays::dataset`]: the checks and messages
+/// of arrays handed over in memory, naming the files).
 pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
-    let feat_path = dir.join("node_feat.npy");
-    let feats = Npy::open(&feat_path)?;
+    let o = Origins {
+        whole: dir.to_path_buf(),
+        edges: dir.join("edge_index.npy"),
+        features: dir.join("node_feat.npy"),
+        labels: dir.join("node_label.npy"),
+        splits: ["train_idx.npy", "valid_idx.npy", "test_idx.npy"].map(|f| dir.join(f)),
+    };
+    let feats = Npy::open(&o.features)?;
     feats.expect_shape(&["nodes", "features"])?;
     let (n, dim) = (feats.shape[0], feats.shape[1] as usize);
     crate::csr::check_node_count(n)?;
     if dim == 0 {
-        return Err(GraphError::format(&feat_path, 0, "zero feature columns"));
+        return Err(GraphError::format(&o.features, 0, "zero feature columns"));
     }
-    let data = feats.to_f32()?;
-    check_non_finite(&feat_path, &data, dim, opts.non_finite)?;
-
-    let label_path = dir.join("node_label.npy");
-    let lab = Npy::open(&label_path)?;
+    let features = feats.to_f32()?;
+    let lab = Npy::open(&o.labels)?;
     let one_col = lab.shape.len() == 2 && lab.shape[1] == 1;
     if lab.shape.first() != Some(&n) || !(lab.shape.len() == 1 || one_col) {
-        return Err(GraphError::format(
-            &label_path,
-            0,
-            format!("expected shape [{n}], found {:?}", lab.shape),
-        ));
+        return Err(GraphError::format(&o.labels, 0, format!("expected shape [{n}], found {:?}", lab.shape)));
     }
-    let raw = lab.to_labels()?;
-    if let Some(i) = raw.iter().position(|&y| y < -1 || y >= i32::MAX as i64) {
-        return Err(GraphError::invalid(
-            &label_path,
-            format!("label of node {i} is {}, out of range", raw[i]),
-        ));
-    }
-    let labels: Vec<i32> = raw.iter().map(|&y| y as i32).collect();
-    let num_classes = (labels.iter().copied().max().unwrap_or(-1) + 1).max(0) as u32;
-
-    let edge_path = dir.join("edge_index.npy");
-    let edges = Npy::open(&edge_path)?;
+    let labels = lab.to_labels()?;
+    let edges = Npy::open(&o.edges)?;
     edges.expect_shape(&["2", "edges"])?;
     if edges.shape[0] != 2 {
         return Err(GraphError::format(
-            &edge_path,
+            &o.edges,
             0,
             format!("expected shape [2, E], found {:?}", edges.shape),
         ));
     }
-    let flat = edges.to_i64()?;
-    let e = flat.len() / 2;
-    let (src, dst) = checked_pairs(&edge_path, (0..e).map(|i| (flat[i], flat[e + i])), n)?;
-    drop(flat);
-    let spin = crate::progress::spinner("csr");
-    let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
-    spin.finish_and_clear();
-    let splits = Splits {
-        train: ids(dir, "train_idx.npy", "train", n)?.into(),
-        valid: ids(dir, "valid_idx.npy", "valid", n)?.into(),
-        test: ids(dir, "test_idx.npy", "test", n)?.into(),
+    let edge_index = edges.to_i64()?;
+    let mut splits: Vec<Vec<i64>> = Vec::new();
+    for path in &o.splits {
+        let npy = Npy::open(path)?;
+        // a 0-d array is one number, not a list of nodes
+        npy.expect_shape(&["nodes"])?;
+        splits.push(npy.to_i64()?);
+    }
+    let a = Arrays {
+        edge_index: &edge_index,
+        features,
+        dim,
+        labels: Some(&labels),
+        splits: [Some(&splits[0]), Some(&splits[1]), Some(&splits[2])],
+        num_classes: None,
     };
-    let ds = Dataset {
-        name: dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
-        graph,
-        features: Features { dim, data },
-        labels: labels.into(),
-        num_classes,
-        splits,
-    };
-    ds.validate(dir)?;
-    Ok(ds)
+    let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    super::arrays::dataset(&name, a, &o, opts)
 }
 
 /// Writes the exchange layout in one forward pass: sources (the CSR's columns) streamed first,

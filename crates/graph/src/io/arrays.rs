@@ -1,0 +1,130 @@
+//! A dataset from arrays in memory: what the npy exchange loader reads from its files and what
+//! the Python package is handed (numpy arrays, torch tensors). One builder, so both get the
+//! same checks and the same messages: edge ids in range (naming the edge), labels in range
+//! (naming the node), features finite unless told otherwise (naming node and column), splits
+//! in range, without repeats, disjoint unless allowed.
+//!
+//! The features are taken as they are (a [`Buf`]: owned, a file mapping, or memory another
+//! owner keeps alive) — never copied here.
+
+use std::path::{Path, PathBuf};
+
+use super::LoadOptions;
+use crate::buf::Buf;
+use crate::csr::Csr;
+use crate::dataset::{check_non_finite, normalise_split, Dataset, Features, Splits};
+use crate::error::{GraphError, Result};
+
+/// Where each array came from, for messages (a file, or an argument's name).
+#[derive(Clone, Debug)]
+pub struct Origins {
+    /// The whole (a folder, or the dataset's name).
+    pub whole: PathBuf,
+    pub edges: PathBuf,
+    pub features: PathBuf,
+    pub labels: PathBuf,
+    pub splits: [PathBuf; 3],
+}
+
+impl Origins {
+    /// Arrays named as a function's arguments: `edge_index`, `x`, `y`, `train_idx`, ….
+    pub fn arguments() -> Origins {
+        Origins {
+            whole: "arrays".into(),
+            edges: "edge_index".into(),
+            features: "x".into(),
+            labels: "y".into(),
+            splits: ["train_idx".into(), "valid_idx".into(), "test_idx".into()],
+        }
+    }
+}
+
+/// The arrays of a node-property dataset.
+pub struct Arrays<'a> {
+    /// Sources then targets (`[2, E]` row-major, as PyG's `edge_index`): every directed edge
+    /// messages use; symmetrised, deduplicated and freed of self loops as `opts.build` says.
+    pub edge_index: &'a [i64],
+    /// `N × dim` row-major.
+    pub features: Buf<f32>,
+    pub dim: usize,
+    /// One per node, `-1` for none; `None`: no node has a label.
+    pub labels: Option<&'a [i64]>,
+    /// Train, valid and test node ids (`None`: an empty split).
+    pub splits: [Option<&'a [i64]>; 3],
+    /// Classes when no label says (a graph to predict on): at least one more than the largest
+    /// label.
+    pub num_classes: Option<u32>,
+}
+
+/// The dataset of `a`, checked (see the module docs); `name` is its name.
+pub fn dataset(name: &str, a: Arrays<'_>, o: &Origins, opts: &LoadOptions) -> Result<Dataset> {
+    let dim = a.dim;
+    if dim == 0 {
+        return Err(GraphError::invalid(&o.features, "zero feature columns"));
+    }
+    if a.features.len() % dim != 0 {
+        return Err(GraphError::invalid(
+            &o.features,
+            format!("{} values do not make rows of {dim} features", a.features.len()),
+        ));
+    }
+    let n = (a.features.len() / dim) as u64;
+    crate::csr::check_node_count(n)?;
+    check_non_finite(&o.features, &a.features, dim, opts.non_finite)?;
+    let labels = labels(a.labels, n as usize, &o.labels)?;
+    let seen = (labels.iter().copied().max().unwrap_or(-1) + 1).max(0) as u32;
+    let num_classes = match a.num_classes {
+        Some(c) if c < seen => {
+            return Err(GraphError::invalid(
+                &o.labels,
+                format!("labels go up to {}, more than {c} classes", seen - 1),
+            ))
+        }
+        Some(c) => c,
+        None => seen,
+    };
+    if a.edge_index.len() % 2 != 0 {
+        return Err(GraphError::invalid(&o.edges, format!("{} ids do not make [2, E]", a.edge_index.len())));
+    }
+    let e = a.edge_index.len() / 2;
+    let (src, dst) =
+        super::exchange::checked_pairs(&o.edges, (0..e).map(|i| (a.edge_index[i], a.edge_index[e + i])), n)?;
+    let spin = crate::progress::spinner("csr");
+    let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
+    spin.finish_and_clear();
+    drop((src, dst));
+    let [train, valid, test] = a.splits;
+    let split = |ids: Option<&[i64]>, k: usize, what: &str| -> Result<Buf<u32>> {
+        let ids = ids.unwrap_or(&[]);
+        let (v, _) = super::exchange::checked_pairs(&o.splits[k], ids.iter().map(|&x| (x, x)), n)?;
+        Ok(normalise_split(&o.splits[k], what, v, n as usize)?.into())
+    };
+    let splits = Splits {
+        train: split(train, 0, "train")?,
+        valid: split(valid, 1, "valid")?,
+        test: split(test, 2, "test")?,
+    };
+    let ds = Dataset {
+        name: name.to_string(),
+        graph,
+        features: Features { dim, data: a.features },
+        labels: labels.into(),
+        num_classes,
+        splits,
+    };
+    ds.validate(&o.whole)?;
+    ds.splits.check_disjoint(&o.whole, opts.allow_split_overlap)?;
+    Ok(ds)
+}
+
+/// Labels as the dataset keeps them: `-1` or a class id, one per node.
+fn labels(raw: Option<&[i64]>, n: usize, origin: &Path) -> Result<Vec<i32>> {
+    let Some(raw) = raw else { return Ok(vec![crate::NO_LABEL; n]) };
+    if raw.len() != n {
+        return Err(GraphError::invalid(origin, format!("{} labels for {n} nodes", raw.len())));
+    }
+    if let Some(i) = raw.iter().position(|&y| y < -1 || y >= i32::MAX as i64) {
+        return Err(GraphError::invalid(origin, format!("label of node {i} is {}, out of range", raw[i])));
+    }
+    Ok(raw.iter().map(|&y| y as i32).collect())
+}

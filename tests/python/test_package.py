@@ -1,0 +1,158 @@
+"""`import grinnder` against the `grinnder` command on Cora (CPU): the same losses, accuracy and
+predictions from files, arrays and PyG `Data`; the loaders' errors as Python exceptions;
+settings checked by name; Ctrl-C between epochs leaves a trainer that goes on as if never
+stopped.
+
+Needs the package built into the Python running the tests (`pip install .`, or `maturin
+develop`); skipped, saying so, where it is not (CI installs it).
+"""
+
+import json
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+gr = pytest.importorskip("grinnder", reason="the grinnder package is not installed (pip install .)")
+
+# the CLI's defaults for Cora with dropout off, so that the runs compare bit for bit
+SETTINGS = dict(epochs=6, dropout=0.0, hidden=16)
+FLAGS = ["--epochs", "6", "--dropout", "0", "--hidden", "16"]
+
+
+def cli_losses(cli, tmp_path, dataset="data/cora", extra=()):
+    m = tmp_path / "m.jsonl"
+    cli("-q", "train", dataset, *FLAGS, *extra, "--metrics-out", m)
+    lines = [json.loads(l) for l in open(m)]
+    return [l["loss"] for l in lines if "final" not in l], lines[-1]
+
+
+@pytest.fixture(scope="module")
+def cora_ds():
+    return gr.load_dataset("data/cora")
+
+
+def test_a_file_trains_with_the_cli_losses_and_accuracy(grinnder, cora_ds, tmp_path):
+    want, summary = cli_losses(grinnder, tmp_path)
+    t = gr.Trainer(cora_ds, **SETTINGS)
+    got = []
+    s = t.fit(callback=lambda m: got.append(m["loss"]), progress=False)
+    assert got == want
+    assert s["test_acc"] == summary["test_acc"]
+
+
+def test_arrays_and_pyg_data_give_the_files_losses(grinnder, cora, tmp_path):
+    want, _ = cli_losses(grinnder, tmp_path)
+    ds = gr.Dataset.from_arrays(cora["edge_index"], cora["x"], cora["y"], cora["train"], cora["valid"],
+                                      cora["test"], name="cora")
+    assert ds.features_borrowed, "float32 C-contiguous features are read in place"
+    assert (ds.num_nodes, ds.num_features, ds.num_classes) == (2708, 1433, 7)
+    got = []
+    gr.Trainer(ds, **SETTINGS).fit(callback=lambda m: got.append(m["loss"]), progress=False)
+    assert got == want
+    torch = pytest.importorskip("torch")
+    from torch_geometric.data import Data
+    n = cora["x"].shape[0]
+    mask = lambda idx: torch.zeros(n, dtype=torch.bool).index_fill_(0, torch.from_numpy(idx), True)
+    data = Data(x=torch.from_numpy(cora["x"]), edge_index=torch.from_numpy(cora["edge_index"]),
+                y=torch.from_numpy(cora["y"]), train_mask=mask(cora["train"]), val_mask=mask(cora["valid"]),
+                test_mask=mask(cora["test"]))
+    pyg = gr.Dataset.from_pyg(data)
+    assert pyg.features_borrowed
+    got = []
+    gr.Trainer(pyg, **SETTINGS).fit(callback=lambda m: got.append(m["loss"]), progress=False)
+    assert got == want
+
+
+def test_predictions_equal_the_cli_predictions(grinnder, cora_ds, tmp_path):
+    m = tmp_path / "m.safetensors"
+    grinnder("-q", "train", *FLAGS, "--save-model", m)
+    grinnder("-q", "predict", "--model-file", m, "--out", tmp_path / "out", "--embed", "0")
+    t = gr.Trainer.load(str(m), cora_ds, parts=3)
+    np.testing.assert_allclose(t.predict(), np.load(tmp_path / "out" / "logits.npy"), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(t.embed(0), np.load(tmp_path / "out" / "embedding-0.npy"), rtol=0, atol=1e-5)
+    test = cora_ds.split("test")
+    classes = t.predict(output="class", nodes=test)
+    assert classes.shape == (1000,) and classes.dtype == np.int64
+    # a trainer's own model, saved and read back
+    tr = gr.Trainer(cora_ds, **SETTINGS)
+    tr.fit(progress=False)
+    path = tr.save(str(tmp_path / "own.safetensors"))
+    assert "best validation" in path
+    out = tr.predict(out=str(tmp_path / "p.npy"))
+    np.testing.assert_array_equal(np.load(out), tr.predict())
+
+
+def test_bad_inputs_raise_the_documented_exceptions(grinnder, cora, tmp_path):
+    ei, x, y = cora["edge_index"], cora["x"], cora["y"]
+    idx = dict(train_idx=cora["train"], valid_idx=cora["valid"], test_idx=cora["test"])
+    bad = {
+        "edge_index: expected shape [2, E]": dict(edge_index=ei.T.copy(), x=x, y=y, **idx),
+        "node id 2708 is outside 0..2708": dict(edge_index=np.concatenate([ei, [[0], [2708]]], 1), x=x, y=y, **idx),
+        "x: expected a 2-D array": dict(edge_index=ei, x=x[:, 0], y=y, **idx),
+        "label of node 3 is -5": dict(edge_index=ei, x=x, y=np.where(np.arange(len(y)) == 3, -5, y), **idx),
+        "2707 labels for 2708 nodes": dict(edge_index=ei, x=x, y=y[:-1], **idx),
+        "feature of node 1, column 2 is NaN": dict(edge_index=ei, x=np.where(
+            (np.arange(x.shape[0])[:, None] == 1) & (np.arange(x.shape[1]) == 2), np.nan, x).astype(np.float32),
+            y=y, **idx),
+        "test_idx": dict(edge_index=ei, x=x, y=y, train_idx=cora["train"], valid_idx=cora["valid"],
+                         test_idx=np.array([5, 99999])),
+        "in both the train and the valid split": dict(edge_index=ei, x=x, y=y, train_idx=cora["train"], valid_idx=cora["train"][:3],
+                      test_idx=cora["test"]),
+    }
+    for want, args in bad.items():
+        with pytest.raises(ValueError, match=want.replace("[", r"\[").replace("]", r"\]")):
+            gr.Dataset.from_arrays(**args)
+    with pytest.raises(OSError):
+        gr.load_dataset(str(tmp_path / "missing"))
+    broken = tmp_path / "broken.grnd"
+    broken.write_bytes(b"GRINNDER" + b"\0" * 100)
+    with pytest.raises(ValueError):
+        gr.load_dataset(str(broken))
+    with pytest.raises(ValueError, match='did you mean "hidden"'):
+        gr.Config(hiden=16)
+    with pytest.raises(ValueError, match="--dropout must be in"):
+        gr.Config(dropout=1.5)
+    cfg = gr.Config(model="sage", host_mem="1GiB", parts=2, fanout=None)
+    assert cfg.epochs == 200 and "model" in cfg.to_dict()
+    assert set(gr.settings()) >= {"hidden", "host_mem", "storage_dir", "parts", "device", "checkpoint_dir"}
+
+
+def test_a_gpu_less_machine_asking_for_cuda_gets_an_exception(grinnder, cora_ds):
+    try:
+        gr.Trainer(cora_ds, device="cuda", epochs=1)
+    except RuntimeError as e:
+        assert "CUDA" in str(e)
+
+
+def test_ctrl_c_stops_fit_between_epochs_and_fit_goes_on_to_the_same_parameters(grinnder, cora_ds):
+    settings = dict(SETTINGS, epochs=12)
+    whole = gr.Trainer(cora_ds, **settings)
+    whole.fit(progress=False)
+    want = whole.state_dict()
+    # an interrupt raised by the callback (the user's own code) ...
+    t = gr.Trainer(cora_ds, **settings)
+
+    def stop(m):
+        if m["epoch"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        t.fit(callback=stop, progress=False)
+    assert t.epochs_done == 4
+    # ... and a real SIGINT while an epoch runs
+    timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        t.fit(progress=False)
+    except KeyboardInterrupt:
+        pass
+    timer.join()
+    t.fit(progress=False)
+    assert t.epochs_done == 12
+    got = t.state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
