@@ -125,7 +125,11 @@ fn npy_errors_name_file_and_offset() {
     );
     expect_err(
         npy_case(|d| write_array(&d.join("train_idx.npy"), DType::I64, &[2], &[3i64, 12]).unwrap()),
-        &["train_idx.npy", "node id 12"],
+        &["train_idx.npy", "entry 1: node id 12 is outside 0..12"],
+    );
+    expect_err(
+        npy_case(|d| write_array(&d.join("edge_index.npy"), DType::I64, &[2, 2], &[0i64, 1, 12, 2]).unwrap()),
+        &["edge_index.npy", "edge 0: node id 12 is outside 0..12"],
     );
     expect_err(
         npy_case(|d| write_array(&d.join("edge_index.npy"), DType::I64, &[3, 2], &[0i64; 6]).unwrap()),

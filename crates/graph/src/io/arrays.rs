@@ -9,6 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
+
 use super::LoadOptions;
 use crate::buf::Buf;
 use crate::csr::Csr;
@@ -86,17 +88,20 @@ pub fn dataset(name: &str, a: Arrays<'_>, o: &Origins, opts: &LoadOptions) -> Re
     if a.edge_index.len() % 2 != 0 {
         return Err(GraphError::invalid(&o.edges, format!("{} ids do not make [2, E]", a.edge_index.len())));
     }
-    let e = a.edge_index.len() / 2;
-    let (src, dst) =
-        super::exchange::checked_pairs(&o.edges, (0..e).map(|i| (a.edge_index[i], a.edge_index[e + i])), n)?;
+    crate::csr::check_node_count(n)?;
+    // read in place: ids checked here, then the CSR built from them without a copy of the list
+    let (src, dst) = a.edge_index.split_at(a.edge_index.len() / 2);
+    let bad = |v: i64| v < 0 || v as u64 >= n;
+    if let Some(i) = (0..src.len()).into_par_iter().find_first(|&i| bad(src[i]) || bad(dst[i])) {
+        let v = if bad(src[i]) { src[i] } else { dst[i] };
+        return Err(GraphError::invalid(&o.edges, format!("edge {i}: node id {v} is outside 0..{n}")));
+    }
     let spin = crate::progress::spinner("csr");
-    let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
+    let graph = Csr::from_pairs(n, src.len(), |i| (src[i] as u32, dst[i] as u32), opts.build);
     spin.finish_and_clear();
-    drop((src, dst));
     let [train, valid, test] = a.splits;
     let split = |ids: Option<&[i64]>, k: usize, what: &str| -> Result<Buf<u32>> {
-        let ids = ids.unwrap_or(&[]);
-        let (v, _) = super::exchange::checked_pairs(&o.splits[k], ids.iter().map(|&x| (x, x)), n)?;
+        let v = split_ids(&o.splits[k], ids.unwrap_or(&[]), n)?;
         Ok(normalise_split(&o.splits[k], what, v, n as usize)?.into())
     };
     let splits = Splits {
@@ -127,4 +132,14 @@ fn labels(raw: Option<&[i64]>, n: usize, origin: &Path) -> Result<Vec<i32>> {
         return Err(GraphError::invalid(origin, format!("label of node {i} is {}, out of range", raw[i])));
     }
     Ok(raw.iter().map(|&y| y as i32).collect())
+}
+
+/// A split's node ids as `u32`, each checked in `0..n` (an error names the entry).
+pub(crate) fn split_ids(origin: &Path, ids: &[i64], n: u64) -> Result<Vec<u32>> {
+    match ids.par_iter().position_first(|&v| v < 0 || v as u64 >= n) {
+        Some(i) => {
+            Err(GraphError::invalid(origin, format!("entry {i}: node id {} is outside 0..{n}", ids[i])))
+        }
+        None => Ok(ids.par_iter().map(|&v| v as u32).collect()),
+    }
 }
