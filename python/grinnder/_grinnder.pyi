@@ -169,7 +169,10 @@ class Trainer:
     ``Trainer(dataset, config)`` or ``Trainer(dataset, **settings)`` sets training up (in memory,
     or layer by layer and partition by partition over a tiered store with ``parts``,
     ``host_mem``, ``storage_dir``, ``gpu_mem``; mini-batches with ``mode="minibatch"``). The
-    GIL is released while the engine works.
+    GIL is released while the engine works. ``host_mem`` budgets the whole process: the
+    interpreter, numpy and torch count against it too. ``block_cache="0"`` keeps no block in
+    host memory (every block through ``storage_dir``: a way to try the storage tier on a small
+    graph).
 
     Raises
     ------
@@ -190,11 +193,14 @@ class Trainer:
         graph of the model's feature width). ``settings`` set how it runs: ``parts``,
         ``host_mem``, ``storage_dir``, ``device``, ``gpu_mem``."""
     def train_epoch(self) -> Figures:
-        """Train one epoch; its figures: ``epoch``, ``loss``, ``epoch_s``, ``train_acc``/
+        """Train one epoch; its figures: ``epoch`` (counted from 0: the first call's is 0, and
+        ``epochs_done`` is then 1), ``loss``, ``epoch_s``, ``eval_s``, ``train_acc``/
         ``valid_acc``/``test_acc`` on evaluated epochs, time per phase and bytes per tier where
-        the mode has them, ``peak_host_bytes``, ``peak_device_bytes``."""
+        the mode has them (``gather_s``, ``storage_read_bytes``, …), ``peak_host_bytes``, and
+        ``peak_device_bytes`` on a GPU only. Prints nothing: log from your loop, or use ``fit``."""
     def evaluate(self) -> Figures:
-        """Accuracies of the current parameters: ``train_acc``, ``valid_acc``, ``test_acc``."""
+        """Accuracies of the current parameters: ``train_acc``, ``valid_acc``, ``test_acc``,
+        with ``eval_s`` and ``epoch`` (the last epoch trained)."""
     def fit(
         self,
         epochs: Optional[int] = None,

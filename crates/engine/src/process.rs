@@ -15,13 +15,20 @@ pub fn mark_process_start() {
     START_RSS.store(rss_bytes(), std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Bytes of `ds` in memory-mapped files (touched by verification and training, so resident
-/// while mapped).
+/// Bytes of `ds` in memory-mapped files that stay resident (touched by verification and
+/// training): all of the graph, labels and splits; of features viewed from a file, the piece a
+/// read holds before handing the pages back ([`crate::features::FEATURE_PAGES_BYTES`]).
 pub fn mapped_bytes(ds: &grinnder_graph::Dataset) -> u64 {
     let size = |mapped: bool, bytes: usize| if mapped { bytes as u64 } else { 0 };
     let g = &ds.graph;
     let s = &ds.splits;
-    size(ds.features.data.is_mapped(), ds.features.data.len() * 4)
+    let f = &ds.features.data;
+    let features = if f.is_file_view() {
+        (f.len() as u64 * 4).min(crate::features::FEATURE_PAGES_BYTES as u64)
+    } else {
+        size(f.is_mapped(), f.len() * 4)
+    };
+    features
         + size(g.is_mapped(), g.row_ptr().len() * 8 + g.col_idx().len() * 4)
         + size(ds.labels.is_mapped(), ds.labels.len() * 4)
         + [&s.train, &s.valid, &s.test].iter().map(|b| size(b.is_mapped(), b.len() * 4)).sum::<u64>()

@@ -44,6 +44,9 @@ pub enum Buf<T: Pod> {
         map: Arc<Mmap>,
         offset: usize,
         len: usize,
+        /// A read-only view of a file (its pages can be dropped and read again), not an
+        /// anonymous copy ([`Buf::on_huge_pages`], whose dropped pages would read as zeros).
+        file: bool,
         _t: PhantomData<T>,
     },
     /// `len` elements at address `at`, kept alive by `owner`.
@@ -64,7 +67,7 @@ impl<T: Pod> Buf<T> {
         if end > map.len() || (map.as_ptr() as usize + offset) % std::mem::align_of::<T>() != 0 {
             return None;
         }
-        Some(Buf::Mapped { map, offset, len, _t: PhantomData })
+        Some(Buf::Mapped { map, offset, len, file: true, _t: PhantomData })
     }
 
     /// `len` elements at `ptr`, read in place while `owner` (what keeps them alive, e.g. a
@@ -94,6 +97,30 @@ impl<T: Pod> Buf<T> {
         matches!(self, Buf::Mapped { .. })
     }
 
+    /// Hands the pages of elements `range` back to the system where they are a file's
+    /// (`MADV_DONTNEED`): they leave the process's resident set and are read again (from the
+    /// page cache, or the file) when next touched. How a mapped array larger than the memory
+    /// budget is read a piece at a time. Does nothing to owned or borrowed memory, or where the
+    /// system refuses (the pages then stay, as before).
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let Buf::Mapped { map, offset, file: true, .. } = self else { return };
+        let size = std::mem::size_of::<T>();
+        let (start, end) = (range.start.min(self.len()), range.end.min(self.len()));
+        // SAFETY: `file`: a read-only view of a file, never written through
+        unsafe { release_file_pages(map, offset + start * size..offset + end * size) }
+    }
+
+    /// Hands all of a file view's pages back ([`Buf::release`] over every element).
+    pub fn release_all(&self) {
+        self.release(0..self.len());
+    }
+
+    /// True when the elements are a read-only view of a file, whose pages [`Buf::release`]
+    /// hands back.
+    pub fn is_file_view(&self) -> bool {
+        matches!(self, Buf::Mapped { file: true, .. })
+    }
+
     /// The elements copied into anonymous memory the system is asked to back with huge pages
     /// (Linux transparent huge pages, where enabled): random reads over a large array then
     /// miss the TLB far less than over a file mapping's 4 KB pages.
@@ -105,7 +132,7 @@ impl<T: Pod> Buf<T> {
         let _ = m.advise(memmap2::Advice::HugePage);
         m[..bytes].copy_from_slice(as_bytes(self));
         let len = self.len();
-        Ok(Buf::Mapped { map: Arc::new(m.make_read_only()?), offset: 0, len, _t: PhantomData })
+        Ok(Buf::Mapped { map: Arc::new(m.make_read_only()?), offset: 0, len, file: false, _t: PhantomData })
     }
 
     /// The elements as an owned vector (copies a mapped view).
@@ -145,8 +172,8 @@ impl<T: Pod> Clone for Buf<T> {
     fn clone(&self) -> Self {
         match self {
             Buf::Owned(v) => Buf::Owned(v.clone()),
-            Buf::Mapped { map, offset, len, .. } => {
-                Buf::Mapped { map: map.clone(), offset: *offset, len: *len, _t: PhantomData }
+            Buf::Mapped { map, offset, len, file, .. } => {
+                Buf::Mapped { map: map.clone(), offset: *offset, len: *len, file: *file, _t: PhantomData }
             }
             Buf::Borrowed { owner, at, len, .. } => {
                 Buf::Borrowed { owner: owner.clone(), at: *at, len: *len, _t: PhantomData }
@@ -169,6 +196,37 @@ impl<T: Pod + fmt::Debug> fmt::Debug for Buf<T> {
 impl<T: Pod + PartialEq> PartialEq for Buf<T> {
     fn eq(&self, other: &Self) -> bool {
         **self == **other
+    }
+}
+
+/// Drops the whole pages inside bytes `range` of `map` from the resident set (`MADV_DONTNEED`);
+/// a page shared with bytes outside the range stays. Errors are ignored (the pages stay).
+///
+/// # Safety
+/// `map` must map a file read-only and never be written through: dropped pages are then read
+/// back from the file unchanged and every slice of it stays valid. (An anonymous mapping's
+/// dropped pages would read as zeros.)
+pub(crate) unsafe fn release_file_pages(map: &Mmap, range: std::ops::Range<usize>) {
+    let (start, end) = (range.start.min(map.len()), range.end.min(map.len()));
+    let page = page_size();
+    let base = map.as_ptr() as usize;
+    let first = (base + start).next_multiple_of(page) - base;
+    let last = (base + end) / page * page - base;
+    if first < last {
+        // SAFETY: forwarded to the caller; the range lies inside the mapping
+        let _ =
+            unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, last - first) };
+    }
+}
+
+/// The system's page size (4 KiB where it cannot be read).
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
     }
 }
 
@@ -198,5 +256,46 @@ mod tests {
         // SAFETY: misaligned on purpose: refused before any read
         let odd = unsafe { Buf::<f32>::borrowed(owner, (ptr as usize + 1) as *const f32, 1) };
         assert!(odd.is_none());
+    }
+
+    /// Pages of the mapping in this process's resident set (its `Rss` in /proc/self/smaps):
+    /// what `release` hands back. (`mincore` would report the page cache's pages instead.)
+    fn resident_pages(map: &Mmap) -> usize {
+        let start = format!("{:x}-", map.as_ptr() as usize);
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let entry = smaps.split_inclusive('\n').skip_while(|l| !l.starts_with(&start)).skip(1);
+        // the first Rss line after the mapping's header is its own (Size, page sizes, Rss)
+        let rss = entry.take(4).find_map(|l| l.strip_prefix("Rss:")).expect("the mapping's Rss line");
+        let kb: usize = rss.split_whitespace().next().unwrap().parse().unwrap();
+        kb * 1024 / page_size()
+    }
+
+    #[test]
+    fn a_file_views_pages_are_handed_back_and_read_again_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.bin");
+        let values: Vec<u32> = (0..1u32 << 20).map(|i| i.wrapping_mul(2654435761)).collect();
+        std::fs::write(&path, as_bytes(&values)).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: a file this test wrote and nobody changes
+        let map = Arc::new(unsafe { Mmap::map(&file) }.unwrap());
+        let b: Buf<u32> = Buf::mapped(map.clone(), 0, values.len()).unwrap();
+        assert!(b.is_file_view());
+        assert_eq!(&*b, &values[..]);
+        let pages = map.len() / page_size();
+        assert_eq!(resident_pages(&map), pages);
+        // half of it handed back: an element range, whole pages inside it only
+        b.release(0..values.len() / 2);
+        let left = resident_pages(&map);
+        assert!(left <= pages / 2 + 1 && left >= pages / 2, "{left} of {pages} pages resident");
+        assert_eq!(&*b, &values[..], "read again unchanged");
+        b.release_all();
+        assert_eq!(resident_pages(&map), 0);
+        assert_eq!(b[12345], values[12345]);
+        // an anonymous copy is never handed back: its pages would read as zeros
+        let copy = b.on_huge_pages().unwrap();
+        assert!(!copy.is_file_view());
+        copy.release_all();
+        assert_eq!(&*copy, &values[..]);
     }
 }

@@ -274,6 +274,15 @@ impl<B: Backend> Model<B> {
         }
     }
 
+    /// `out = A x + beta · out` with the first layer's input aggregation `A` on `g` — where `g`
+    /// holds some of the columns and `x` their rows, the aggregation a piece at a time (sum
+    /// the pieces with `beta` 1). Only where [`Model::precomputes_input`].
+    pub fn aggregate_input_into(&self, b: &B, g: &Graph<B>, x: &B::Mat, beta: f64, out: &mut B::Mat) {
+        debug_assert!(self.precomputes_input());
+        let a = g.adjacency(self.aggregation());
+        b.spmm(&a.s, &a.vals, false, x, beta, out);
+    }
+
     /// Whether the first layer's aggregation of the input can be computed once: the input is
     /// fixed (no input dropout) and the layer aggregates it before anything trainable (not
     /// attention, whose weights depend on the parameters).

@@ -51,6 +51,7 @@
 
 mod dist;
 pub mod files;
+mod input;
 mod placement;
 mod plan;
 mod predict;
@@ -196,6 +197,9 @@ struct Part<B: Backend> {
     labels: Vec<i32>,
     /// Local rows of the train, valid and test nodes.
     split_rows: [Vec<u32>; 3],
+    /// The adjacency on the host until layer 0's `Â x` is built from it a piece at a time
+    /// (where the plan asks for that: [`input`]).
+    input_adjacency: Option<input::HostAdjacency>,
 }
 
 /// The executor: a model, the partitioned graph and the store.

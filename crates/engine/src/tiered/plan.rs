@@ -129,7 +129,16 @@ pub(super) fn make_plan<B: Backend>(
             // one at a time: the largest of these counts.
             let (own, cols) = (p.own as u64, p.graph.cols as u64);
             let layer0 = 3 * own * pre_width + 4 * own * out_width;
-            let setup = (cols + own) * pre_width;
+            // making `Â x`: the output and the input rows of its columns — all at once, or one
+            // piece of them beside the pieces' entries (row, column, value: 16 bytes each, and
+            // one piece's CSR copy)
+            let (setup, pieces) = match &p.input_adjacency {
+                Some(a) => {
+                    let rows = super::input::piece_rows(pre_width as usize, elem) as u64;
+                    ((own + cols.min(rows)) * pre_width, 28 * a.col_idx.len() as u64)
+                }
+                None => ((cols + own) * pre_width, 0),
+            };
             let layer = |l: usize| {
                 let (i, o) = (model.dim(l) as u64, model.dim(l + 1) as u64);
                 let own_layer0 = if l == 1 && fused { layer0 } else { 0 };
@@ -140,10 +149,11 @@ pub(super) fn make_plan<B: Backend>(
                 };
                 this + own_layer0
             };
-            let host = (first..layers).map(layer).max().unwrap_or(0).max(layer0).max(setup);
-            let device = (6 * cols * widest).max(layer0).max(setup);
+            let host = (first..layers).map(layer).max().unwrap_or(0).max(layer0);
+            let device = (6 * cols * widest).max(layer0);
             let attention = 4 * nnz * heads * elem as u64;
-            (host * elem as u64 + attention, device * elem as u64 + attention)
+            let setup = setup * elem as u64 + pieces;
+            ((host * elem as u64 + attention).max(setup), (device * elem as u64 + attention).max(setup))
         })
         .fold((0, 0), |(h, d), (ph, pd)| (h.max(ph), d.max(pd)));
     // every block an epoch makes, all at once (an upper bound: spent layers' blocks go), with

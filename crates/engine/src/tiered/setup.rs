@@ -67,7 +67,6 @@ impl<'a, B: Backend> Executor<'a, B> {
         let mut pg = PartitionedGraph::build(&csr, &partitioning, &[&vals]);
         drop((csr, vals));
         let mirrors = mirror_rows(&mut pg, &local);
-        let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key);
         // the fixed input's aggregation is kept where it is no wider than layer 0's output
         // (aggregating the narrower side), or where layer 0 reads nothing else: then it
         // replaces the features (computed from the dataset's rows, no feature blocks) and
@@ -76,8 +75,18 @@ impl<'a, B: Backend> Executor<'a, B> {
         // the narrow result), which spares a second set of blocks as large as the features.
         let pre =
             model.precomputes_input() && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
-        let plan =
-            make_plan(&model, &parts, tc, std::mem::size_of::<B::T>(), pre, crate::process::mapped_bytes(ds));
+        // under a host budget, `Â x` is built a piece of columns at a time where a partition's
+        // input rows exceed a piece
+        let elem = std::mem::size_of::<B::T>() as u64;
+        let in_pieces = pre
+            && !keeps_features(&model, pre)
+            && tc.host_mem.is_some()
+            && pg
+                .partitions
+                .iter()
+                .any(|g| g.columns() as u64 * model.dim(0) as u64 * elem > input::input_piece_bytes());
+        let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key, in_pieces);
+        let plan = make_plan(&model, &parts, tc, elem as usize, pre, crate::process::mapped_bytes(ds));
         check_budget(&plan, tc)?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
@@ -148,6 +157,11 @@ impl<'a, B: Backend> Executor<'a, B> {
                 for (s, idx) in &part.fetch {
                     ids.extend(idx.iter().map(|&i| ids_of[s][i as usize]));
                 }
+                if let Some(adj) = self.parts[q].input_adjacency.take() {
+                    let agg = self.aggregate_in_pieces(ds, norm, min, &ids, adj);
+                    self.put(BlockKind::Pre, 0, q, agg)?;
+                    continue;
+                }
                 let rows = feature_rows::<B::T>(ds, norm, min, &ids);
                 let x = self.b.upload_owned(Mat::from_vec(ids.len(), d, rows));
                 self.put_aggregate(q, x)?;
@@ -212,8 +226,8 @@ fn mirror_rows(
 }
 
 /// The executor's partitions: the local ones with their graphs on the backend (columns keyed by
-/// `key`: the whole graph's ids), labels and split rows; another rank's as the count of its
-/// rows mirrored here.
+/// `key`: the whole graph's ids), labels and split rows, and with `in_pieces` their adjacency
+/// on the host too; another rank's as the count of its rows mirrored here.
 #[allow(clippy::too_many_arguments)]
 fn build_parts<B: Backend>(
     b: &B,
@@ -224,6 +238,7 @@ fn build_parts<B: Backend>(
     local: &std::ops::Range<usize>,
     aggregation: grinnder_nn::Aggregation,
     key: impl Fn(u32) -> u32,
+    in_pieces: bool,
 ) -> Vec<Part<B>> {
     let mut splits_local: Vec<[Vec<u32>; 3]> = vec![Default::default(); pg.partitions.len()];
     for (k, (_, ids)) in ds.splits.named().iter().enumerate() {
@@ -245,6 +260,7 @@ fn build_parts<B: Backend>(
                 fetch: Vec::new(),
                 labels: Vec::new(),
                 split_rows: Default::default(),
+                input_adjacency: None,
             });
             continue;
         }
@@ -262,11 +278,17 @@ fn build_parts<B: Backend>(
             .chain(g.halo.iter().map(|&h| key(partitioning.inv_perm[h as usize])))
             .collect();
         let cols = g.columns();
+        let input_adjacency = in_pieces.then(|| input::HostAdjacency {
+            row_ptr: g.row_ptr.clone(),
+            col_idx: g.col_idx.clone(),
+            vals: g.values[0].clone(),
+            cols,
+        });
         let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids.clone());
         let adj = Adjacency::new(b, &sm, &g.values[0]);
         drop(sm);
         let graph = Graph::single(g.own, cols, aggregation, adj, Some(col_ids));
-        parts.push(Part { graph, own: g.own, fetch: g.fetch, labels, split_rows });
+        parts.push(Part { graph, own: g.own, fetch: g.fetch, labels, split_rows, input_adjacency });
     }
     parts
 }

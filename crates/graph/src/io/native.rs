@@ -488,25 +488,48 @@ fn map(path: &Path) -> Result<Mmap> {
     unsafe { Mmap::map(&file) }.map_err(|e| GraphError::io(path, e))
 }
 
+/// How much of the features one verifying thread holds before handing the pages back.
+const VERIFY_PIECE_BYTES: usize = 4 << 20;
+
 /// Opens a native dataset: maps it, verifies checksums (per `verify`) and every structural
 /// invariant, and returns views into the mapping.
 pub fn open(path: &Path, verify: Verify) -> Result<Dataset> {
     let map = Arc::new(map(path)?);
-    #[cfg(target_os = "linux")]
-    let _ = map.advise(memmap2::Advice::WillNeed);
     let (header, sections) = decode_header(path, &map, map.len() as u64)?;
+    // read ahead what is read whole (the features are read a piece at a time, and may be
+    // larger than memory)
+    #[cfg(target_os = "linux")]
+    for s in sections.iter().filter(|s| s.kind != Kind::Features) {
+        let _ = map.advise_range(memmap2::Advice::WillNeed, s.offset as usize, s.bytes as usize);
+    }
     let to_check: Vec<&Section> =
         sections.iter().filter(|s| verify == Verify::Full || s.kind != Kind::Features).collect();
     let total: u64 = to_check.iter().map(|s| s.bytes).sum();
     let pb = progress::bar(total, "verify", true);
     for s in to_check {
         let data = &map[s.offset as usize..(s.offset + s.bytes) as usize];
+        let chunk = s.chunk_bytes as usize;
+        let features = s.kind == Kind::Features;
         let leaves: Vec<u64> = data
-            .par_chunks(s.chunk_bytes as usize)
-            .map(|c| {
-                let h = xxh3_64(c);
-                pb.inc(c.len() as u64);
-                h
+            .par_chunks(chunk)
+            .enumerate()
+            .map(|(i, c)| {
+                if !features {
+                    pb.inc(c.len() as u64);
+                    return xxh3_64(c);
+                }
+                // the features are read a partition at a time later, and may exceed the memory
+                // budget: hashed a few MiB at a time (the same hash as at once), each piece
+                // then leaves the resident set
+                let mut h = xxhash_rust::xxh3::Xxh3::new();
+                for (j, piece) in c.chunks(VERIFY_PIECE_BYTES).enumerate() {
+                    h.update(piece);
+                    let at = s.offset as usize + i * chunk + j * VERIFY_PIECE_BYTES;
+                    // SAFETY: `map` is this file's read-only mapping, never written through
+                    unsafe { crate::buf::release_file_pages(&map, at..at + piece.len()) };
+                    pb.inc(piece.len() as u64);
+                }
+                h.digest()
             })
             .collect();
         if xxh3_64(as_bytes(&leaves)) != s.checksum {
