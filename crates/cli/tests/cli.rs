@@ -268,6 +268,25 @@ fn losses(metrics: &Path) -> Vec<f64> {
         .collect()
 }
 
+/// A folder with a `storage` folder and `g.grnd`, generated from `preset` at `scale` (seed 1).
+fn generated(preset: &str, scale: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("storage")).unwrap();
+    let g = dir.path().join("g.grnd").to_string_lossy().into_owned();
+    let o = grinnder(&["-q", "generate", "--preset", preset, "--scale", scale, "--seed", "1", "--out", &g]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    (dir, g)
+}
+
+/// The least host budget a refusal names ("needs at least N MiB").
+fn least_budget(err: &str) -> u64 {
+    err.split("needs at least ")
+        .nth(1)
+        .and_then(|t| t.split(" MiB").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no minimum in {err}"))
+}
+
 #[test]
 fn train_with_partitions_and_a_storage_tier_matches_in_memory_training() {
     let dir = tempfile::tempdir().unwrap();
@@ -387,29 +406,15 @@ fn every_epoch_writes_its_figures_accuracies_only_when_evaluated() {
 /// (The GPU's `--gpu-mem` is checked on the GPU machine: `crates/cuda/tests`.)
 #[test]
 fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, g) = generated("arxiv-like", "0.5");
     let p = |s: &str| dir.path().join(s).to_string_lossy().into_owned();
-    std::fs::create_dir(p("storage")).unwrap();
-    let o = grinnder(&[
-        "-q",
-        "generate",
-        "--preset",
-        "arxiv-like",
-        "--scale",
-        "0.5",
-        "--seed",
-        "1",
-        "--out",
-        &p("g.grnd"),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
     let train = |budget: &str, metrics: &str| {
         grinnder(&[
             "-q",
             "--threads",
             "2",
             "train",
-            &p("g.grnd"),
+            &g,
             "--parts",
             "4",
             "--partitioner",
@@ -435,11 +440,7 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
             err.contains("--host-mem") && err.contains("too small") && !err.contains("panicked"),
             "{err}"
         );
-        err.split("needs at least ")
-            .nth(1)
-            .and_then(|t| t.split(" MiB").next())
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no minimum in {err}"))
+        least_budget(&err)
     };
     // the plan counts what the process holds by construction (heap in use, mapped files), not
     // a sampled RSS: identical runs give the same minimum
@@ -476,6 +477,75 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
         );
         eprintln!("budget {} MiB, peak RSS {} MiB", budget >> 20, peak >> 20);
     }
+}
+
+/// Features larger than the host budget (issue 28): igb-medium-like at scale 0.003 carries
+/// 117 MiB of 1024-wide features; the plan counts the piece a read holds, not the file, so the
+/// least budget is below the features; at it, peak RSS stays within 10 % of the budget and the
+/// losses are those of the run without a budget.
+#[test]
+fn features_larger_than_the_host_budget_train_within_it() {
+    let (dir, g) = generated("igb-medium-like", "0.003");
+    let p = |s: &str| dir.path().join(s).to_string_lossy().into_owned();
+    let features_mib = (30_000 * 1024 * 4) >> 20;
+    let train = |budget: Option<&str>, metrics: &str| {
+        let mut args = vec!["-q", "--threads", "2", "train"];
+        let m = p(metrics);
+        args.extend([
+            g.as_str(),
+            "--hidden",
+            "32",
+            "--feature-norm",
+            "none",
+            "--dropout",
+            "0",
+            "--epochs",
+            "2",
+        ]);
+        args.extend(["--metrics-out", m.as_str()]);
+        let storage = p("storage");
+        if let Some(b) = budget {
+            args.extend([
+                "--parts",
+                "16",
+                "--partitioner",
+                "lpa",
+                "--host-mem",
+                b,
+                "--storage-dir",
+                &storage,
+            ]);
+        }
+        let o = Command::new(env!("CARGO_BIN_EXE_grinnder"))
+            .args(&args)
+            .env("GRINNDER_INPUT_PIECE_BYTES", "4194304")
+            .env("XDG_CACHE_HOME", dir.path())
+            .output()
+            .unwrap();
+        (o, m)
+    };
+    let (o, _) = train(Some("1MiB"), "none.jsonl");
+    let err = stderr(&o);
+    let min: u64 = least_budget(&err);
+    assert!(min < features_mib, "the least budget {min} MiB is not below the {features_mib} MiB of features");
+    let (o, budgeted) = train(Some(&format!("{min}MiB")), "budget.jsonl");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (o, whole) = train(None, "whole.jsonl");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (a, b) = (losses(Path::new(&budgeted)), losses(Path::new(&whole)));
+    assert_eq!(a.len(), 2);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * y, "loss {x} under the budget vs {y} without");
+    }
+    let last: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&budgeted).unwrap().lines().last().unwrap()).unwrap();
+    let peak = last["peak_host_bytes"].as_u64().unwrap();
+    assert!(
+        peak * 10 <= (min << 20) * 11,
+        "peak RSS {} MiB over the {min} MiB budget by more than 10 %",
+        peak >> 20
+    );
+    eprintln!("features {features_mib} MiB, budget {min} MiB, peak RSS {} MiB", peak >> 20);
 }
 
 #[test]

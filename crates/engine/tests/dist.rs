@@ -431,7 +431,8 @@ fn cooperative_batches_give_the_gradients_of_the_servers_union_batch() {
                     FeatureNorm::Row,
                     feature_shift(&ds, FeatureNorm::Row),
                     union.input_nodes(),
-                ),
+                )
+                .unwrap(),
             );
             let mut m = Model::init(&b, cfg.clone(), ds.features.dim, ds.num_classes as usize);
             m.zero_grad(&b);

@@ -82,7 +82,7 @@ fn full_neighbourhood_batches_give_the_full_graph_gradients_of_their_seeds() {
                 let xb = Mat::from_vec(
                     input.len(),
                     ds.features.dim,
-                    feature_rows::<f64>(&ds, FeatureNorm::Row, shift, input),
+                    feature_rows::<f64>(&ds, FeatureNorm::Row, shift, input).unwrap(),
                 );
                 let mut mb = Model::init(&b, cfg.clone(), ds.features.dim, ds.num_classes as usize);
                 mb.zero_grad(&b);

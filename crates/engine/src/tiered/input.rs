@@ -80,7 +80,7 @@ impl<B: Backend> Executor<'_, B> {
         shift: f64,
         ids: &[u32],
         adj: HostAdjacency,
-    ) -> B::Mat {
+    ) -> Result<B::Mat, TrainError> {
         let (own, d) = (adj.row_ptr.len() - 1, ds.features.dim);
         let aggregation = self.model.aggregation();
         let mut out = self.b.output(own, d);
@@ -90,11 +90,11 @@ impl<B: Backend> Executor<'_, B> {
         for (k, (range, sm, vals)) in pieces.into_iter().enumerate() {
             let g = Graph::single(own, range.len(), aggregation, Adjacency::new(self.b, &sm, &vals), None);
             drop((sm, vals));
-            let x = feature_rows::<B::T>(ds, norm, shift, &ids[range.clone()]);
+            let x = feature_rows::<B::T>(ds, norm, shift, &ids[range.clone()]).map_err(io_err)?;
             let x = self.b.upload_owned(Mat::from_vec(range.len(), d, x));
             self.model.aggregate_input_into(self.b, &g, &x, if k == 0 { 0.0 } else { 1.0 }, &mut out);
         }
-        out
+        Ok(out)
     }
 }
 

@@ -158,17 +158,17 @@ impl<'a, B: Backend> Executor<'a, B> {
                     ids.extend(idx.iter().map(|&i| ids_of[s][i as usize]));
                 }
                 if let Some(adj) = self.parts[q].input_adjacency.take() {
-                    let agg = self.aggregate_in_pieces(ds, norm, min, &ids, adj);
+                    let agg = self.aggregate_in_pieces(ds, norm, min, &ids, adj)?;
                     self.put(BlockKind::Pre, 0, q, agg)?;
                     continue;
                 }
-                let rows = feature_rows::<B::T>(ds, norm, min, &ids);
+                let rows = feature_rows::<B::T>(ds, norm, min, &ids).map_err(io_err)?;
                 let x = self.b.upload_owned(Mat::from_vec(ids.len(), d, rows));
                 self.put_aggregate(q, x)?;
             }
         } else {
             for (q, ids) in blocks {
-                let rows = feature_rows::<B::T>(ds, norm, min, &ids);
+                let rows = feature_rows::<B::T>(ds, norm, min, &ids).map_err(io_err)?;
                 self.put_host(act(0, q), Mat::from_vec(ids.len(), d, rows))?;
             }
             if self.pre {

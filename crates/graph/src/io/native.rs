@@ -482,10 +482,16 @@ pub fn read_header(path: &Path) -> Result<Header> {
 }
 
 fn map(path: &Path) -> Result<Mmap> {
+    Ok(map_file(path)?.1)
+}
+
+/// The file, and its read-only mapping from its first byte.
+fn map_file(path: &Path) -> Result<(Arc<std::fs::File>, Mmap)> {
     let file = super::files::open_input(path).map_err(|e| GraphError::io(path, e))?;
     // SAFETY: read-only mapping; the file must not be truncated by another process while
     // mapped (ARCHITECTURE.md documents this for all mapped inputs).
-    unsafe { Mmap::map(&file) }.map_err(|e| GraphError::io(path, e))
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| GraphError::io(path, e))?;
+    Ok((Arc::new(file), map))
 }
 
 /// How much of the features one verifying thread holds before handing the pages back.
@@ -494,7 +500,8 @@ const VERIFY_PIECE_BYTES: usize = 4 << 20;
 /// Opens a native dataset: maps it, verifies checksums (per `verify`) and every structural
 /// invariant, and returns views into the mapping.
 pub fn open(path: &Path, verify: Verify) -> Result<Dataset> {
-    let map = Arc::new(map(path)?);
+    let (file, map) = map_file(path)?;
+    let map = Arc::new(map);
     let (header, sections) = decode_header(path, &map, map.len() as u64)?;
     // read ahead what is read whole (the features are read a piece at a time, and may be
     // larger than memory)
@@ -556,7 +563,11 @@ pub fn open(path: &Path, verify: Verify) -> Result<Dataset> {
     let ds = Dataset {
         name: header.name.clone(),
         graph,
-        features: Features { dim: header.feat_dim as usize, data: buf(path, &map, view(6, 4))? },
+        // feature rows are read with pread (a partition's rows at a time: never resident)
+        features: Features {
+            dim: header.feat_dim as usize,
+            data: buf(path, &map, view(6, 4))?.read_through(file),
+        },
         labels: buf(path, &map, view(2, 4))?,
         num_classes: header.num_classes,
         splits: Splits {

@@ -100,21 +100,23 @@ pub struct Npy {
     /// Column-major storage (2-D only); readers return row-major data either way.
     pub fortran: bool,
     map: Arc<Mmap>,
+    /// The mapped file (rows are read from it with pread: [`Buf::read_through`]).
+    file: Arc<std::fs::File>,
 }
 
-fn map_file(path: &Path) -> Result<(Arc<Mmap>, u64)> {
+fn map_file(path: &Path) -> Result<(Arc<Mmap>, u64, Arc<std::fs::File>)> {
     let file = super::files::open_input(path).map_err(|e| GraphError::io(path, e))?;
     let len = file.metadata().map_err(|e| GraphError::io(path, e))?.len();
     // SAFETY: the file is opened read-only; like every mmap-based reader we rely on no other
     // process truncating it while mapped (documented in ARCHITECTURE.md).
     let map = unsafe { Mmap::map(&file) }.map_err(|e| GraphError::io(path, e))?;
-    Ok((Arc::new(map), len))
+    Ok((Arc::new(map), len, Arc::new(file)))
 }
 
 impl Npy {
     /// Opens a `.npy` file and checks that its data is exactly as long as its header says.
     pub fn open(path: &Path) -> Result<Npy> {
-        let (map, len) = map_file(path)?;
+        let (map, len, file) = map_file(path)?;
         let fmt = |off: u64, msg: String| GraphError::format(path, off, msg);
         if map.len() < 10 || &map[..6] != MAGIC {
             return Err(fmt(0, "not a .npy file (magic \\x93NUMPY missing)".into()));
@@ -143,15 +145,15 @@ impl Npy {
             ));
         }
         let fortran = fortran && shape_is_2d(&shape);
-        let npy = Npy { path: path.to_path_buf(), dtype, shape, data_offset: end, fortran, map };
+        let npy = Npy { path: path.to_path_buf(), dtype, shape, data_offset: end, fortran, map, file };
         npy.check_length(len)?;
         Ok(npy)
     }
 
     /// Maps a headerless raw file (IGB large/full `node_feat.npy`) of known shape.
     pub fn open_raw(path: &Path, dtype: DType, shape: Vec<u64>) -> Result<Npy> {
-        let (map, len) = map_file(path)?;
-        let npy = Npy { path: path.to_path_buf(), dtype, shape, data_offset: 0, fortran: false, map };
+        let (map, len, file) = map_file(path)?;
+        let npy = Npy { path: path.to_path_buf(), dtype, shape, data_offset: 0, fortran: false, map, file };
         npy.check_length(len)?;
         Ok(npy)
     }
@@ -304,11 +306,10 @@ impl Npy {
     pub fn to_f32(&self) -> Result<Buf<f32>> {
         match self.dtype {
             DType::F32 if self.fortran => Ok(Buf::Owned(self.transposed_f32())),
-            DType::F32 => {
-                Ok(Buf::mapped(self.map.clone(), self.data_offset, self.len()).unwrap_or_else(|| {
-                    Buf::Owned((0..self.len()).into_par_iter().map(|i| self.elem::<f32>(i)).collect())
-                }))
-            }
+            DType::F32 => Ok(Buf::mapped(self.map.clone(), self.data_offset, self.len()).map_or_else(
+                || Buf::Owned((0..self.len()).into_par_iter().map(|i| self.elem::<f32>(i)).collect()),
+                |b| b.read_through(self.file.clone()),
+            )),
             DType::F64 => {
                 Ok(Buf::Owned((0..self.len()).into_par_iter().map(|i| self.elem::<f64>(i) as f32).collect()))
             }

@@ -25,6 +25,7 @@ use memmap2::{MmapMut, UncheckedAdvice};
 
 use super::files;
 use super::npy::{header, DType};
+use crate::buf::page_size;
 use crate::error::{GraphError, Result};
 
 /// Bytes of the output's pages a process keeps mapped in at a time.
@@ -217,16 +218,6 @@ fn map(file: &File) -> std::io::Result<MmapMut> {
 
 fn pages_of(bytes: usize) -> usize {
     bytes.div_ceil(page_size())
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf with a constant argument has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
 }
 
 fn shape(rows: u64, width: u64) -> Vec<u64> {
