@@ -27,6 +27,11 @@ fn main() -> std::process::ExitCode {
                 .from_env_lossy(),
         )
         .with_writer(std::io::stderr)
+        // colour only on a terminal, and never where NO_COLOR is set (no-color.org): a batch
+        // job's log file gets plain text
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none(),
+        )
         .without_time()
         .with_target(false)
         .init();

@@ -370,7 +370,7 @@ fn run_on<B: Backend>(
             );
         } else if let Some(t) = &m.tier {
             tracing::info!(
-                "epoch {}: gather {:.3} s, compute {:.3} s, write-back {:.3} s (to the backend {:.1} MiB, back {:.1} MiB), storage read {:.3} s write {:.3} s; cache hits {} misses {}, storage read {:.1} MiB written {:.1} MiB",
+                "epoch {}: gather {:.3} s, compute {:.3} s, write-back {:.3} s (to the backend {:.1} MiB, back {:.1} MiB), storage read {:.3} s write {:.3} s; cache hits {} misses {}, storage read {:.1} MiB ({:.1} MiB of it asked for, {} partial reads) written {:.1} MiB",
                 m.epoch,
                 t.gather_s,
                 t.compute_s,
@@ -382,6 +382,8 @@ fn run_on<B: Backend>(
                 t.tier.hits,
                 t.tier.misses,
                 t.tier.storage_read_bytes as f64 / 1048576.0,
+                t.tier.storage_needed_bytes as f64 / 1048576.0,
+                t.tier.row_reads,
                 t.tier.storage_write_bytes as f64 / 1048576.0
             );
         }

@@ -548,6 +548,47 @@ fn features_larger_than_the_host_budget_train_within_it() {
     eprintln!("features {features_mib} MiB, budget {min} MiB, peak RSS {} MiB", peak >> 20);
 }
 
+/// The plan's host working set holds what a partition's phases really hold: with
+/// `--block-cache 0` the store keeps only blocks in use, so the heap's growth within a phase
+/// (the counting allocator's, logged at debug level) is the working set; it stays within the
+/// plan's for layer 0 on `Â x` (fused into layer 1), split layers (SAGE's root term), GIN's
+/// multi-layer perceptron and three layers.
+#[test]
+fn the_host_working_set_holds_what_the_phases_hold() {
+    let (dir, g) = generated("arxiv-like", "0.15");
+    let storage = dir.path().join("storage").to_string_lossy().into_owned();
+    for (model, layers, extra) in [
+        ("gcn", "2", &["--dropout", "0", "--input-dropout", "0"][..]),
+        ("sage", "2", &[][..]),
+        ("gin", "3", &[][..]),
+    ] {
+        let mut args = vec!["--threads", "2", "train", g.as_str(), "--model", model, "--layers", layers];
+        args.extend(["--hidden", "128", "--parts", "4", "--epochs", "2", "--feature-norm", "none"]);
+        args.extend(["--storage-dir", storage.as_str(), "--block-cache", "0", "--host-mem", "16GiB"]);
+        args.extend(extra);
+        let o = Command::new(env!("CARGO_BIN_EXE_grinnder"))
+            .args(&args)
+            .env("RUST_LOG", "grinnder_engine=debug")
+            .env("NO_COLOR", "1")
+            .env("XDG_CACHE_HOME", dir.path())
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert!(o.status.success(), "{err}");
+        // the second epoch's: the first also makes structures kept for the run
+        let line = err
+            .lines()
+            .find(|l| l.contains("epoch 1: the largest working set measured"))
+            .unwrap_or_else(|| panic!("{model}: no measured working set in {err}"));
+        let mib = |after: &str| -> f64 {
+            line.split(after).nth(1).and_then(|t| t.split(" MiB").next()).unwrap().trim().parse().unwrap()
+        };
+        let (measured, plan) = (mib("measured "), mib("the plan's "));
+        assert!(measured > 0.0 && measured <= plan, "{model}, {layers} layers: {line}");
+        eprintln!("{model}, {layers} layers: measured {measured} MiB, plan {plan} MiB");
+    }
+}
+
 #[test]
 fn minibatch_training_reports_like_full_graph_training() {
     let dir = tempfile::tempdir().unwrap();

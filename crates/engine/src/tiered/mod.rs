@@ -207,6 +207,9 @@ pub struct Executor<'a, B: Backend> {
     b: &'a B,
     pub model: Model<B>,
     parts: Vec<Part<B>>,
+    /// The heap in use at the last [`Executor::mark`], and the largest growth of a phase.
+    marked: u64,
+    measured_working: Option<u64>,
     /// Where each block lives: the GPU tier, the backend's page-locked host memory (fixed
     /// blocks — features, layer 0's aggregation — when nothing bounds host memory:
     /// `pin_fixed`), or the store.

@@ -128,6 +128,7 @@ pub(super) fn make_plan<B: Backend>(
             // their temporaries; making `Â x` reads the input rows of the columns. Layers run
             // one at a time: the largest of these counts.
             let (own, cols) = (p.own as u64, p.graph.cols as u64);
+            let layer0_host = own * pre_width + 4 * own * out_width;
             let layer0 = 3 * own * pre_width + 4 * own * out_width;
             // making `Â x`: the output and the input rows of its columns — all at once, or one
             // piece of them beside the pieces' entries (row, column, value: 16 bytes each, and
@@ -141,15 +142,15 @@ pub(super) fn make_plan<B: Backend>(
             };
             let layer = |l: usize| {
                 let (i, o) = (model.dim(l) as u64, model.dim(l + 1) as u64);
-                let own_layer0 = if l == 1 && fused { layer0 } else { 0 };
+                let own_layer0 = if l == 1 && fused { layer0_host } else { 0 };
                 let this = if model.split(l, l == 0 && pre) {
-                    6 * cols * o + 3 * own * i
+                    3 * cols * o + 2 * own * i
                 } else {
                     6 * cols * i.max(o)
                 };
                 this + own_layer0
             };
-            let host = (first..layers).map(layer).max().unwrap_or(0).max(layer0);
+            let host = (first..layers).map(layer).max().unwrap_or(0).max(layer0_host);
             let device = (6 * cols * widest).max(layer0);
             let attention = 4 * nnz * heads * elem as u64;
             let setup = setup * elem as u64 + pieces;

@@ -314,7 +314,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         if kind == BlockKind::Act && l == 0 && self.pre && !halo {
             ids.push(BlockId { kind: BlockKind::Pre, layer: 0, part: q });
         }
-        if halo {
+        // halo blocks are read ahead whole only where the cache keeps them for the next
+        // partitions; otherwise the gather reads their rows alone
+        if halo && self.tiers.store.mode() != CacheMode::PartitionLru {
             ids.extend(part.fetch.iter().map(|(s, _)| id(*s)));
         }
         ids.extend(extra.iter().map(|&k| {

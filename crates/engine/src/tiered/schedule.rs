@@ -39,6 +39,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.put(BlockKind::Xw, l, q, h)?;
                 }
                 self.sync_mirrors(BlockKind::Xw, l)?;
+                self.mark("forward transform", l);
                 if top {
                     break;
                 }
@@ -57,6 +58,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.put(BlockKind::Act, l + 1, q, y)?;
                 }
                 self.sync_act(l + 1)?;
+                self.mark("forward aggregation", l);
                 continue;
             }
             if top {
@@ -76,6 +78,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.put(BlockKind::Act, l + 1, q, y)?;
             }
             self.sync_act(l + 1)?;
+            self.mark("forward", l);
         }
         Ok(())
     }
@@ -126,6 +129,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         if calibrate {
             b.reset_memory_peak();
         }
+        self.mark("the time before the pass", 0);
+        self.measured_working = None;
         self.forward_layers(true, epoch)?;
         let (mut loss, mut correct) = (0.0, 0usize);
         for l in (0..layers).rev() {
@@ -162,6 +167,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.stats.write_back_s += t.elapsed().as_secs_f64();
                 }
                 self.flush_mirrors(BlockKind::GradXw, l)?;
+                self.mark("backward aggregation", l);
                 // transform backward, once every dh row is complete
                 for q in self.local.clone() {
                     if l == 1 && self.fused {
@@ -182,6 +188,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                         self.stats.write_back_s += t.elapsed().as_secs_f64();
                     }
                 }
+                self.mark("backward transform", l);
                 for q in 0..self.parts.len() {
                     self.remove(BlockId { kind: BlockKind::Xw, layer: l, part: q })?;
                     self.remove(BlockId { kind: BlockKind::GradXw, layer: l, part: q })?;
@@ -230,6 +237,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 if l > 0 {
                     self.flush_mirrors(BlockKind::Grad, l)?;
                 }
+                self.mark("backward", l);
             }
             // layer l + 1's blocks are spent
             for q in 0..self.parts.len() {
@@ -245,6 +253,26 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.place_more()?;
         }
         Ok((loss, correct))
+    }
+
+    /// Measures the heap's growth since the last mark, the working set of the phase that just
+    /// ended (with `--block-cache 0` the store holds only blocks in use, so the growth is all
+    /// working set); logs it at trace level and keeps the largest for
+    /// [`Executor::take_measured_working`].
+    pub(super) fn mark(&mut self, phase: &str, l: usize) {
+        if let (Some(live), Some(peak)) = (crate::heap::live_bytes(), crate::heap::peak_bytes()) {
+            let grew = peak.saturating_sub(self.marked);
+            tracing::trace!("{phase} of layer {l}: heap grew {:.1} MiB", grew as f64 / 1048576.0);
+            self.measured_working = Some(self.measured_working.unwrap_or(0).max(grew));
+            crate::heap::reset_peak();
+            self.marked = live;
+        }
+    }
+
+    /// The largest heap growth of a phase since the last call (see [`Executor::mark`]);
+    /// `None` without the counting allocator.
+    pub fn take_measured_working(&mut self) -> Option<u64> {
+        self.measured_working.take()
     }
 
     /// Layers 1 (its transform) and 0 backward on partition `q` when [`Executor::fused`]: layer

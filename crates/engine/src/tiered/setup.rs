@@ -100,6 +100,8 @@ impl<'a, B: Backend> Executor<'a, B> {
             b,
             model,
             parts,
+            marked: 0,
+            measured_working: None,
             tiers: Tiers::new(store),
             ahead: Vec::new(),
             pin_fixed: tc.host_mem.is_none() && tc.cache_bytes.is_none() && tc.tier_dtype == TierDtype::F32,

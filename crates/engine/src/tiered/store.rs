@@ -25,7 +25,7 @@ use grinnder_tensor::Scalar;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::files::{encode_header, AlignedBuf, BlockFiles, BlockHeader, Dtype, Faults, ALIGN};
+use super::files::{encode_header, AlignedBuf, BlockFiles, BlockHeader, Dtype, Faults, ALIGN, SUM_CHUNK};
 
 /// Bytes each parallel task of a row copy handles.
 const PAR_BYTES: usize = 1 << 20;
@@ -113,6 +113,32 @@ pub struct TierStats {
     pub write_s: f64,
     /// Most bytes resident in the host cache at once.
     pub peak_cache_bytes: u64,
+    /// Of the blocks read from storage, the bytes their callers asked for (partial reads: the
+    /// rows; whole loads: the block), against `storage_read_bytes`.
+    pub storage_needed_bytes: u64,
+    /// Partial reads: rows of a block read from its file without loading it.
+    pub row_reads: u64,
+}
+
+/// Elements of `dtype` in little-endian `src` into `out`.
+fn decode_into<T: Scalar>(dtype: Dtype, src: &[u8], out: &mut [T]) {
+    match dtype {
+        Dtype::Bf16 => {
+            for (x, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+                *x = T::of(from_bf16(u16::from_le_bytes([c[0], c[1]])) as f64);
+            }
+        }
+        Dtype::F32 => {
+            for (x, c) in out.iter_mut().zip(src.chunks_exact(4)) {
+                *x = T::of(f32::from_le_bytes(c.try_into().unwrap()) as f64);
+            }
+        }
+        Dtype::F64 => {
+            for (x, c) in out.iter_mut().zip(src.chunks_exact(8)) {
+                *x = T::of(f64::from_le_bytes(c.try_into().unwrap()));
+            }
+        }
+    }
 }
 
 enum Data<T> {
@@ -151,6 +177,8 @@ struct Entry<T> {
     last_use: u64,
     /// Bumped on every change: a prefetched buffer of an older version is discarded.
     version: u64,
+    /// The chunk sums of the file's payload (see [`BlockFiles::read_chunks`]), from its write.
+    sums: Vec<u64>,
 }
 
 enum Job {
@@ -455,7 +483,16 @@ impl<T: Scalar> Store<T> {
         // a file of an earlier version is stale: on_disk false, so it is rewritten on eviction
         self.entries.insert(
             id,
-            Entry { rows, cols, data: Some(data), dirty: true, on_disk: false, last_use, version },
+            Entry {
+                rows,
+                cols,
+                data: Some(data),
+                dirty: true,
+                on_disk: false,
+                last_use,
+                version,
+                sums: Vec::new(),
+            },
         );
         self.resident += bytes;
         self.make_room(Some(id))
@@ -476,12 +513,23 @@ impl<T: Scalar> Store<T> {
         self.entries.get(&id).map(|e| (e.rows, e.cols))
     }
 
-    /// Copies rows of block `id` into `out` (`idx` rows in order, or all rows).
+    /// Copies rows of block `id` into `out` (`idx` rows in order, or all rows). Some rows of
+    /// a block that is on disk only, where the cache cannot hold a layer
+    /// ([`CacheMode::PartitionLru`]), are read from its file alone: the pages that hold them,
+    /// without loading the block.
     pub fn read_rows(&mut self, id: BlockId, idx: Option<&[u32]>, out: &mut [T]) -> io::Result<()> {
-        self.load(id)?;
+        if let Some(idx) = idx {
+            if self.cfg.mode == CacheMode::PartitionLru && self.on_disk_only(id) {
+                return self.read_rows_from_file(id, idx, out);
+            }
+        }
+        let from_storage = self.load(id)?;
         let e = &self.entries[&id];
         let d = e.cols;
         let n = idx.map_or(e.rows, |i| i.len());
+        if from_storage {
+            self.stats.storage_needed_bytes += (n * d * self.elem_bytes()) as u64;
+        }
         assert_eq!(out.len(), n * d, "block {id:?}: output holds the rows read");
         let row = |k: usize| idx.map_or(k, |i| i[k] as usize);
         // rows in parallel, a few thousand per task
@@ -506,6 +554,69 @@ impl<T: Scalar> Store<T> {
         Ok(())
     }
 
+    /// Whether block `id` is in its file only: not in RAM, not read ahead, not being read.
+    fn on_disk_only(&mut self, id: BlockId) -> bool {
+        let _ = self.poll(false);
+        let e = &self.entries[&id];
+        e.data.is_none() && e.on_disk && !self.ready.contains_key(&id) && !self.reading.contains(&id)
+    }
+
+    /// Rows `idx` of block `id`, which is on disk only, read from the chunks of its file that
+    /// hold them.
+    fn read_rows_from_file(&mut self, id: BlockId, idx: &[u32], out: &mut [T]) -> io::Result<()> {
+        self.wait_writes(id)?;
+        let t = self.tick();
+        let e = self.entries.get_mut(&id).expect("present");
+        e.last_use = t;
+        let (rows, d) = (e.rows, e.cols);
+        assert_eq!(out.len(), idx.len() * d, "block {id:?}: output holds the rows read");
+        let dtype = self.file_dtype();
+        let rb = d * dtype.size();
+        let payload = rows * rb;
+        // the chunks that hold the rows, as runs of consecutive chunks; where each starts in
+        // the buffer read
+        let chunks = payload.div_ceil(SUM_CHUNK);
+        let mut wanted = vec![false; chunks];
+        for &r in idx {
+            let (from, to) = (r as usize * rb, (r as usize + 1) * rb);
+            if to > from {
+                wanted[from / SUM_CHUNK..=(to - 1) / SUM_CHUNK].iter_mut().for_each(|w| *w = true);
+            }
+        }
+        let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+        let mut at = vec![usize::MAX; chunks];
+        let mut off = 0;
+        for c in (0..chunks).filter(|&c| wanted[c]) {
+            match runs.last_mut() {
+                Some(r) if r.end == c => r.end += 1,
+                _ => runs.push(c..c + 1),
+            }
+            at[c] = off;
+            off += SUM_CHUNK;
+        }
+        let files = self.files.as_ref().expect("on disk: a storage tier");
+        let start = Instant::now();
+        let (buf, bytes) = files.read_chunks(&id.file_name(), payload, &self.entries[&id].sums, &runs)?;
+        self.stats.read_s += start.elapsed().as_secs_f64();
+        self.stats.storage_read_bytes += bytes as u64;
+        self.stats.storage_needed_bytes += (idx.len() * rb) as u64;
+        self.stats.row_reads += 1;
+        let data = buf.as_slice();
+        // a row's chunks are consecutive in the file and wanted together: in one run
+        let bytes_of = |r: usize| {
+            let from = r * rb;
+            &data[at[from / SUM_CHUNK] + from % SUM_CHUNK..][..rb]
+        };
+        let per = (PAR_BYTES / (d * std::mem::size_of::<T>()).max(1)).max(1);
+        out.par_chunks_mut(d.max(1) * per).enumerate().for_each(|(c, o)| {
+            for (k, o) in o.chunks_exact_mut(d.max(1)).enumerate() {
+                let src = bytes_of(idx[c * per + k] as usize);
+                decode_into(dtype, src, o);
+            }
+        });
+        Ok(())
+    }
+
     fn elem_bytes(&self) -> usize {
         match self.cfg.dtype {
             TierDtype::F32 => std::mem::size_of::<T>(),
@@ -526,7 +637,9 @@ impl<T: Scalar> Store<T> {
         if !self.entries.contains_key(&id) {
             self.put(id, rows, cols, vec![T::zero(); rows * cols])?;
         }
-        self.load(id)?;
+        if self.load(id)? {
+            self.stats.storage_needed_bytes += (rows * cols * self.elem_bytes()) as u64;
+        }
         let e = self.entries.get_mut(&id).expect("loaded");
         assert_eq!((e.rows, e.cols), (rows, cols), "block {id:?}: shape");
         let d = cols.max(1);
@@ -616,14 +729,14 @@ impl<T: Scalar> Store<T> {
         self.pinned.clear();
     }
 
-    /// Brings block `id` into RAM.
-    fn load(&mut self, id: BlockId) -> io::Result<()> {
+    /// Brings block `id` into RAM; whether it came from storage (now or read ahead).
+    fn load(&mut self, id: BlockId) -> io::Result<bool> {
         let t = self.tick();
         let e = self.entries.get_mut(&id).unwrap_or_else(|| panic!("block {id:?} was never written"));
         e.last_use = t;
         if e.data.is_some() {
             self.stats.hits += 1;
-            return Ok(());
+            return Ok(false);
         }
         self.stats.misses += 1;
         let (rows, cols, version) = (e.rows as u64, e.cols as u64, e.version);
@@ -673,7 +786,8 @@ impl<T: Scalar> Store<T> {
         e.data = Some(data);
         e.dirty = false;
         self.resident += bytes;
-        self.make_room(Some(id))
+        self.make_room(Some(id))?;
+        Ok(true)
     }
 
     fn file_dtype(&self) -> Dtype {
@@ -805,11 +919,12 @@ impl<T: Scalar> Store<T> {
                 }
             }
         }
-        encode_header(&header, &mut buf);
+        let sums = encode_header(&header, &mut buf);
         self.io.as_ref().expect("checked above").send(Job::Write { id, buf, len });
         *self.writing.entry(id).or_insert(0) += 1;
         self.writing_bytes += len as u64;
         let e = self.entries.get_mut(&id).expect("present");
+        e.sums = sums;
         e.dirty = false;
         e.on_disk = true;
         Ok(())

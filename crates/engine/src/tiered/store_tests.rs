@@ -100,3 +100,44 @@ fn files_are_removed_unless_kept() {
         assert_eq!(std::fs::read_dir(&run).map_or(0, |d| d.count()) > 0, keep);
     }
 }
+
+#[test]
+fn some_rows_of_a_stored_block_are_read_from_its_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in [TierDtype::F32, TierDtype::Bf16] {
+        let cfg =
+            StoreConfig { budget: Some(0), mode: CacheMode::PartitionLru, dtype, faults: Faults::default() };
+        let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
+        // 4,000 rows of 64: 1 MiB as f32, 16 chunks; values exact in bf16
+        let (rows, d) = (4000usize, 64usize);
+        let block: Vec<f32> = (0..rows * d).map(|i| ((i % 251) as f32) - 125.0).collect();
+        s.put(id(0, 0), rows, d, block.clone()).unwrap();
+        s.put(id(0, 1), 1, d, vec![0.0; d]).unwrap(); // (0, 0) goes to its file
+        s.sync().unwrap();
+        let resident = s.resident_bytes();
+        assert!(resident < (rows * d) as u64, "on disk only");
+        s.take_stats();
+        let want = [3999u32, 5, 3000, 3001, 5];
+        let mut out = vec![0f32; want.len() * d];
+        s.read_rows(id(0, 0), Some(&want), &mut out).unwrap();
+        for (k, &r) in want.iter().enumerate() {
+            assert_eq!(out[k * d..(k + 1) * d], block[r as usize * d..(r as usize + 1) * d], "row {r}");
+        }
+        let st = s.take_stats();
+        // rows 5, 3000–3001 and 3999 lie in three chunks
+        let elem = if dtype == TierDtype::F32 { 4 } else { 2 };
+        assert_eq!(st.row_reads, 1, "{st:?}");
+        assert!(st.storage_read_bytes <= 3 * SUM_CHUNK as u64, "{st:?}");
+        assert_eq!(st.storage_needed_bytes, (want.len() * d * elem) as u64);
+        assert_eq!(s.resident_bytes(), resident, "the block was not loaded");
+        // a corrupted chunk among those read is an error naming the file and the chunk
+        let path = s.storage_dir().unwrap().join(id(0, 0).file_name());
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[ALIGN + 3000 * d * elem + 7] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = s.read_rows(id(0, 0), Some(&[3000]), &mut vec![0f32; d]).unwrap_err();
+        assert!(err.to_string().contains("act-l0-p0.blk") && err.to_string().contains("checksum"), "{err}");
+        // rows outside the corrupted chunk still read
+        s.read_rows(id(0, 0), Some(&[5]), &mut vec![0f32; d]).unwrap();
+    }
+}

@@ -122,6 +122,13 @@ impl<B: Backend> Engine<B> for Partitioned<'_, B> {
         let e = &mut self.ex;
         e.model.zero_grad(self.b);
         let (loss, _) = e.forward_backward(epoch)?;
+        if let Some(measured) = e.take_measured_working() {
+            tracing::debug!(
+                "epoch {epoch}: the largest working set measured {:.1} MiB (heap growth in a phase), the plan's {:.1} MiB",
+                measured as f64 / 1048576.0,
+                e.plan.working_bytes as f64 / 1048576.0
+            );
+        }
         let mut loss = [loss];
         e.reduce(&mut loss);
         e.reduce_gradients();
