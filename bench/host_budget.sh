@@ -19,8 +19,9 @@ echo "date: $(date -u +%F)   commit: $(git rev-parse --short HEAD)   graph: $g (
 common=(--hidden 256 --dropout 0 --input-dropout 0 --feature-norm none --epochs "$epochs" --eval-every 0)
 for m in gcn sage; do
   $bin -q train "$g" --model "$m" "${common[@]}" --metrics-out "$work/$m-memory.jsonl"
+  # the refusal names the least budget the plan accepts
   least=$($bin -q train "$g" --model "$m" "${common[@]}" --parts 16 --storage-dir "$work/storage" --host-mem 1MiB 2>&1 |
-    sed -n 's/.*needs at least \([0-9]*\) MiB.*/\1/p')
+    sed -n 's/.*needs at least \([0-9]*\) MiB.*/\1/p' || true)
   for budget in 512MiB "${least}MiB"; do
     NO_COLOR=1 $bin train "$g" --model "$m" "${common[@]}" --parts 16 --storage-dir "$work/storage" \
       --host-mem "$budget" --metrics-out "$work/$m-$budget.jsonl" 2> "$work/$m-$budget.err"

@@ -19,8 +19,8 @@ import pytest
 gr = pytest.importorskip("grinnder", reason="the grinnder package is not installed (pip install .)")
 
 # the CLI's defaults for Cora with dropout off, so that the runs compare bit for bit
-SETTINGS = dict(epochs=6, dropout=0.0, hidden=16)
-FLAGS = ["--epochs", "6", "--dropout", "0", "--hidden", "16"]
+SETTINGS = dict(epochs=6, dropout=0.0, hidden=16, feature_norm="row")
+FLAGS = ["--epochs", "6", "--dropout", "0", "--hidden", "16", "--feature-norm", "row"]
 
 
 def cli_losses(cli, tmp_path, dataset="data/cora", extra=()):
@@ -119,6 +119,10 @@ def test_bad_inputs_raise_the_documented_exceptions(grinnder, cora, tmp_path):
     cfg = gr.Config(model="sage", host_mem="1GiB", parts=2, fanout=None)
     assert cfg.epochs == 200 and "model" in cfg.to_dict()
     assert set(gr.settings()) >= {"hidden", "host_mem", "storage_dir", "parts", "device", "checkpoint_dir"}
+    # names of choices in any case, as on the command line
+    gr.Config(model="GraphSAGE", optimizer="Adam", feature_norm="Row")
+    with pytest.raises(ValueError, match="model"):
+        gr.Config(model="GCNN")
 
 
 def test_cuda_is_an_exception_without_a_gpu_and_the_cpu_losses_with_one(grinnder, cora_ds):

@@ -87,13 +87,13 @@ def metadata(path):
 # (model, extra flags, layers): 3 layers where a residual needs a hidden layer of equal widths
 GRINNDER_MODELS = [
     ("gcn", [], 2),
-    ("gcn", ["--norm", "layer", "--residual", "true"], 3),
+    ("gcn", ["--norm", "layer", "--residual"], 3),
     ("sage", [], 2),
-    ("sage", ["--norm", "layer", "--residual", "true"], 3),
+    ("sage", ["--norm", "layer", "--residual"], 3),
     ("gat", ["--heads", "2"], 2),
-    ("gat", ["--heads", "2", "--norm", "layer", "--residual", "true"], 3),
+    ("gat", ["--heads", "2", "--norm", "layer", "--residual"], 3),
     ("gin", ["--gin-eps", "0.1"], 2),
-    ("gin", ["--train-eps", "true", "--norm", "layer", "--residual", "true"], 3),
+    ("gin", ["--train-eps", "--norm", "layer", "--residual"], 3),
 ]
 
 

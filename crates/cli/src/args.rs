@@ -13,6 +13,10 @@ pub struct Cli {
     /// Print only warnings and errors; no progress bars.
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// Print debug detail too: per-epoch I/O and phase figures, the memory plan (RUST_LOG
+    /// overrides both this and --quiet, e.g. RUST_LOG=grinnder_engine=trace).
+    #[arg(long, short, global = true, conflicts_with = "quiet")]
+    pub verbose: bool,
     /// Worker threads (default: one per core; under mpirun, the cores shared among the ranks
     /// on the machine).
     #[arg(long, global = true)]
@@ -157,13 +161,13 @@ pub struct Input {
     /// Dataset path: a .grnd file or an OGB, IGB or npy folder [default: the bundled Cora].
     pub dataset: Option<PathBuf>,
     /// Input layout.
-    #[arg(long = "input-format", value_enum, default_value_t = InputFormat::Auto)]
+    #[arg(long = "input-format", ignore_case = true, value_enum, default_value_t = InputFormat::Auto)]
     pub input_format: InputFormat,
     /// OGB split folder to use when there are several.
     #[arg(long)]
     pub split: Option<String>,
     /// NaN or infinite feature values: refuse the dataset, or report and keep them.
-    #[arg(long, value_enum, default_value_t = NonFiniteArg::Refuse)]
+    #[arg(long, ignore_case = true, value_enum, default_value_t = NonFiniteArg::Refuse)]
     pub non_finite: NonFiniteArg,
     /// IGB: node count, for headerless feature files without a label file to count from.
     #[arg(long)]
@@ -212,7 +216,7 @@ pub struct PartitionArgs {
     #[arg(long, value_delimiter = ',', default_value = "4")]
     pub parts: Vec<usize>,
     /// Partitioner: METIS k-way, Spinner, dependency-aware LPA (halo volume), random, contiguous.
-    #[arg(long, value_enum, default_value_t = PartitionerArg::Metis)]
+    #[arg(long, ignore_case = true, value_enum, default_value_t = PartitionerArg::Metis)]
     pub partitioner: PartitionerArg,
     /// Seed of randomised partitioners.
     #[arg(long, default_value_t = 0)]
@@ -309,7 +313,7 @@ pub struct ExportArgs {
     #[command(flatten)]
     pub input: Input,
     /// Output layout.
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub format: ExportFormat,
     /// Output folder.
     #[arg(long, short)]
@@ -337,7 +341,7 @@ pub struct GenerateArgs {
     #[arg(long, short)]
     pub out: PathBuf,
     /// Output layout.
-    #[arg(long, value_enum, default_value_t = GenFormat::Native)]
+    #[arg(long, ignore_case = true, value_enum, default_value_t = GenFormat::Native)]
     pub format: GenFormat,
 }
 
@@ -345,6 +349,8 @@ pub struct GenerateArgs {
 #[serde(rename_all = "lowercase")]
 pub enum ModelArg {
     Gcn,
+    #[value(alias = "graphsage")]
+    #[serde(alias = "graphsage")]
     Sage,
     Gat,
     Gin,
@@ -431,7 +437,7 @@ pub enum PrecisionArg {
 #[serde(deny_unknown_fields)]
 pub struct TrainSettings {
     /// Model family [default: gcn].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub model: Option<ModelArg>,
     /// Number of layers [default: 2].
     #[arg(long)]
@@ -447,8 +453,9 @@ pub struct TrainSettings {
     #[arg(long)]
     pub input_dropout: Option<f64>,
     /// Input feature preprocessing: row (PyG's NormalizeFeatures: shift by the global minimum,
-    /// divide each row by its sum) or none [default: row].
-    #[arg(long, value_enum)]
+    /// divide each row by its sum) or none [default: row for the citation graphs cora,
+    /// citeseer and pubmed, as PyG's examples preprocess them; none for every other dataset].
+    #[arg(long, ignore_case = true, value_enum)]
     pub feature_norm: Option<FeatureNormArg>,
     /// GAT: attention heads of hidden layers, concatenated (the output layer has one) [default: 8].
     #[arg(long)]
@@ -461,19 +468,19 @@ pub struct TrainSettings {
     #[arg(long, allow_negative_numbers = true)]
     pub gin_eps: Option<f64>,
     /// GIN: train ε (PyG's train_eps) [default: false].
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub train_eps: Option<bool>,
     /// Normalisation between layers [default: none].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub norm: Option<NormArg>,
     /// Residual connections between layers of equal width [default: false].
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub residual: Option<bool>,
     /// Optimizer [default: adam].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub optimizer: Option<OptimArg>,
     /// Learning rate [default: 0.01].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// Weight decay (L2 for adam and sgd, decoupled for adamw) [default: 5e-4].
     #[arg(long)]
@@ -492,17 +499,17 @@ pub struct TrainSettings {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Arithmetic precision [default: f32].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub precision: Option<PrecisionArg>,
     /// Full-graph or mini-batch training [default: full].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub mode: Option<ModeArg>,
     /// Mini-batch neighbours sampled per hop from the seeds, e.g. 15,10,5 (-1: all); one per
     /// layer with --sampler neighbor, one per hop with khop [default: 10 per layer].
     #[arg(long, allow_hyphen_values = true)]
     pub fanout: Option<String>,
     /// How mini-batches are sampled [default: neighbor].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub sampler: Option<SamplerArg>,
     /// Train on the first N batches of each epoch's shuffled order only (benchmarks on graphs
     /// whose epochs are long) [default: every batch].
@@ -519,7 +526,7 @@ pub struct TrainSettings {
     /// How mini-batch input rows reach the GPU: copy (the sampling threads gather them into
     /// page-locked blocks, uploaded beside the previous batch's compute) or zero-copy (features
     /// in mapped page-locked host memory, gathered by GPU threads) [default: copy].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub feature_access: Option<FeatureAccessArg>,
     /// Where to compute: cpu, or cuda / cuda:N for GPU N (f32 only) [default: cpu].
     #[arg(long)]
@@ -530,12 +537,12 @@ pub struct TrainSettings {
     #[arg(long)]
     pub parts: Option<usize>,
     /// Partitioner of the tiered executor [default: metis].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub partitioner: Option<PartitionerArg>,
     /// Which blocks leave host RAM first: whole layers (lru_layer), single blocks with the
     /// computing partition's dependencies pinned (partition_lru), or chosen by the memory plan
     /// (auto) [default: auto].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub cache_mode: Option<CacheModeArg>,
     /// Host memory budget of the whole process, e.g. 8GiB or 500MB (peak RSS stays within it;
     /// a budget below the minimum is refused, naming it); blocks beyond it go to
@@ -550,10 +557,10 @@ pub struct TrainSettings {
     #[arg(long)]
     pub storage_dir: Option<PathBuf>,
     /// Element type of cached and stored blocks: f32, or bf16 for half the bytes [default: f32].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub tier_dtype: Option<TierDtypeArg>,
     /// Keep the block files at the end of the run.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub keep_storage: Option<bool>,
     /// GPU memory budget of the run with --device cuda, e.g. 8GiB: allocations past it stop the
     /// run; with --parts, the tiered executor keeps the blocks that fit on the GPU and the rest
@@ -568,14 +575,14 @@ pub struct TrainSettings {
     /// parameter-gradient sums. nccl: between the GPUs' memories (one GPU per rank); mpi:
     /// through host memory; auto: nccl where each rank of a machine has a GPU of its own and
     /// NCCL loads [default: auto].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub transport: Option<TransportArg>,
     /// Under mpirun: what each server trains on besides the nodes it owns. none: plain
     /// partition-parallel (halo rows cross servers); preload: their closure of --preload-hops
     /// hops (flexible preloading; as many hops as layers is exact, and then only the gradient
     /// sum crosses servers); eas: expansion-aware sampling (--eas-hops from the server's
     /// boundary, --eas-fanout neighbours per node) [default: none].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub expansion: Option<ExpansionArg>,
     /// Hops of flexible preloading, or auto: the most (up to --layers) whose share fits the
     /// server's --host-mem (or --gpu-mem) summed over its ranks [default: --layers].
@@ -588,7 +595,7 @@ pub struct TrainSettings {
     #[arg(long)]
     pub eas_fanout: Option<usize>,
     /// GEMMs on TF32 tensor cores with --device cuda (faster, 10-bit mantissa products).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub tf32: Option<bool>,
 }
 
@@ -638,7 +645,7 @@ pub struct PredictArgs {
     #[arg(long, short)]
     pub out: PathBuf,
     /// What to write per node.
-    #[arg(long, value_enum, default_value_t = OutputArg::Logits)]
+    #[arg(long, ignore_case = true, value_enum, default_value_t = OutputArg::Logits)]
     pub output: OutputArg,
     /// Also write hidden layer L's output (0-based: after its norm, ReLU and residual); several
     /// comma separated.
@@ -650,7 +657,7 @@ pub struct PredictArgs {
     #[arg(long, default_value = "all")]
     pub nodes: String,
     /// Element type of the values written.
-    #[arg(long, value_enum, default_value_t = OutDtypeArg::F32)]
+    #[arg(long, ignore_case = true, value_enum, default_value_t = OutDtypeArg::F32)]
     pub out_dtype: OutDtypeArg,
     /// Where to compute: cpu, or cuda / cuda:N.
     #[arg(long, default_value = "cpu")]
@@ -661,7 +668,7 @@ pub struct PredictArgs {
     #[arg(long)]
     pub parts: Option<usize>,
     /// Partitioner of the tiered executor [default: metis].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub partitioner: Option<PartitionerArg>,
     /// Host memory budget of the whole process, e.g. 8GiB; blocks beyond it go to --storage-dir.
     #[arg(long)]
@@ -673,10 +680,10 @@ pub struct PredictArgs {
     #[arg(long)]
     pub storage_dir: Option<PathBuf>,
     /// Which blocks leave host RAM first [default: auto].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub cache_mode: Option<CacheModeArg>,
     /// Element type of cached and stored blocks [default: f32].
-    #[arg(long, value_enum)]
+    #[arg(long, ignore_case = true, value_enum)]
     pub tier_dtype: Option<TierDtypeArg>,
     /// GPU memory budget with --device cuda, e.g. 8GiB.
     #[arg(long)]
@@ -709,6 +716,11 @@ pub struct TrainArgs {
     /// Write one JSON object per evaluated epoch, then a summary line with "final": true.
     #[arg(long)]
     pub metrics_out: Option<PathBuf>,
+    /// Print a line per this many epochs (epoch, loss, accuracies, time) [default: 1 where
+    /// stderr is no terminal, as in a batch job's log; 0 on a terminal, which shows a progress
+    /// bar]; 0: none.
+    #[arg(long)]
+    pub log_every: Option<usize>,
     /// Draw loss and accuracy curves into a PNG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,

@@ -22,15 +22,25 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::builder()
                 .with_default_directive(
-                    if cli.quiet || follower { "warn" } else { "info" }.parse().expect("valid directive"),
+                    if cli.quiet || follower {
+                        "warn"
+                    } else if cli.verbose {
+                        "debug"
+                    } else {
+                        "info"
+                    }
+                    .parse()
+                    .expect("valid directive"),
                 )
                 .from_env_lossy(),
         )
         .with_writer(std::io::stderr)
-        // colour only on a terminal, and never where NO_COLOR is set (no-color.org): a batch
-        // job's log file gets plain text
+        // colour only on a terminal, and never where NO_COLOR is set (no-color.org) or TERM is
+        // dumb: a batch job's log file gets plain text
         .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none(),
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none()
+                && std::env::var("TERM").map_or(true, |t| t != "dumb"),
         )
         .without_time()
         .with_target(false)

@@ -32,6 +32,28 @@ pub struct TrainPlan {
     pub transport: TransportArg,
     /// What servers train on besides the nodes they own (runs under mpirun).
     pub expansion: grinnder_engine::Expansion,
+    /// Whether `--feature-norm` was given: otherwise `config.feature_norm` is settled by the
+    /// dataset ([`TrainPlan::settle_feature_norm`]).
+    pub feature_norm_given: bool,
+}
+
+/// The Planetoid citation graphs, whose bag-of-words features are row-normalised by default
+/// (Kipf & Welling's preprocessing, which PyG's examples apply to them with
+/// `NormalizeFeatures`); every other dataset's features are used as stored, as PyG and OGB do.
+pub const ROW_NORMALISED_BY_DEFAULT: [&str; 3] = ["cora", "citeseer", "pubmed"];
+
+impl TrainPlan {
+    /// Sets the feature normalisation for the dataset `name` where `--feature-norm` was not
+    /// given: `row` for [`ROW_NORMALISED_BY_DEFAULT`], `none` otherwise.
+    pub fn settle_feature_norm(&mut self, name: &str) {
+        if !self.feature_norm_given {
+            self.config.feature_norm = if ROW_NORMALISED_BY_DEFAULT.contains(&name.to_lowercase().as_str()) {
+                grinnder_engine::FeatureNorm::Row
+            } else {
+                grinnder_engine::FeatureNorm::None
+            };
+        }
+    }
 }
 
 /// Where training computes.
@@ -159,13 +181,16 @@ pub fn plan_of(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<TrainP
         residual: pick!(residual, false),
         seed: pick!(seed, 0),
     };
+    let feature_norm_given = f.feature_norm.or(file.feature_norm).is_some();
     Ok(TrainPlan {
+        feature_norm_given,
         config: grinnder_engine::TrainConfig {
             model,
             optim,
             epochs,
             eval_every,
-            feature_norm: match pick!(feature_norm, FeatureNormArg::Row) {
+            // settled by the dataset where not given (`settle_feature_norm`)
+            feature_norm: match pick!(feature_norm, FeatureNormArg::None) {
                 FeatureNormArg::None => grinnder_engine::FeatureNorm::None,
                 FeatureNormArg::Row => grinnder_engine::FeatureNorm::Row,
             },

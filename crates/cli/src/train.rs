@@ -164,9 +164,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let path = a.input.path()?;
     let ds = io::open(&path, a.input.format(), &a.input.options()?)
         .with_context(|| format!("cannot load {}", path.display()))?;
+    plan.settle_feature_norm(&ds.name);
     let m = &plan.config.model;
     tracing::info!(
-        "{}: {} nodes, {} edges; {:?} {} layers, hidden {}, dropout {}, {:?}, {} epochs, {} threads",
+        "{}: {} nodes, {} edges; {} {} layers, hidden {}, dropout {}, {}, feature norm {}, {} epochs, {} threads",
         ds.name,
         ds.num_nodes(),
         ds.graph.num_edges(),
@@ -175,6 +176,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         m.hidden,
         m.dropout,
         plan.config.optim,
+        match plan.config.feature_norm {
+            grinnder_engine::FeatureNorm::None => "none",
+            grinnder_engine::FeatureNorm::Row => "row",
+        },
         plan.config.epochs,
         rayon::current_num_threads()
     );
@@ -345,10 +350,14 @@ fn run_on<B: Backend>(
 ) -> anyhow::Result<Summary> {
     let pb = progress::bar(plan.config.epochs as u64, "train", false);
     let mut write_err = None;
+    let log_every = a.log_every.unwrap_or(usize::from(!std::io::IsTerminal::is_terminal(&std::io::stderr())));
     let mut on_epoch = |m: &EpochMetrics| {
         pb.set_position(m.epoch as u64 + 1);
         if let Some(v) = m.valid_acc {
             pb.set_message(format!("loss {:.3} val {:.1}%", m.loss, v * 100.0));
+        }
+        if log_every > 0 && (m.epoch + 1) % log_every == 0 {
+            tracing::info!("{}", epoch_line(m));
         }
         if let Some(f) = file.as_mut() {
             if let Err(e) =
@@ -358,7 +367,7 @@ fn run_on<B: Backend>(
             }
         }
         if let (Some(t), Some(sample_s)) = (&m.tier, m.tier.as_ref().and_then(|t| t.sample_s)) {
-            tracing::info!(
+            tracing::debug!(
                 "epoch {}: {} batches, sampling {:.3} s (threads' sum), waiting for batches {:.3} s, input rows {:.3} s ({:.1} MiB), compute {:.3} s",
                 m.epoch,
                 t.batches.unwrap_or(0),
@@ -369,7 +378,7 @@ fn run_on<B: Backend>(
                 t.compute_s
             );
         } else if let Some(t) = &m.tier {
-            tracing::info!(
+            tracing::debug!(
                 "epoch {}: gather {:.3} s, compute {:.3} s, write-back {:.3} s (to the backend {:.1} MiB, back {:.1} MiB), storage read {:.3} s write {:.3} s; cache hits {} misses {}, storage read {:.1} MiB ({:.1} MiB of it asked for, {} partial reads) written {:.1} MiB",
                 m.epoch,
                 t.gather_s,
@@ -389,7 +398,7 @@ fn run_on<B: Backend>(
         }
         if let Some(c) = m.tier.as_ref().and_then(|t| t.comm.as_ref()) {
             let mb = |b: u64| b as f64 / 1048576.0;
-            tracing::info!(
+            tracing::debug!(
                 "epoch {}: exchanged (all ranks) halo rows {:.1} MiB within servers, {:.1} MiB between; halo gradients {:.1} / {:.1} MiB; reductions {:.1} / {:.1} MiB; {:.3} s exchanging",
                 m.epoch,
                 mb(c.halo_intra_bytes),
@@ -472,4 +481,16 @@ pub fn mode_of<'a, B: Backend>(
             }
         }
     }
+}
+
+/// One epoch as a log line: `epoch 3: loss 1.2345, accuracy train 80.1 % valid 78.2 % test
+/// 77.9 %, 0.052 s` (accuracies on evaluated epochs only).
+fn epoch_line(m: &EpochMetrics) -> String {
+    let acc = match (m.train_acc, m.valid_acc, m.test_acc) {
+        (Some(t), Some(v), Some(s)) => {
+            format!(", accuracy train {:.1} % valid {:.1} % test {:.1} %", t * 100.0, v * 100.0, s * 100.0)
+        }
+        _ => String::new(),
+    };
+    format!("epoch {}: loss {:.4}{acc}, {:.3} s", m.epoch, m.loss, m.epoch_s)
 }

@@ -115,7 +115,7 @@ fn failures_are_clear_and_exit_nonzero() {
     // GPU-only settings on the CPU, and a GPU benchmark without a GPU: refused, with the reason
     for (args, want) in [
         (&["train", "--gpu-mem", "8GiB"][..], "--gpu-mem needs --device cuda"),
-        (&["train", "--tf32", "true"][..], "--tf32 needs --device cuda"),
+        (&["train", "--tf32"][..], "--tf32 needs --device cuda"),
         (&["bench", "--device", "cpu", "transfer"][..], "use --device cuda"),
     ] {
         let o = grinnder(args);
@@ -587,6 +587,49 @@ fn the_host_working_set_holds_what_the_phases_hold() {
         assert!(measured > 0.0 && measured <= plan, "{model}, {layers} layers: {line}");
         eprintln!("{model}, {layers} layers: measured {measured} MiB, plan {plan} MiB");
     }
+}
+
+/// Flags as a PyG user types them: model and optimizer names in any case (GraphSAGE too),
+/// boolean flags as switches that also take `=true`/`=false`, a negative number where a number
+/// goes (refused by the check, not by the parser).
+#[test]
+fn flags_are_taken_as_a_user_types_them() {
+    for args in [
+        &["train", "--model", "GCN", "--optimizer", "Adam", "--residual", "--epochs", "1"][..],
+        &["train", "--model", "GraphSAGE", "--residual=false", "--train-eps=true", "--epochs", "1"][..],
+    ] {
+        let o = grinnder(args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    }
+    let o = grinnder(&["train", "--lr", "-0.01", "--epochs", "1"]);
+    assert!(!o.status.success() && stderr(&o).contains("--lr must be positive, got -0.01"), "{}", stderr(&o));
+    let o = grinnder(&["train", "--residual", "yes"]);
+    assert!(!o.status.success(), "a switch takes no separate value");
+}
+
+/// Off a terminal (a batch job's log) every epoch is a plain line, without colour codes; the
+/// start-up line says the settings as flags spell them, the feature normalisation included
+/// (row on the citation graphs, none on others); `-q` prints none, `--log-every 2` every
+/// second.
+#[test]
+fn a_batch_job_log_gets_a_plain_line_per_epoch() {
+    let o = grinnder(&["train", "--epochs", "3"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains('\x1b'), "no colour codes off a terminal: {err:?}");
+    assert!(err.contains("gcn 2 layers") && err.contains("adam lr=0.01 weight_decay=0.0005"), "{err}");
+    assert!(err.contains("feature norm row"), "{err}");
+    let epochs: Vec<&str> = err.lines().filter(|l| l.contains("epoch ") && l.contains(": loss ")).collect();
+    assert_eq!(epochs.len(), 3, "{err}");
+    assert!(epochs[2].contains("epoch 2: loss ") && epochs[2].contains("accuracy train "), "{err}");
+    let o = grinnder(&["train", "--epochs", "4", "--log-every", "2"]);
+    let n = stderr(&o).lines().filter(|l| l.contains(": loss ")).count();
+    assert_eq!(n, 2, "{}", stderr(&o));
+    let o = grinnder(&["-q", "train", "--epochs", "2"]);
+    assert!(!stderr(&o).contains(": loss "), "{}", stderr(&o));
+    let (_dir, g) = generated("arxiv-like", "0.02");
+    let o = grinnder(&["train", g.as_str(), "--epochs", "1"]);
+    assert!(stderr(&o).contains("feature norm none"), "{}", stderr(&o));
 }
 
 #[test]

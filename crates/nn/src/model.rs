@@ -32,6 +32,18 @@ pub enum Kind {
     Gin,
 }
 
+impl std::fmt::Display for Kind {
+    /// As the command line takes it: `gcn`, `sage`, `gat`, `gin`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kind::Gcn => "gcn",
+            Kind::Sage => "sage",
+            Kind::Gat => "gat",
+            Kind::Gin => "gin",
+        })
+    }
+}
+
 impl Kind {
     /// The neighbourhood aggregation of the family (what graph its layers run on).
     pub fn aggregation(self) -> Aggregation {

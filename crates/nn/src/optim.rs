@@ -15,6 +15,19 @@ pub enum OptimConfig {
     Sgd { lr: f64, momentum: f64, weight_decay: f64 },
 }
 
+impl std::fmt::Display for OptimConfig {
+    /// As the command line's flags set it: `adam lr=0.01 weight_decay=0.0005`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            OptimConfig::Adam { lr, weight_decay } => write!(f, "adam lr={lr} weight_decay={weight_decay}"),
+            OptimConfig::Adamw { lr, weight_decay } => write!(f, "adamw lr={lr} weight_decay={weight_decay}"),
+            OptimConfig::Sgd { lr, momentum, weight_decay } => {
+                write!(f, "sgd lr={lr} momentum={momentum} weight_decay={weight_decay}")
+            }
+        }
+    }
+}
+
 /// An optimizer and its step count.
 pub struct Optimizer {
     pub config: OptimConfig,

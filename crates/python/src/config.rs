@@ -136,6 +136,13 @@ impl Config {
                     *v = text;
                 }
             }
+            // names of choices in any case, as the command line takes them ("GCN", "Adam")
+            if let Some(lower) = v.as_str().map(str::to_lowercase).filter(|_| one(v).is_err()) {
+                let lower = serde_json::Value::String(lower);
+                if one(&lower).is_ok() {
+                    *v = lower;
+                }
+            }
             one(v).map_err(|e| value_error(format!("{k}={v}: {e}")))?;
         }
         let s: TrainSettings =

@@ -98,7 +98,9 @@ fn start<'a, B: Backend>(
     features: Option<&'a dyn FeatureSource<B>>,
 ) -> Result<grinnder_engine::Trainer<'a, B>, TrainError> {
     let mode = grinnder_cli::train::mode_of(&cfg.plan, features, None, None);
-    let mut t = grinnder_engine::Trainer::new(b, ds, cfg.plan.config.clone(), mode)?;
+    let mut plan = cfg.plan.clone();
+    plan.settle_feature_norm(&ds.name);
+    let mut t = grinnder_engine::Trainer::new(b, ds, plan.config, mode)?;
     if let Some(c) = &cfg.checkpoint {
         t = t.with_checkpoints(c)?;
     }
@@ -145,8 +147,12 @@ fn build(py: Python<'_>, ds: Arc<Graph>, cfg: &Config, file: Option<&ModelFile>)
             gpu.set_tf32(plan.tf32).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
             let zero_copy = match plan.feature_access {
                 FeatureAccessArg::ZeroCopy if file.is_none() => Some(
-                    grinnder_cli::train::ZeroCopyFeatures::new(&gpu, &ds, plan.config.feature_norm)
-                        .map_err(any_error)?,
+                    grinnder_cli::train::ZeroCopyFeatures::new(&gpu, &ds, {
+                        let mut plan = plan.clone();
+                        plan.settle_feature_norm(&ds.name);
+                        plan.config.feature_norm
+                    })
+                    .map_err(any_error)?,
                 ),
                 _ => None,
             };
