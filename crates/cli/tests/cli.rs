@@ -443,10 +443,16 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
         least_budget(&err)
     };
     // the plan counts what the process holds by construction (heap in use, mapped files), not
-    // a sampled RSS: identical runs give the same minimum
+    // a sampled RSS: identical runs give the same minimum, but for its base, the resident set
+    // sampled first thing in main, where the kernel's fault-around maps more or fewer of the
+    // binary's pages as the page cache holds them (seen: 204 and 205 MiB under a loaded
+    // machine; tens of MiB apart when the plan sampled RSS)
     let min = minimum();
     let again = minimum();
-    assert_eq!(again, min, "the minimum moved between identical runs: {min} MiB, then {again} MiB");
+    assert!(
+        again.abs_diff(min) <= 1,
+        "the minimum moved between identical runs: {min} MiB, then {again} MiB"
+    );
     // the minimum and budgets over it (84,672 nodes at hidden 128: blocks of about 170 MB): the
     // run spills through storage every epoch and peak RSS stays within the budget (the bar: at
     // most 10 % over it, for every budget accepted; before 2026-12-01 this graph went 11 % over
