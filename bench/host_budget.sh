@@ -23,7 +23,7 @@ for m in gcn sage; do
   least=$($bin -q train "$g" --model "$m" "${common[@]}" --parts 16 --storage-dir "$work/storage" --host-mem 1MiB 2>&1 |
     sed -n 's/.*needs at least \([0-9]*\) MiB.*/\1/p' || true)
   for budget in 512MiB "${least}MiB"; do
-    NO_COLOR=1 $bin train "$g" --model "$m" "${common[@]}" --parts 16 --storage-dir "$work/storage" \
+    NO_COLOR=1 $bin -v train "$g" --model "$m" "${common[@]}" --parts 16 --storage-dir "$work/storage" \
       --host-mem "$budget" --metrics-out "$work/$m-$budget.jsonl" 2> "$work/$m-$budget.err"
     python3 - "$work/$m-memory.jsonl" "$work/$m-$budget.jsonl" "$m" "$budget" "$work/$m-$budget.err" <<'PY'
 import json, re, sys

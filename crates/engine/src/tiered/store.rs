@@ -120,27 +120,6 @@ pub struct TierStats {
     pub row_reads: u64,
 }
 
-/// Elements of `dtype` in little-endian `src` into `out`.
-fn decode_into<T: Scalar>(dtype: Dtype, src: &[u8], out: &mut [T]) {
-    match dtype {
-        Dtype::Bf16 => {
-            for (x, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *x = T::of(from_bf16(u16::from_le_bytes([c[0], c[1]])) as f64);
-            }
-        }
-        Dtype::F32 => {
-            for (x, c) in out.iter_mut().zip(src.chunks_exact(4)) {
-                *x = T::of(f32::from_le_bytes(c.try_into().unwrap()) as f64);
-            }
-        }
-        Dtype::F64 => {
-            for (x, c) in out.iter_mut().zip(src.chunks_exact(8)) {
-                *x = T::of(f64::from_le_bytes(c.try_into().unwrap()));
-            }
-        }
-    }
-}
-
 enum Data<T> {
     Full(Vec<T>),
     Bf16(Vec<u16>),
@@ -554,69 +533,6 @@ impl<T: Scalar> Store<T> {
         Ok(())
     }
 
-    /// Whether block `id` is in its file only: not in RAM, not read ahead, not being read.
-    fn on_disk_only(&mut self, id: BlockId) -> bool {
-        let _ = self.poll(false);
-        let e = &self.entries[&id];
-        e.data.is_none() && e.on_disk && !self.ready.contains_key(&id) && !self.reading.contains(&id)
-    }
-
-    /// Rows `idx` of block `id`, which is on disk only, read from the chunks of its file that
-    /// hold them.
-    fn read_rows_from_file(&mut self, id: BlockId, idx: &[u32], out: &mut [T]) -> io::Result<()> {
-        self.wait_writes(id)?;
-        let t = self.tick();
-        let e = self.entries.get_mut(&id).expect("present");
-        e.last_use = t;
-        let (rows, d) = (e.rows, e.cols);
-        assert_eq!(out.len(), idx.len() * d, "block {id:?}: output holds the rows read");
-        let dtype = self.file_dtype();
-        let rb = d * dtype.size();
-        let payload = rows * rb;
-        // the chunks that hold the rows, as runs of consecutive chunks; where each starts in
-        // the buffer read
-        let chunks = payload.div_ceil(SUM_CHUNK);
-        let mut wanted = vec![false; chunks];
-        for &r in idx {
-            let (from, to) = (r as usize * rb, (r as usize + 1) * rb);
-            if to > from {
-                wanted[from / SUM_CHUNK..=(to - 1) / SUM_CHUNK].iter_mut().for_each(|w| *w = true);
-            }
-        }
-        let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-        let mut at = vec![usize::MAX; chunks];
-        let mut off = 0;
-        for c in (0..chunks).filter(|&c| wanted[c]) {
-            match runs.last_mut() {
-                Some(r) if r.end == c => r.end += 1,
-                _ => runs.push(c..c + 1),
-            }
-            at[c] = off;
-            off += SUM_CHUNK;
-        }
-        let files = self.files.as_ref().expect("on disk: a storage tier");
-        let start = Instant::now();
-        let (buf, bytes) = files.read_chunks(&id.file_name(), payload, &self.entries[&id].sums, &runs)?;
-        self.stats.read_s += start.elapsed().as_secs_f64();
-        self.stats.storage_read_bytes += bytes as u64;
-        self.stats.storage_needed_bytes += (idx.len() * rb) as u64;
-        self.stats.row_reads += 1;
-        let data = buf.as_slice();
-        // a row's chunks are consecutive in the file and wanted together: in one run
-        let bytes_of = |r: usize| {
-            let from = r * rb;
-            &data[at[from / SUM_CHUNK] + from % SUM_CHUNK..][..rb]
-        };
-        let per = (PAR_BYTES / (d * std::mem::size_of::<T>()).max(1)).max(1);
-        out.par_chunks_mut(d.max(1) * per).enumerate().for_each(|(c, o)| {
-            for (k, o) in o.chunks_exact_mut(d.max(1)).enumerate() {
-                let src = bytes_of(idx[c * per + k] as usize);
-                decode_into(dtype, src, o);
-            }
-        });
-        Ok(())
-    }
-
     fn elem_bytes(&self) -> usize {
         match self.cfg.dtype {
             TierDtype::F32 => std::mem::size_of::<T>(),
@@ -946,6 +862,9 @@ impl<T: Scalar> Drop for Store<T> {
         }
     }
 }
+
+#[path = "store_partial.rs"]
+mod partial;
 
 #[cfg(test)]
 #[path = "store_tests.rs"]
