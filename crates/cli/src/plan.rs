@@ -43,19 +43,23 @@ pub struct TrainPlan {
 pub const ROW_NORMALISED_BY_DEFAULT: [&str; 3] = ["cora", "citeseer", "pubmed"];
 
 impl TrainPlan {
-    /// Sets the feature normalisation for the dataset `name` where `--feature-norm` was not
-    /// given: `row` for [`ROW_NORMALISED_BY_DEFAULT`], `none` otherwise.
-    pub fn settle_feature_norm(&mut self, name: &str) {
-        if !self.feature_norm_given {
-            self.config.feature_norm = if ROW_NORMALISED_BY_DEFAULT.contains(&name.to_lowercase().as_str()) {
-                grinnder_engine::FeatureNorm::Row
-            } else {
-                grinnder_engine::FeatureNorm::None
-            };
+    /// The feature normalisation for the dataset `name`: the one given, or where none was,
+    /// `row` for [`ROW_NORMALISED_BY_DEFAULT`] and `none` otherwise.
+    pub fn feature_norm_for(&self, name: &str) -> grinnder_engine::FeatureNorm {
+        if self.feature_norm_given {
+            self.config.feature_norm
+        } else if ROW_NORMALISED_BY_DEFAULT.contains(&name.to_lowercase().as_str()) {
+            grinnder_engine::FeatureNorm::Row
+        } else {
+            grinnder_engine::FeatureNorm::None
         }
     }
-}
 
+    /// Sets `config.feature_norm` for the dataset `name` ([`TrainPlan::feature_norm_for`]).
+    pub fn settle_feature_norm(&mut self, name: &str) {
+        self.config.feature_norm = self.feature_norm_for(name);
+    }
+}
 /// Where training computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {

@@ -147,12 +147,8 @@ fn build(py: Python<'_>, ds: Arc<Graph>, cfg: &Config, file: Option<&ModelFile>)
             gpu.set_tf32(plan.tf32).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
             let zero_copy = match plan.feature_access {
                 FeatureAccessArg::ZeroCopy if file.is_none() => Some(
-                    grinnder_cli::train::ZeroCopyFeatures::new(&gpu, &ds, {
-                        let mut plan = plan.clone();
-                        plan.settle_feature_norm(&ds.name);
-                        plan.config.feature_norm
-                    })
-                    .map_err(any_error)?,
+                    grinnder_cli::train::ZeroCopyFeatures::new(&gpu, &ds, plan.feature_norm_for(&ds.name))
+                        .map_err(any_error)?,
                 ),
                 _ => None,
             };

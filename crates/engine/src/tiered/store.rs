@@ -498,7 +498,7 @@ impl<T: Scalar> Store<T> {
     /// without loading the block.
     pub fn read_rows(&mut self, id: BlockId, idx: Option<&[u32]>, out: &mut [T]) -> io::Result<()> {
         if let Some(idx) = idx {
-            if self.cfg.mode == CacheMode::PartitionLru && self.on_disk_only(id) {
+            if self.cfg.mode == CacheMode::PartitionLru && self.on_disk_only(id)? {
                 return self.read_rows_from_file(id, idx, out);
             }
         }

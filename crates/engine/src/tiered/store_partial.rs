@@ -4,11 +4,12 @@
 use super::*;
 
 impl<T: Scalar> Store<T> {
-    /// Whether block `id` is in its file only: not in RAM, not read ahead, not being read.
-    pub(super) fn on_disk_only(&mut self, id: BlockId) -> bool {
-        let _ = self.poll(false);
+    /// Whether block `id` is in its file only: not in RAM, not read ahead, not being read
+    /// (after taking finished I/O, whose deferred write error it reports).
+    pub(super) fn on_disk_only(&mut self, id: BlockId) -> io::Result<bool> {
+        self.poll(false)?;
         let e = &self.entries[&id];
-        e.data.is_none() && e.on_disk && !self.ready.contains_key(&id) && !self.reading.contains(&id)
+        Ok(e.data.is_none() && e.on_disk && !self.ready.contains_key(&id) && !self.reading.contains(&id))
     }
 
     /// Rows `idx` of block `id`, which is on disk only, read from the chunks of its file that
