@@ -15,12 +15,13 @@ per warp). Every gather kernel is first checked against the table (exact).
 
   python3 bench/interference.py [--d 100] [--rows 2400000] [--batch-rows 500000] [--json OUT] [--thp]
 
-What it showed (one H200, 2026-11-30, BENCHMARKS "Eleventh session"): the copy engine at
-55 GB/s slows nothing; the warps' gather slows the other stream's kernels in proportion to the
-reads it keeps in flight, not the bytes it moves (512 warps: mixed 2.6x; 256 warps, the bus
-still full: 1.6-2x; 128 warps: 1.15x but 26 GB/s); huge pages and stream priorities change
-nothing; the TMA gather slows them less at the same bandwidth (about half the excess) but not
-the training step.
+What it showed (one H200, 2026-11-30; BENCHMARKS.md, "GPU microbenchmarks", and the runs in
+docs/benchmarks-log.md, mini-batch zero-copy, the 2026-11-30 entry measuring a961270): the copy
+engine at 55 GB/s slows nothing; the warps' gather slows the other stream's kernels in
+proportion to the reads it keeps in flight, not the bytes it moves (512 warps: mixed 2.6x; 256
+warps, the bus still full: 1.6-2x; 128 warps: 1.15x but 26 GB/s); huge pages and stream
+priorities change nothing; the TMA gather slows them less at the same bandwidth (about half the
+excess) but not the training step.
 """
 import argparse
 import ctypes

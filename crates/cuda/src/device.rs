@@ -100,7 +100,8 @@ impl Cuda {
         }
         // a (non-blocking) stream of its own rather than the legacy default stream: on one
         // H200, products-like zero-copy epochs 1.706 / 1.684 s against 1.735 / 1.795 s
-        // (BENCHMARKS, eleventh session)
+        // (docs/benchmarks-log.md, mini-batch zero-copy, the 2026-11-30 entry measuring
+        // a961270: 3b61b20, call 23)
         let stream = ctx.new_stream().map_err(err)?;
         let pool = pool::keep_freed_memory(&ctx);
         let blas = CudaBlas::new(stream.clone()).map_err(err)?;

@@ -210,7 +210,8 @@ impl Cuda {
         // the ids through page-locked memory (charged there): a pageable upload waits for its
         // stream to drain (the gather before), and meanwhile the other threads' copies wait
         // in the driver, the trainer's too (on one H200, products-like: 1.73–1.76 s per epoch
-        // against 1.56 s; BENCHMARKS, twelfth session)
+        // against 1.56 s; docs/benchmarks-log.md, mini-batch zero-copy, the 2026-11-30 entry
+        // measuring 71088e9, call 6)
         let idx = self.upload_pinned(side, ids);
         // SAFETY: every element is written by the gather below before any use.
         let mut data = unsafe { side.alloc::<f32>((n * d).max(1)) }.expect("CUDA alloc");
@@ -363,13 +364,14 @@ impl Staging {
 /// the structures the sampling threads upload ahead, the main stream's small uploads (a batch's
 /// labels), a zero-copy gather's row ids, and the loss kernel's outputs and node ids, which the
 /// kernel writes and reads in place (no copy at all). On one H200 the trainer's calls waited up
-/// to milliseconds behind pageable uploads (BENCHMARKS, eleventh and twelfth sessions). A
-/// buffer is taken for one copy or kernel and marked with an event after it; one whose work has
-/// not finished is not taken again (a new one is made), so the pool grows to the transfers in
-/// flight (those queued between two waits of the host: in mini-batch training, the batches
-/// sampled ahead and the steps queued ahead) and is kept, never shrunk (buffers of 64 KiB to
-/// 4 MiB, page-locked memory outside the `--host-mem` plan). Large transfers go through
-/// [`Staging`] instead, whose two buffers make the host wait.
+/// to milliseconds behind pageable uploads (docs/benchmarks-log.md, mini-batch zero-copy: the
+/// 2026-11-30 entries measuring a961270 and 71088e9). A buffer is taken for one copy or kernel
+/// and marked with an event after it; one whose work has not finished is not taken again (a new
+/// one is made), so the pool grows to the transfers in flight (those queued between two waits
+/// of the host: in mini-batch training, the batches sampled ahead and the steps queued ahead)
+/// and is kept, never shrunk (buffers of 64 KiB to 4 MiB, page-locked memory outside the
+/// `--host-mem` plan). Large transfers go through [`Staging`] instead, whose two buffers make
+/// the host wait.
 #[derive(Default)]
 pub(crate) struct PinnedPool {
     free: Mutex<Vec<PinnedBuf>>,
