@@ -157,6 +157,7 @@ pub enum BenchWhat {
 
 /// Where a dataset comes from and how to read it.
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Data")]
 pub struct Input {
     /// Dataset path: a .grnd file or an OGB, IGB or npy folder [default: the bundled Cora].
     pub dataset: Option<PathBuf>,
@@ -181,6 +182,10 @@ pub struct Input {
     /// Accept a dataset whose splits share nodes (warned about) instead of refusing it.
     #[arg(long)]
     pub allow_split_overlap: bool,
+    /// Number of classes, when the labels do not reach the last one [default: the largest
+    /// label + 1].
+    #[arg(long)]
+    pub num_classes: Option<u32>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -437,165 +442,165 @@ pub enum PrecisionArg {
 #[serde(deny_unknown_fields)]
 pub struct TrainSettings {
     /// Model family [default: gcn].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Model", long, ignore_case = true, value_enum)]
     pub model: Option<ModelArg>,
     /// Number of layers [default: 2].
-    #[arg(long)]
+    #[arg(help_heading = "Model", long)]
     pub layers: Option<usize>,
     /// Hidden width [default: 16].
-    #[arg(long)]
+    #[arg(help_heading = "Model", long)]
     pub hidden: Option<usize>,
     /// Dropout after each hidden layer [default: 0.5].
-    #[arg(long)]
+    #[arg(help_heading = "Model", long)]
     pub dropout: Option<f64>,
     /// Dropout on the input features [default: the --dropout value, as Kipf & Welling; 0 keeps
     /// the input fixed, so the first aggregation is computed once].
-    #[arg(long)]
+    #[arg(help_heading = "Model", long)]
     pub input_dropout: Option<f64>,
     /// Input feature preprocessing: row (PyG's NormalizeFeatures: shift by the global minimum,
     /// divide each row by its sum) or none [default: row for the citation graphs cora,
     /// citeseer and pubmed, as PyG's examples preprocess them; none for every other dataset].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Model", long, ignore_case = true, value_enum)]
     pub feature_norm: Option<FeatureNormArg>,
     /// GAT: attention heads of hidden layers, concatenated (the output layer has one) [default: 8].
-    #[arg(long)]
+    #[arg(help_heading = "Model", long)]
     pub heads: Option<usize>,
     /// GAT: dropout on attention coefficients [default: the --dropout value].
-    #[arg(long)]
+    #[arg(help_heading = "Model", long)]
     pub attn_dropout: Option<f64>,
     /// GIN: ε, a node's own row weighs 1 + ε in its sum (the initial value with --train-eps)
     /// [default: 0].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(help_heading = "Model", long, allow_negative_numbers = true)]
     pub gin_eps: Option<f64>,
     /// GIN: train ε (PyG's train_eps) [default: false].
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(help_heading = "Model", long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub train_eps: Option<bool>,
     /// Normalisation between layers [default: none].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Model", long, ignore_case = true, value_enum)]
     pub norm: Option<NormArg>,
     /// Residual connections between layers of equal width [default: false].
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(help_heading = "Model", long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub residual: Option<bool>,
     /// Optimizer [default: adam].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Optimisation", long, ignore_case = true, value_enum)]
     pub optimizer: Option<OptimArg>,
     /// Learning rate [default: 0.01].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(help_heading = "Optimisation", long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// Weight decay (L2 for adam and sgd, decoupled for adamw) [default: 5e-4].
-    #[arg(long)]
+    #[arg(help_heading = "Optimisation", long)]
     pub weight_decay: Option<f64>,
     /// SGD momentum [default: 0.9].
-    #[arg(long)]
+    #[arg(help_heading = "Optimisation", long)]
     pub momentum: Option<f64>,
     /// Epochs [default: 200].
-    #[arg(long)]
+    #[arg(help_heading = "Optimisation", long)]
     pub epochs: Option<usize>,
     /// Evaluate every this many epochs, and after the last (0: never, for benchmarks; the
     /// accuracies are then not reported) [default: 1].
-    #[arg(long)]
+    #[arg(help_heading = "Optimisation", long)]
     pub eval_every: Option<usize>,
     /// Seed of initialisation and dropout [default: 0].
-    #[arg(long)]
+    #[arg(help_heading = "Optimisation", long)]
     pub seed: Option<u64>,
     /// Arithmetic precision [default: f32].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Optimisation", long, ignore_case = true, value_enum)]
     pub precision: Option<PrecisionArg>,
     /// Full-graph or mini-batch training [default: full].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Mini-batch", long, ignore_case = true, value_enum)]
     pub mode: Option<ModeArg>,
     /// Mini-batch neighbours sampled per hop from the seeds, e.g. 15,10,5 (-1: all); one per
     /// layer with --sampler neighbor, one per hop with khop [default: 10 per layer].
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(help_heading = "Mini-batch", long, allow_hyphen_values = true)]
     pub fanout: Option<String>,
     /// How mini-batches are sampled [default: neighbor].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Mini-batch", long, ignore_case = true, value_enum)]
     pub sampler: Option<SamplerArg>,
     /// Train on the first N batches of each epoch's shuffled order only (benchmarks on graphs
     /// whose epochs are long) [default: every batch].
-    #[arg(long)]
+    #[arg(help_heading = "Mini-batch", long)]
     pub max_batches: Option<usize>,
     /// Seed nodes per mini-batch [default: 1024].
-    #[arg(long)]
+    #[arg(help_heading = "Mini-batch", long)]
     pub batch_size: Option<usize>,
     /// Sampling threads of --mode minibatch, which run ahead of the trainer (PyG's
     /// num_workers; with --feature-access copy they also gather the input rows) [default: half
     /// the cores, at most 8].
-    #[arg(long)]
+    #[arg(help_heading = "Mini-batch", long)]
     pub loader_threads: Option<usize>,
     /// How mini-batch input rows reach the GPU: copy (the sampling threads gather them into
     /// page-locked blocks, uploaded beside the previous batch's compute) or zero-copy (features
     /// in mapped page-locked host memory, gathered by GPU threads) [default: copy].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Mini-batch", long, ignore_case = true, value_enum)]
     pub feature_access: Option<FeatureAccessArg>,
     /// Where to compute: cpu, or cuda / cuda:N for GPU N (f32 only) [default: cpu].
-    #[arg(long)]
+    #[arg(help_heading = "GPU", long)]
     pub device: Option<String>,
     /// Train layer by layer and partition by partition over this many partitions (the tiered
     /// executor; gradients equal whole-graph training's) [default: whole graph in memory, or 4
     /// when another executor flag below is given].
-    #[arg(long)]
+    #[arg(help_heading = "Memory and tiers", long)]
     pub parts: Option<usize>,
     /// Partitioner of the tiered executor [default: metis].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Memory and tiers", long, ignore_case = true, value_enum)]
     pub partitioner: Option<PartitionerArg>,
     /// Which blocks leave host RAM first: whole layers (lru_layer), single blocks with the
     /// computing partition's dependencies pinned (partition_lru), or chosen by the memory plan
     /// (auto) [default: auto].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Memory and tiers", long, ignore_case = true, value_enum)]
     pub cache_mode: Option<CacheModeArg>,
     /// Host memory budget of the whole process, e.g. 8GiB or 500MB (peak RSS stays within it;
     /// a budget below the minimum is refused, naming it); blocks beyond it go to
     /// --storage-dir [default: no limit].
-    #[arg(long)]
+    #[arg(help_heading = "Memory and tiers", long)]
     pub host_mem: Option<String>,
     /// Size of the host cache for blocks, overriding what the memory plan derives from
     /// --host-mem, e.g. 2GiB; 0 sends every block through --storage-dir.
-    #[arg(long)]
+    #[arg(help_heading = "Memory and tiers", long)]
     pub block_cache: Option<String>,
     /// Directory for block files of the storage tier (needed when --host-mem is exceeded).
-    #[arg(long)]
+    #[arg(help_heading = "Memory and tiers", long)]
     pub storage_dir: Option<PathBuf>,
     /// Element type of cached and stored blocks: f32, or bf16 for half the bytes [default: f32].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Memory and tiers", long, ignore_case = true, value_enum)]
     pub tier_dtype: Option<TierDtypeArg>,
     /// Keep the block files at the end of the run.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(help_heading = "Memory and tiers", long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub keep_storage: Option<bool>,
     /// GPU memory budget of the run with --device cuda, e.g. 8GiB: allocations past it stop the
     /// run; with --parts, the tiered executor keeps the blocks that fit on the GPU and the rest
     /// in host memory (and storage) [default: the whole GPU].
-    #[arg(long)]
+    #[arg(help_heading = "GPU", long)]
     pub gpu_mem: Option<String>,
     /// Under mpirun: consecutive ranks that share a server (the intra-server links; emulates
     /// servers on one machine) [default: the ranks MPI finds on each machine].
-    #[arg(long)]
+    #[arg(help_heading = "Several processes (mpirun)", long)]
     pub ranks_per_server: Option<usize>,
     /// Under mpirun with --device cuda: how full-graph ranks move halo rows, halo gradients and
     /// parameter-gradient sums. nccl: between the GPUs' memories (one GPU per rank); mpi:
     /// through host memory; auto: nccl where each rank of a machine has a GPU of its own and
     /// NCCL loads [default: auto].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Several processes (mpirun)", long, ignore_case = true, value_enum)]
     pub transport: Option<TransportArg>,
     /// Under mpirun: what each server trains on besides the nodes it owns. none: plain
     /// partition-parallel (halo rows cross servers); preload: their closure of --preload-hops
     /// hops (flexible preloading; as many hops as layers is exact, and then only the gradient
     /// sum crosses servers); eas: expansion-aware sampling (--eas-hops from the server's
     /// boundary, --eas-fanout neighbours per node) [default: none].
-    #[arg(long, ignore_case = true, value_enum)]
+    #[arg(help_heading = "Several processes (mpirun)", long, ignore_case = true, value_enum)]
     pub expansion: Option<ExpansionArg>,
     /// Hops of flexible preloading, or auto: the most (up to --layers) whose share fits the
     /// server's --host-mem (or --gpu-mem) summed over its ranks [default: --layers].
-    #[arg(long)]
+    #[arg(help_heading = "Several processes (mpirun)", long)]
     pub preload_hops: Option<String>,
     /// Hops of expansion-aware sampling from a server's boundary [default: 1].
-    #[arg(long)]
+    #[arg(help_heading = "Several processes (mpirun)", long)]
     pub eas_hops: Option<usize>,
     /// Outside neighbours each boundary node keeps in expansion-aware sampling [default: 15].
-    #[arg(long)]
+    #[arg(help_heading = "Several processes (mpirun)", long)]
     pub eas_fanout: Option<usize>,
     /// GEMMs on TF32 tensor cores with --device cuda (faster, 10-bit mantissa products).
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(help_heading = "GPU", long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub tf32: Option<bool>,
 }
 
@@ -711,44 +716,44 @@ pub struct TrainArgs {
     #[command(flatten)]
     pub settings: TrainSettings,
     /// Read settings from a TOML file (flags override it).
-    #[arg(long)]
+    #[arg(help_heading = "Settings file, output and checkpoints", long)]
     pub config: Option<PathBuf>,
     /// Write one JSON object per evaluated epoch, then a summary line with "final": true.
-    #[arg(long)]
+    #[arg(help_heading = "Settings file, output and checkpoints", long)]
     pub metrics_out: Option<PathBuf>,
     /// Print a line per this many epochs (epoch, loss, accuracies, time) [default: 1 where
     /// stderr is no terminal, as in a batch job's log; 0 on a terminal, which shows a progress
     /// bar]; 0: none.
-    #[arg(long)]
+    #[arg(help_heading = "Settings file, output and checkpoints", long)]
     pub log_every: Option<usize>,
     /// Draw loss and accuracy curves into a PNG file.
-    #[arg(long)]
+    #[arg(help_heading = "Settings file, output and checkpoints", long)]
     pub plot: Option<PathBuf>,
     /// Write checkpoints (parameters, optimizer state, epoch) into this directory.
-    #[arg(long)]
+    #[arg(help_heading = "Settings file, output and checkpoints", long)]
     pub checkpoint_dir: Option<PathBuf>,
     /// Checkpoint every this many epochs (and after the last).
-    #[arg(long, default_value_t = 1)]
+    #[arg(help_heading = "Settings file, output and checkpoints", long, default_value_t = 1)]
     pub checkpoint_every: usize,
     /// Checkpoints kept (the newest).
-    #[arg(long, default_value_t = 3)]
+    #[arg(help_heading = "Settings file, output and checkpoints", long, default_value_t = 3)]
     pub checkpoint_keep: usize,
     /// Continue from the newest valid checkpoint in --checkpoint-dir (refused when it was made
     /// for other settings or another dataset; starts afresh when there is none).
-    #[arg(long, requires = "checkpoint_dir")]
+    #[arg(help_heading = "Settings file, output and checkpoints", long, requires = "checkpoint_dir")]
     pub resume: bool,
     /// Write the trained model to this safetensors file (PyG's parameter names; the
     /// architecture and feature preprocessing in its metadata; docs/model-files.md): the
     /// parameters of the epoch of best validation accuracy (the one whose test accuracy is
     /// reported) unless --save-last.
-    #[arg(long)]
+    #[arg(help_heading = "Settings file, output and checkpoints", long)]
     pub save_model: Option<PathBuf>,
     /// With --save-model: the parameters after the last epoch instead.
-    #[arg(long, requires = "save_model")]
+    #[arg(help_heading = "Settings file, output and checkpoints", long, requires = "save_model")]
     pub save_last: bool,
     /// Start from the weights of this model file (fine-tuning, or a model trained in PyG) instead
     /// of a fresh initialisation; its tensors must fit the model the settings describe.
-    #[arg(long)]
+    #[arg(help_heading = "Settings file, output and checkpoints", long)]
     pub init_from: Option<PathBuf>,
 }
 

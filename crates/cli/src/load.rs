@@ -1,5 +1,7 @@
-//! Loading the dataset a command names (shared by the subcommands and the benchmarks).
+//! Loading the dataset a command names (shared by the subcommands and the benchmarks): the
+//! messages a first run meets (a mistyped path, labels that leave classes empty) are made here.
 
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -11,7 +13,77 @@ use crate::args::Input;
 pub fn load(input: &Input) -> anyhow::Result<(Dataset, f64)> {
     let path = input.path()?;
     let t = Instant::now();
-    let ds = io::open(&path, input.format(), &input.options()?)
-        .with_context(|| format!("cannot load {}", path.display()))?;
+    let ds = open(&path, input)?;
     Ok((ds, t.elapsed().as_secs_f64()))
+}
+
+/// Opens the dataset at `path` as `input` says, then applies `--num-classes` and warns about
+/// classes without a node.
+pub fn open(path: &Path, input: &Input) -> anyhow::Result<Dataset> {
+    if std::fs::symlink_metadata(path).is_err() {
+        anyhow::bail!("{}: no such file or folder{}", path.display(), suggestion(path));
+    }
+    let mut ds = io::open(path, input.format(), &input.options()?)
+        .with_context(|| format!("cannot load {}", path.display()))?;
+    if let Some(c) = input.num_classes {
+        let seen = ds.labels.iter().copied().max().map_or(0, |m| (m + 1).max(0) as u32);
+        anyhow::ensure!(
+            c >= seen,
+            "--num-classes {c}: the labels go up to {}, so there are at least {seen} classes",
+            seen.saturating_sub(1)
+        );
+        ds.num_classes = c;
+    }
+    warn_empty_classes(&ds, input.num_classes.is_some());
+    Ok(ds)
+}
+
+/// Warns when classes up to the largest label have no node (unless the user set the count):
+/// labels that are not `0..K` (a label of 1000 in a 4-class graph makes 1,001 outputs) train a
+/// model with dead outputs.
+fn warn_empty_classes(ds: &Dataset, counted_by_user: bool) {
+    let classes = ds.num_classes as usize;
+    if classes == 0 || ds.labels.iter().all(|&y| y < 0) {
+        return;
+    }
+    let mut count = vec![0u64; classes];
+    for &y in ds.labels.iter().filter(|&&y| y >= 0) {
+        count[y as usize] += 1;
+    }
+    let empty = count.iter().filter(|&&c| c == 0).count();
+    if empty == 0 || counted_by_user {
+        return;
+    }
+    let first: Vec<String> =
+        count.iter().enumerate().filter(|(_, &c)| c == 0).take(5).map(|(k, _)| k.to_string()).collect();
+    tracing::warn!(
+        "{}: {empty} of its {classes} classes have no node (classes {}{}): the model gets {classes} outputs because the largest label is {}; if the labels are not 0..K-1, renumber them (numpy: `np.unique(y, return_inverse=True)`), or set the count with --num-classes",
+        ds.name,
+        first.join(", "),
+        if empty > 5 { ", …" } else { "" },
+        classes - 1
+    );
+}
+
+/// ", did you mean …?" for a path whose folder holds names close to its own.
+fn suggestion(path: &Path) -> String {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return format!(" (nor is {})", dir.display());
+    };
+    let close = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|c| !c.starts_with('.'))
+        .map(|c| (strsim::levenshtein(&name, &c), c))
+        .filter(|(d, c)| *d <= 2.max(name.len() / 4) || c.starts_with(name.as_str()))
+        .min();
+    match close {
+        Some((_, c)) => format!("; did you mean {}?", dir.join(c).display()),
+        None => "; give a .grnd file or an OGB, IGB or npy dataset folder (docs/datasets.md)".into(),
+    }
 }

@@ -72,13 +72,19 @@ fn main() -> std::process::ExitCode {
     // files) and is reported as an error, not as a crash
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if budget_message(info.payload()).is_none() {
+        if budget_message(info.payload()).is_none() && !broken_pipe(info.payload()) {
             default_hook(info);
         }
     }));
     let result = std::panic::catch_unwind(|| commands::run(cli.command));
     match result {
         Ok(Ok(())) => std::process::ExitCode::SUCCESS,
+        // the reader of our output went away (`grinnder partition … | head -1`): it has what
+        // it wanted, so stop quietly, as `cat` or `grep` would
+        Ok(Err(e)) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(is_epipe)) => {
+            std::process::ExitCode::SUCCESS
+        }
+        Err(payload) if broken_pipe(payload.as_ref()) => std::process::ExitCode::SUCCESS,
         Ok(Err(e)) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
@@ -97,6 +103,17 @@ fn main() -> std::process::ExitCode {
 fn budget_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
     let m = payload.downcast_ref::<String>()?;
     m.starts_with("GPU memory budget exceeded").then(|| m.clone())
+}
+
+/// A panic of `println!` whose reader closed the pipe (Rust ignores SIGPIPE, so writes fail
+/// with EPIPE and the print macros panic).
+fn broken_pipe(payload: &(dyn std::any::Any + Send)) -> bool {
+    let m = payload.downcast_ref::<String>().map(String::as_str).or(payload.downcast_ref::<&str>().copied());
+    m.is_some_and(|m| m.starts_with("failed printing to stdout") && m.contains("Broken pipe"))
+}
+
+fn is_epipe(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe
 }
 
 /// The number of CPUs in a Linux CPU list ("0-31", "0-3,8-11"): the whole file, or the line

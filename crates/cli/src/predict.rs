@@ -14,7 +14,7 @@ use grinnder_engine::{
 use grinnder_graph::buf::as_bytes;
 use grinnder_graph::io::npy::{DType, Npy};
 use grinnder_graph::io::npy_rows::NpyRows;
-use grinnder_graph::{io, Dataset};
+use grinnder_graph::Dataset;
 use grinnder_tensor::{Backend, Cpu};
 use rayon::prelude::*;
 
@@ -67,9 +67,26 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
         arch.describe(),
         model.note.as_ref().map_or(String::new(), |n| format!(" ({n})"))
     );
+    // the GPU and the output folder are settled before the dataset loads
+    let gpu = match device {
+        Device::Cuda(n) => {
+            let mut gpu = grinnder_cuda::Cuda::new(n).with_context(|| {
+                format!(
+                    "cannot use CUDA device {n} (--device cuda); leave --device out to predict on the CPU"
+                )
+            })?;
+            gpu.set_memory_budget(byte_size(a.gpu_mem.clone())?)?;
+            gpu.set_tf32(a.tf32)?;
+            Some(gpu)
+        }
+        Device::Cpu => None,
+    };
+    crate::train::check_dir_writable(&a.out, "--out")?;
+    if let Some(p) = &a.metrics_out {
+        crate::train::check_writable(p, "--metrics-out")?;
+    }
     let path = a.input.path()?;
-    let mut ds = io::open(&path, a.input.format(), &a.input.options()?)
-        .with_context(|| format!("cannot load {}", path.display()))?;
+    let mut ds = crate::load::open(&path, &a.input)?;
     arch.check_dataset(&ds, &a.model_file)?;
     if ds.num_classes == 0 {
         // a graph without labels: predict into the model's classes
@@ -83,22 +100,15 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
         ds.num_nodes(),
         ds.graph.num_edges()
     );
-    std::fs::create_dir_all(&a.out).with_context(|| format!("cannot make --out {}", a.out.display()))?;
     let mut outs = outputs(&a, &arch, rows, launch.as_ref())?;
     let ids_file = match &nodes {
         Some(_) if lead => Some(NpyRows::create(&a.out.join("nodes.npy"), DType::I64, rows, 0)?),
         _ => None,
     };
     let groups = launch.as_ref().map(|l| &l.groups);
-    let (done, device_peak) = match device {
-        Device::Cuda(n) => {
-            let mut gpu =
-                grinnder_cuda::Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
-            gpu.set_memory_budget(byte_size(a.gpu_mem.clone())?)?;
-            gpu.set_tf32(a.tf32)?;
-            run_on(&gpu, &ds, &model, tiered, groups, &nodes, &mut outs, a.repeat)?
-        }
-        Device::Cpu => run_on(&Cpu::<f32>::new(), &ds, &model, tiered, groups, &nodes, &mut outs, a.repeat)?,
+    let (done, device_peak) = match &gpu {
+        Some(gpu) => run_on(gpu, &ds, &model, tiered, groups, &nodes, &mut outs, a.repeat)?,
+        None => run_on(&Cpu::<f32>::new(), &ds, &model, tiered, groups, &nodes, &mut outs, a.repeat)?,
     };
     if !lead {
         return Ok(());

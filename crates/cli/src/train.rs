@@ -8,7 +8,7 @@ use grinnder_engine::{
     CheckpointConfig, DeviceGroups, EpochMetrics, FeatureSource, HostFeatures, Mode, Summary, TieredConfig,
     Trainer, Weights,
 };
-use grinnder_graph::{io, progress, Dataset};
+use grinnder_graph::{progress, Dataset};
 use grinnder_tensor::{Backend, Cpu};
 
 use crate::args::{FeatureAccessArg, PrecisionArg, TrainArgs, TransportArg};
@@ -140,9 +140,7 @@ fn nccl_groups(
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let mut plan = a.plan()?;
     let ckpt = a.checkpoint()?;
-    if let Some(p) = &a.save_model {
-        check_writable(p, "--save-model")?;
-    }
+    check_outputs(&a, ckpt.as_ref())?;
     let launch = launch(plan.ranks_per_server)?;
     anyhow::ensure!(
         launch.is_some() || plan.expansion == grinnder_engine::Expansion::Plain,
@@ -161,9 +159,19 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     if host_mem.is_some() {
         crate::return_freed_memory_at_once();
     }
+    // the GPU and every output file are settled before the dataset loads: a machine without
+    // the GPU, or a path that cannot be written, is refused at once, not after the load or the
+    // run
+    let gpu = match plan.device {
+        Device::Cuda(n) => Some(open_gpu(n, &plan)?),
+        Device::Cpu => None,
+    };
+    let mut metrics_file = match a.metrics_out.as_ref().filter(|_| lead) {
+        Some(p) => Some(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
+        None => None,
+    };
     let path = a.input.path()?;
-    let ds = io::open(&path, a.input.format(), &a.input.options()?)
-        .with_context(|| format!("cannot load {}", path.display()))?;
+    let ds = crate::load::open(&path, &a.input)?;
     plan.settle_feature_norm(&ds.name);
     let m = &plan.config.model;
     tracing::info!(
@@ -176,17 +184,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         m.hidden,
         m.dropout,
         plan.config.optim,
-        match plan.config.feature_norm {
-            grinnder_engine::FeatureNorm::None => "none",
-            grinnder_engine::FeatureNorm::Row => "row",
-        },
+        plan.config.feature_norm,
         plan.config.epochs,
         rayon::current_num_threads()
     );
-    let mut metrics_file = match a.metrics_out.as_ref().filter(|_| lead) {
-        Some(p) => Some(std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?),
-        None => None,
-    };
     let mut history = Vec::new();
     macro_rules! run_on {
         ($backend:expr, $features:expr, $device:expr) => {
@@ -204,12 +205,8 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             )?
         };
     }
-    let summary = match (plan.device, plan.precision) {
-        (Device::Cuda(n), _) => {
-            let mut gpu =
-                grinnder_cuda::Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
-            gpu.set_memory_budget(plan.gpu_mem)?;
-            gpu.set_tf32(plan.tf32)?;
+    let summary = match (&gpu, plan.precision) {
+        (Some(gpu), _) => {
             let zero_copy = match plan.feature_access {
                 FeatureAccessArg::ZeroCopy => {
                     Some(ZeroCopyFeatures::new(&gpu, &ds, plan.config.feature_norm)?)
@@ -221,7 +218,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
                 Some(l) if plan.minibatch.is_none() => nccl_groups(&gpu, l, plan.transport)?,
                 _ => None,
             };
-            let summary = run_on!(&gpu, source, device.as_ref());
+            let summary = run_on!(gpu, source, device.as_ref());
             let (secs, bytes) = gpu.side_time();
             if bytes > 0 {
                 tracing::info!(
@@ -232,8 +229,8 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             }
             summary
         }
-        (Device::Cpu, PrecisionArg::F32) => run_on!(&Cpu::<f32>::new(), None, None),
-        (Device::Cpu, PrecisionArg::F64) => run_on!(&Cpu::<f64>::new(), None, None),
+        (None, PrecisionArg::F32) => run_on!(&Cpu::<f32>::new(), None, None),
+        (None, PrecisionArg::F64) => run_on!(&Cpu::<f64>::new(), None, None),
     };
     if let Some(f) = metrics_file.as_mut() {
         let mut v = serde_json::to_value(&summary)?;
@@ -248,6 +245,40 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     }
     report(&summary, &plan, host_mem);
     Ok(())
+}
+
+/// The CUDA device `n` with the plan's memory budget and TF32 setting.
+fn open_gpu(n: usize, plan: &TrainPlan) -> anyhow::Result<grinnder_cuda::Cuda> {
+    let mut gpu = grinnder_cuda::Cuda::new(n).with_context(|| {
+        format!("cannot use CUDA device {n} (--device cuda); leave --device out to train on the CPU")
+    })?;
+    gpu.set_memory_budget(plan.gpu_mem)?;
+    gpu.set_tf32(plan.tf32)?;
+    Ok(gpu)
+}
+
+/// Refuses, before any work, every output of the run that could not be written: the model
+/// file, the plot, the metrics and the checkpoint directory (made here if missing).
+fn check_outputs(a: &TrainArgs, ckpt: Option<&grinnder_engine::CheckpointConfig>) -> anyhow::Result<()> {
+    let files = [(&a.save_model, "--save-model"), (&a.plot, "--plot"), (&a.metrics_out, "--metrics-out")];
+    for (path, flag) in files {
+        if let Some(p) = path {
+            check_writable(p, flag)?;
+        }
+    }
+    if let Some(c) = ckpt {
+        check_dir_writable(&c.dir, "--checkpoint-dir")?;
+    }
+    Ok(())
+}
+
+/// Makes `dir` if it is missing and checks that it takes a new file.
+pub fn check_dir_writable(dir: &std::path::Path, flag: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("{flag} {}: cannot make the directory", dir.display()))?;
+    grinnder_graph::io::files::temp_in(dir, ".grinnder-write-test-")
+        .map(drop)
+        .with_context(|| format!("{flag} {}: cannot write into the directory", dir.display()))
 }
 
 /// Refuses an output path that cannot be written, before any work: its directory must exist

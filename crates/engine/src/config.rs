@@ -77,6 +77,16 @@ pub enum FeatureNorm {
     Row,
 }
 
+impl std::fmt::Display for FeatureNorm {
+    /// As the command line takes it: `none`, `row`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FeatureNorm::None => "none",
+            FeatureNorm::Row => "row",
+        })
+    }
+}
+
 /// Refuses datasets the trainers cannot train on, with the reason.
 pub fn check_dataset(ds: &Dataset) -> Result<(), TrainError> {
     for (split, ids) in ds.splits.named() {

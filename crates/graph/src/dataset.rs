@@ -152,11 +152,18 @@ pub(crate) fn check_split(origin: &Path, name: &str, ids: &[u32], n: usize) -> R
         ));
     }
     if let Some(i) = ids.windows(2).position(|w| w[0] >= w[1]) {
-        let what = if ids[i] == ids[i + 1] { "duplicated" } else { "not ascending" };
-        return Err(GraphError::invalid(
-            origin,
-            format!("{name} split: node {} at entry {} is {what}", ids[i + 1], i + 1),
-        ));
+        let node = ids[i + 1];
+        let msg = if ids[i] != node {
+            format!("{name} split: node {node} at entry {} is not ascending", i + 1)
+        } else if node <= 1 {
+            // 0 and 1 listed again and again: a mask (one flag per node) read as node ids
+            format!(
+                "{name} split: node {node} is duplicated (listed more than once); if this is a mask (one 0/1 per node), save it with dtype bool (numpy `mask.astype(bool)`), as {name}_idx.npy or {name}_mask.npy"
+            )
+        } else {
+            format!("{name} split: node {node} is duplicated (listed more than once)")
+        };
+        return Err(GraphError::invalid(origin, msg));
     }
     Ok(())
 }

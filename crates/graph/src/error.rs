@@ -9,21 +9,14 @@ pub type Result<T, E = GraphError> = std::result::Result<T, E>;
 /// What can go wrong while building, reading or writing a graph.
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
-    /// The operating system refused an operation on a file.
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The operating system refused an operation on a file. (The message includes the
+    /// cause, which is therefore not also given as the error's `source`: a chain printed whole
+    /// would say it twice.)
+    #[error("{}: {cause}", path.display())]
+    Io { path: PathBuf, cause: std::io::Error },
     /// A compressed or text stream broke off (truncated gzip, bad CRC, ...).
-    #[error("{}: cannot decode after {offset} decompressed bytes: {source}", path.display())]
-    Decode {
-        path: PathBuf,
-        offset: u64,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{}: cannot decode after {offset} decompressed bytes: {cause}", path.display())]
+    Decode { path: PathBuf, offset: u64, cause: std::io::Error },
     /// A text file has a malformed field.
     #[error("{}:{line}: {msg}", path.display())]
     Parse { path: PathBuf, line: u64, msg: String },
@@ -42,8 +35,8 @@ pub enum GraphError {
 }
 
 impl GraphError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        GraphError::Io { path: path.into(), source }
+    pub(crate) fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
+        GraphError::Io { path: path.into(), cause }
     }
     pub(crate) fn parse(path: impl Into<PathBuf>, line: u64, msg: impl Into<String>) -> Self {
         GraphError::Parse { path: path.into(), line, msg: msg.into() }

@@ -4,7 +4,8 @@
 //! edge_index.npy  int64 [2, E]   row 0 source, row 1 target; symmetrised, no self loops or duplicates
 //! node_feat.npy   float32 [N, F]
 //! node_label.npy  int64 [N]      (-1: no label)
-//! train_idx.npy, valid_idx.npy, test_idx.npy   int64
+//! train_idx.npy, valid_idx.npy, test_idx.npy   int64 node ids
+//!   or train_mask.npy, valid_mask.npy, test_mask.npy   bool [N] (PyG's masks)
 //! ```
 //! Reading maps `node_feat.npy` (zero-copy); writing streams every array.
 
@@ -21,9 +22,9 @@ use crate::dataset::{Dataset, Splits};
 use crate::error::{GraphError, Result};
 use crate::progress;
 
-/// True when `dir` holds an `edge_index.npy`.
+/// True when `dir` holds any file of the layout (what is missing is named when loading).
 pub fn is_exchange_dir(dir: &Path) -> bool {
-    dir.join("edge_index.npy").is_file()
+    ["edge_index.npy", "node_feat.npy", "node_label.npy"].iter().any(|f| dir.join(f).is_file())
 }
 
 /// Turns `(src, dst)` pairs into u32 arrays, refusing ids outside `0..n` with the pair's index.
@@ -47,16 +48,76 @@ pub(crate) fn checked_pairs(
     Ok((src, dst))
 }
 
+/// The layout, as a message listing it.
+pub const LAYOUT: &str = "edge_index.npy (integers [2, E]: sources, then targets), node_feat.npy (floats [N, F]), node_label.npy (integers [N], -1: no label), and per split train/valid/test either {split}_idx.npy (node ids) or {split}_mask.npy (bool [N])";
+
+const SPLITS: [&str; 3] = ["train", "valid", "test"];
+
+/// The files of the layout in `dir`, or an error naming what is missing and the whole layout.
+fn origins(dir: &Path) -> Result<Origins> {
+    let mut missing = Vec::new();
+    let mut file = |name: &str| {
+        let p = dir.join(name);
+        if !p.exists() {
+            missing.push(name.to_string());
+        }
+        p
+    };
+    let (edges, features, labels) = (file("edge_index.npy"), file("node_feat.npy"), file("node_label.npy"));
+    let mut splits = SPLITS.map(|s| dir.join(format!("{s}_idx.npy")));
+    for (k, s) in SPLITS.iter().enumerate() {
+        let mask = dir.join(format!("{s}_mask.npy"));
+        match (splits[k].exists(), mask.exists()) {
+            (true, true) => {
+                return Err(GraphError::invalid(
+                    dir,
+                    format!("both {s}_idx.npy and {s}_mask.npy are here: keep one"),
+                ))
+            }
+            (false, true) => splits[k] = mask,
+            (false, false) => missing.push(format!("{s}_idx.npy (or {s}_mask.npy)")),
+            (true, false) => {}
+        }
+    }
+    if !missing.is_empty() {
+        return Err(GraphError::invalid(
+            dir,
+            format!("an npy dataset folder is missing {}; the layout is {LAYOUT}", missing.join(", ")),
+        ));
+    }
+    Ok(Origins { whole: dir.to_path_buf(), edges, features, labels, splits })
+}
+
+/// A split's node ids from its file: ids as stored, or the positions of a boolean mask's true
+/// entries (PyG's `train_mask`, saved by numpy with dtype bool).
+fn split_ids(path: &Path, n: u64) -> Result<Vec<i64>> {
+    let npy = Npy::open(path)?;
+    // a 0-d array is one number, not a list of nodes
+    npy.expect_shape(&["nodes"])?;
+    let is_mask_name = path.file_name().is_some_and(|f| f.to_string_lossy().ends_with("_mask.npy"));
+    if npy.dtype != DType::Bool && !is_mask_name {
+        return npy.to_i64();
+    }
+    if npy.shape[0] != n {
+        return Err(GraphError::invalid(
+            path,
+            format!("a mask has one entry per node: {} entries for {n} nodes", npy.shape[0]),
+        ));
+    }
+    let flags = npy.to_i64()?;
+    if let Some(i) = flags.iter().position(|&f| f != 0 && f != 1) {
+        return Err(GraphError::invalid(
+            path,
+            format!("a mask holds 0 or 1 per node: entry {i} is {}", flags[i]),
+        ));
+    }
+    Ok(flags.iter().enumerate().filter(|(_, &f)| f == 1).map(|(i, _)| i as i64).collect())
+}
+
 /// Loads an exchange-layout folder (through [`super::arrays::dataset`]: the checks and messages
 /// of arrays handed over in memory, naming the files).
 pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
-    let o = Origins {
-        whole: dir.to_path_buf(),
-        edges: dir.join("edge_index.npy"),
-        features: dir.join("node_feat.npy"),
-        labels: dir.join("node_label.npy"),
-        splits: ["train_idx.npy", "valid_idx.npy", "test_idx.npy"].map(|f| dir.join(f)),
-    };
+    let o = origins(dir)?;
     let feats = Npy::open(&o.features)?;
     feats.expect_shape(&["nodes", "features"])?;
     let (n, dim) = (feats.shape[0], feats.shape[1] as usize);
@@ -81,13 +142,7 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
         ));
     }
     let edge_index = edges.to_i64()?;
-    let mut splits: Vec<Vec<i64>> = Vec::new();
-    for path in &o.splits {
-        let npy = Npy::open(path)?;
-        // a 0-d array is one number, not a list of nodes
-        npy.expect_shape(&["nodes"])?;
-        splits.push(npy.to_i64()?);
-    }
+    let splits = o.splits.iter().map(|p| split_ids(p, n)).collect::<Result<Vec<_>>>()?;
     let a = Arrays {
         edge_index: &edge_index,
         features,

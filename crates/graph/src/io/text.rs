@@ -130,7 +130,7 @@ where
                             let _ = tx.send(Err(GraphError::Decode {
                                 path: path.to_path_buf(),
                                 offset: offset + filled as u64,
-                                source: e,
+                                cause: e,
                             }));
                             return;
                         }
