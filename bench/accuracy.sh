@@ -3,10 +3,10 @@
 # `grinnder train`: 2 layers, hidden 16, dropout 0.5, lr 0.01, weight decay 5e-4, 200 epochs,
 # row-normalised features), mean of three seeds; then mini-batch SAGE beside full-graph SAGE
 # (fanouts 25,10, batches of 32 seeds on Cora and 256 on PubMed, 100 epochs, exact evaluation).
-# Usage: bench/accuracy.sh [PUBMED_DIR]   (default: ../shared/datasets/pubmed)
+# Usage: bench/accuracy.sh [PUBMED_DIR]   (default: data/pubmed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pubmed=${1:-../shared/datasets/pubmed}
+pubmed=${1:-data/pubmed}
 cargo build --release -q
 bin=target/release/grinnder
 echo "date: $(date -u +%F)   commit: $(git rev-parse --short HEAD)   machine: $(nproc) cores"

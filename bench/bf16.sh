@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Test accuracy of the tiered executor with f32 and bf16 blocks (`--tier-dtype`), Kipf &
 # Welling settings, 4 METIS partitions, mean of three seeds, on Cora and PubMed.
-# Usage: bench/bf16.sh [PUBMED_DIR]   (default: ../shared/datasets/pubmed)
+# Usage: bench/bf16.sh [PUBMED_DIR]   (default: data/pubmed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pubmed=${1:-../shared/datasets/pubmed}
+pubmed=${1:-data/pubmed}
 cargo build --release -q
 bin=target/release/grinnder
 cache=$(mktemp -d)

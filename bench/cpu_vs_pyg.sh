@@ -19,7 +19,7 @@ peak() { awk '/Maximum resident/{printf "%.2f", $6/1048576}' "$1"; }
 for spec in "gcn 1" "sage 1" "gat 1"; do
   set -- $spec
   model=$1 heads=$2
-  /usr/bin/time -v -o /tmp/pyg.time "$py" ../shared/bench/pyg_baseline.py "$data" --model "$model" --heads "$heads" \
+  /usr/bin/time -v -o /tmp/pyg.time "$py" bench/pyg_baseline.py "$data" --model "$model" --heads "$heads" \
     --hidden 256 --layers 2 --epochs "$epochs" --device cpu --threads "$threads" > /tmp/pyg.json 2>/dev/null || true
   pyg=$(tail -1 /tmp/pyg.json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("epoch_s_median", "nan"))' 2>/dev/null || echo nan)
   /usr/bin/time -v -o /tmp/grn.time $bin -q --threads "$threads" train "$data" --model "$model" --heads "$heads" \

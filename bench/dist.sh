@@ -34,7 +34,7 @@ PY
 }
 echo "machine: $(nproc) cores, $(uname -m); date: $(date -u +%F); commit: $(git rev-parse --short HEAD)"
 if [ "${ACC:-}" = 1 ]; then
-  for ds in data/cora ../shared/datasets/pubmed; do
+  for ds in data/cora data/pubmed; do
     for seed in 0 1 2; do
       f=(train "$ds" --model gcn --epochs 200 --seed "$seed" --parts 4)
       $bin -q "${f[@]}" --metrics-out "$out/acc-1.jsonl" >/dev/null

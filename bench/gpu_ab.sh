@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine, in ONE run (after ../shared/gpu/pack.sh here, with a baseline build at
+# On the GPU machine, in ONE run (after bench/pack.sh here, with a baseline build at
 # .gpu/old/grinnder; from the repository root with .gpu carried): full-graph epoch times of two
 # builds on the same graph, alternating old and new so that drift hits both alike.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine (after ../shared/gpu/pack.sh; from the repository root with .gpu carried):
+# On the GPU machine (after bench/pack.sh; from the repository root with .gpu carried):
 # the CUDA tests, Cora on the GPU, and the microbenchmarks (`grinnder bench gather | transfer |
 # launches | gemm | spmm | sample`, JSON; gemm at a mini-batch's layer-0 shapes) on a generated
 # preset. Results under $OUT (or /tmp/gpu-out).
@@ -17,7 +17,7 @@ for t in .gpu/tests/cuda-*; do
   grep -E "^test |test result|panicked|error" "$out/tests-cuda.txt"
 done
 echo "== Cora, GCN on the GPU (Kipf & Welling settings)"
-$bin -q train .gpu/shared/datasets/cora --device cuda --seed 0
+$bin -q train data/cora --device cuda --seed 0
 $bin bench gather | tee "$out/bench-gather.json"
 $bin bench transfer | tee "$out/bench-transfer.json"
 $bin bench launches | tee "$out/bench-launches.json"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine (after ../shared/gpu/pack.sh; from the repository root with .gpu carried):
+# On the GPU machine (after bench/pack.sh; from the repository root with .gpu carried):
 # mini-batch SAGE (3 layers, hidden 256, fanout 15,10,5, batch 1024) on a generated preset with
 # --feature-access copy and zero-copy in the same call; per-epoch phase lines and the summaries.
 #   bench/gpu_minibatch.sh [PRESET] [EPOCHS] [extra train flags]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine (after ../shared/gpu/pack.sh --features grinnder-cli/mpi,grinnder-engine/mpi):
+# On the GPU machine (after bench/pack.sh --features grinnder-cli/mpi,grinnder-engine/mpi):
 # full-graph GCN on a generated preset in one process and as 2 MPI ranks sharing the GPU
 # (partition-parallel, halo rows through MPI on the host); same partitions, same flags.
 #   bench/gpu_mpi.sh [PRESET] [EPOCHS] [RANKS]

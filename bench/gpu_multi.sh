@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a multi-GPU machine (after ../shared/gpu/pack.sh --features grinnder-cli/mpi,grinnder-engine/mpi):
+# On a multi-GPU machine (after bench/pack.sh --features grinnder-cli/mpi,grinnder-engine/mpi):
 # partition-parallel full-graph training on R GPUs (one MPI rank per GPU) against one GPU of the
 # same machine, on one generated graph, in one call.
 #

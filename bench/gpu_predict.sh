@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine, in ONE run (after ../shared/gpu/pack.sh here; from the repository root with
+# On the GPU machine, in ONE run (after bench/pack.sh here; from the repository root with
 # .gpu carried): inference beside training on one generated graph, GCN with hidden 256.
 #
 #   bench/gpu_predict.sh PRESET "TRAIN FLAGS" "BUDGET FLAGS" [EMBED]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine, in ONE run (after ../shared/gpu/pack.sh here; from the repository root with
+# On the GPU machine, in ONE run (after bench/pack.sh here; from the repository root with
 # .gpu carried): generate a preset, export it as npy, train each model with PyG
-# (../shared/bench/pyg_baseline.py) and with grinnder on the same graph, and print both figures
+# (bench/pyg_baseline.py) and with grinnder on the same graph, and print both figures
 # and their ratio. Then the runs under a GPU memory budget (PyG has no such mode).
 #
 #   bench/gpu_side_by_side.sh [PRESET] [EPOCHS]
@@ -43,7 +43,7 @@ PY
 }
 for model in $models; do
   echo "== $preset $model, 2 layers, hidden 256, $epochs epochs"
-  timeout 400 python3 .gpu/shared/bench/pyg_baseline.py "$data/npy" --model "$model" --layers 2 --hidden 256 \
+  timeout 400 python3 bench/pyg_baseline.py "$data/npy" --model "$model" --layers 2 --hidden 256 \
     --epochs "$epochs" > "$out/$preset-$model-pyg.json" 2> "$out/$preset-$model-pyg.err"
   pyg=$(tail -1 "$out/$preset-$model-pyg.json")
   [ -n "$pyg" ] && echo "PyG      $pyg" || echo "PyG      failed: $(grep -m1 -o 'OutOfMemoryError\|out of memory' "$out/$preset-$model-pyg.err" || tail -1 "$out/$preset-$model-pyg.err")"

@@ -2,7 +2,7 @@
 """Mini-batch GraphSAGE with PyTorch Geometric's NeighborLoader: the baseline beside
 `grinnder train --mode minibatch` (bench/gpu_minibatch.sh runs both in one call).
 
-Reads the npy exchange layout (`grinnder export --format npy`; see ../shared/bench/README.md):
+Reads the npy exchange layout (`grinnder export --format npy`; see docs/datasets.md):
 edge_index.npy, node_feat.npy, node_label.npy, train_idx.npy. Trains SAGEConv (mean, root
 weight) layers with ReLU between them, Adam, as PyG's GraphSAGE examples do: NeighborLoader
 with `num_workers` sampling processes and `pin_memory`, each batch moved with

@@ -41,7 +41,7 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Write a dataset in another layout (npy exchange, OGB raw, IGB).
     Export(ExportArgs),
-    /// Generate a synthetic benchmark graph (DESIGN.md §7 presets).
+    /// Generate a synthetic benchmark graph from a preset (docs/datasets.md).
     Generate(GenerateArgs),
     /// Microbenchmarks: GPU gather, transfer, SpMM, GEMM and launch costs, CPU mini-batch
     /// sampling; each prints one JSON object.
@@ -303,7 +303,7 @@ pub struct ConvertArgs {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExportFormat {
-    /// npy exchange layout (DESIGN.md §7), read by the PyG baseline.
+    /// npy exchange layout (docs/datasets.md), read by the PyG baseline.
     Npy,
     /// OGB node-property raw layout (gzip CSV).
     Ogb,

@@ -1,8 +1,8 @@
 //! The CUDA backend against the CPU backend: what only the CUDA backend has (each SpMM kernel,
 //! transposes on the device, zero-copy gathers, stream hand-offs, the memory budget), and whole
 //! models' losses and parameter gradients; every Backend operation alone is in `ops.rs`. These tests need a GPU: on a machine without one
-//! (CI) each prints that it was skipped and passes; they run on the GPU machine (see README,
-//! "GPU tests").
+//! (CI) each prints that it was skipped and passes; they run on the GPU machine (see
+//! docs/gpu.md, "GPU tests").
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Communicators for partition-parallel training (DESIGN.md §6): the collectives the executor
+//! Communicators for partition-parallel training (docs/design.md): the collectives the executor
 //! needs — all-to-all of byte buffers (halo rows and halo gradients), all-gather (reductions
 //! that every rank computes in the same order, so parameters stay bit-identical on every rank),
 //! barrier and split (per-server and server-head groups).
@@ -158,7 +158,7 @@ impl Layout {
     }
 }
 
-/// The three groups of GraNNDis (DESIGN.md §6): every rank, the ranks of this server, and one
+/// The three groups of GraNNDis (docs/design.md): every rank, the ranks of this server, and one
 /// head rank per server (`None` on the others).
 pub struct Groups {
     pub global: Box<dyn Comm>,

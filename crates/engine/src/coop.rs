@@ -1,4 +1,4 @@
-//! Cooperative batching (GraNNDis, DESIGN.md §6): mini-batches are formed per server, not per
+//! Cooperative batching (GraNNDis; docs/design.md): mini-batches are formed per server, not per
 //! rank. A server samples one batch of `batch_size × its ranks` seeds; every layer's output rows
 //! are split over its ranks, each computing its rows from the rows the layer reads — its own,
 //! and the others' through an all-to-all within the server — instead of every rank loading

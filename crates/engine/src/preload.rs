@@ -1,4 +1,4 @@
-//! Server-level shares of the graph (GraNNDis, DESIGN.md §6): flexible preloading and
+//! Server-level shares of the graph (GraNNDis; docs/design.md): flexible preloading and
 //! expansion-aware sampling.
 //!
 //! The graph is split into one part per server (rank 0 partitions, the others take its owners).

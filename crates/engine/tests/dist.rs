@@ -1,4 +1,4 @@
-//! Partition-parallel execution (DESIGN.md §6) with ranks as threads of this process: the loss,
+//! Partition-parallel execution (docs/design.md) with ranks as threads of this process: the loss,
 //! every parameter gradient (summed over the ranks) and the evaluation counts equal one
 //! process computing every partition, for GCN, SAGE and GAT, with and without layer 0's
 //! precomputed aggregation and split layers, for several rank and partition counts, with the

@@ -1,7 +1,7 @@
-//! Gradient identity of the tiered executor (DESIGN.md §3, "tests that define exact"): the
-//! loss and every parameter gradient equal the in-memory full-graph trainer's, for any
-//! partition count, partitioner, cache mode and with the storage tier forced; and training
-//! epochs give the same parameters.
+//! Gradient identity of the tiered executor (docs/design.md, "what exact means"): the loss and
+//! every parameter gradient equal the in-memory full-graph trainer's, for any partition count,
+//! partitioner, cache mode and with the storage tier forced; and training epochs give the same
+//! parameters.
 //!
 //! Tolerance: reassociation. A tensor's error is `max |a − b| / max |b|` (its largest
 //! deviation relative to its scale), required ≤ 1e-5 in f32 (the loss relative ≤ 1e-5) and

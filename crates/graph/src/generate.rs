@@ -1,4 +1,5 @@
-//! Synthetic graphs with community structure and predictive features (DESIGN.md §7).
+//! Synthetic graphs with community structure and predictive features (the presets of
+//! docs/datasets.md).
 //!
 //! Model: a degree-corrected stochastic block model. Every node gets a community (sizes follow
 //! a gentle power law) and a weight θ from a capped Pareto distribution (heavy-tailed degrees).
@@ -27,7 +28,7 @@ use crate::progress;
 use crate::rng::{hash_key, unit_f64, Stream};
 use crate::sort::{assemble_rows, sort_keys};
 
-/// Sizes of a benchmark preset (DESIGN.md §7).
+/// Sizes of a benchmark preset (docs/datasets.md, generated graphs).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Preset {
     pub name: &'static str,

@@ -1,5 +1,6 @@
 //! Normalisation coefficients computed on the whole graph and stored as edge values, so that a
-//! partition or a mini-batch later computes exactly what the full graph would (DESIGN.md §3).
+//! partition or a mini-batch later computes exactly what the full graph would (docs/design.md,
+//! exact execution).
 //!
 //! Values are aligned with `Csr::col_idx` (one per stored edge `u → v` in row `v`), in f64 so
 //! that gradient checks can run in full precision; callers narrow them as needed.

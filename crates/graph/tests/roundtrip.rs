@@ -25,7 +25,7 @@ fn cora_has_its_published_sizes() {
 #[test]
 fn pubmed_has_its_published_sizes() {
     let Some(dir) = pubmed_dir() else {
-        eprintln!("../shared/datasets/pubmed is not beside this checkout; nothing to check");
+        eprintln!("data/pubmed is not in this checkout; nothing to check");
         return;
     };
     let ds = open(&dir);

@@ -2,10 +2,11 @@
 //! whole graph, on a server's share of it and on a sampled mini-batch block. Executors ask the
 //! model for its [`Aggregation`] and build what it says; they never ask which layer it is.
 //!
-//! Values follow DESIGN's rule: normalisations come from the whole graph (its degrees), so a
-//! partition, a share or a block computes exactly what the whole graph would for every node
-//! whose neighbourhood it holds; where a sample holds fewer neighbours, sums are rescaled by
-//! degree over sample size (unbiased), and means average what was sampled.
+//! Values follow the rule of exact execution (docs/design.md): normalisations come from the
+//! whole graph (its degrees), so a partition, a share or a block computes exactly what the whole
+//! graph would for every node whose neighbourhood it holds; where a sample holds fewer
+//! neighbours, sums are rescaled by degree over sample size (unbiased), and means average what
+//! was sampled.
 
 use grinnder_graph::sample::Block;
 use grinnder_graph::{norm, Csr};

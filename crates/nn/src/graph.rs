@@ -1,5 +1,5 @@
 //! The graph as layers see it: sparse structures on the backend with the whole-graph
-//! normalisations (DESIGN.md §3) as value sets.
+//! normalisations (docs/design.md, exact execution) as value sets.
 //!
 //! A graph is bipartite in general: `rows` output nodes (targets) and `cols ≥ rows` input
 //! nodes, the targets first (input row `r < rows` is output row `r`'s own input), then the

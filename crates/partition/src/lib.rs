@@ -1,6 +1,6 @@
 //! Partitioning: which partition owns each node, the renumbering that makes partitions
 //! contiguous id ranges, their quality, and the partitioned graph the layer-wise executor
-//! gathers from (DESIGN.md §3, §5).
+//! gathers from (docs/design.md: exact execution, partitioning).
 //!
 //! **Invariant:** after renumbering, partition `p` owns exactly the ids `ptr[p]..ptr[p + 1]`.
 

@@ -1,7 +1,7 @@
 //! The partitioned graph: per partition a bipartite one-hop CSR whose rows are the partition's
 //! own nodes and whose columns are its own nodes followed by its halo (outside in-neighbours),
 //! grouped by owning partition; the edge values are those of the full graph (whole-graph
-//! normalisation, DESIGN.md §3), so a partition computes exactly what the full graph would.
+//! normalisation, docs/design.md), so a partition computes exactly what the full graph would.
 //!
 //! Ids: "new" ids are after renumbering (partition p owns `ptr[p]..ptr[p + 1]`); "local"
 //! columns are `0..own` for own nodes (new id − ptr[p]) and `own..own + halo` for halo nodes in

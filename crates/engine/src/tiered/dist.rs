@@ -1,10 +1,11 @@
-//! Partition-parallel execution (DESIGN.md §6): the ranks' configuration, the halo exchange
-//! (mirrors synchronised after a layer's outputs exist, halo gradients flushed back to their
-//! owners before the layer below starts), and sums over ranks in a fixed order.
+//! Partition-parallel execution (docs/design.md, partition-parallel training): the ranks'
+//! configuration, the halo exchange (mirrors synchronised after a layer's outputs exist, halo
+//! gradients flushed back to their owners before the layer below starts), and sums over ranks
+//! in a fixed order.
 
 use super::*;
 
-/// Partition-parallel execution (DESIGN.md §6): this process is one of `comm`'s ranks and
+/// Partition-parallel execution (docs/design.md): this process is one of `comm`'s ranks and
 /// computes a contiguous share of the partitions; rows of the others' partitions that its
 /// partitions read (the halo) arrive by all-to-all before each layer, and halo gradients go back
 /// to their owners, so the result equals one process computing every partition.

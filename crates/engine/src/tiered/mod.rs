@@ -1,4 +1,5 @@
-//! The exact layer-wise, partition-wise executor (DESIGN.md §3) over the tiered store (§4).
+//! The exact layer-wise, partition-wise executor over the tiered store (docs/design.md:
+//! exact execution, the tiered store).
 //!
 //! Forward runs layer by layer and, inside a layer, partition by partition: gather the
 //! partition's own and halo rows of the layer input from the store, run the layer (conv, norm,

@@ -1,4 +1,4 @@
-//! The tiered store (DESIGN.md §4): activation and gradient blocks, one per (kind, layer,
+//! The tiered store (docs/design.md): activation and gradient blocks, one per (kind, layer,
 //! partition), cached in host RAM within a byte budget and spilled to block files beyond it.
 //!
 //! Invariants: a block's bytes are in RAM, on disk, or both; a block in RAM that differs from

@@ -1,4 +1,5 @@
-//! The npy exchange layout of DESIGN.md §7, read by the PyG baseline script:
+//! The npy exchange layout (docs/datasets.md), read by the PyG baseline script
+//! (`bench/pyg_baseline.py`):
 //!
 //! ```text
 //! edge_index.npy  int64 [2, E]   row 0 source, row 1 target; symmetrised, no self loops or duplicates

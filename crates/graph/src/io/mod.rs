@@ -30,7 +30,7 @@ pub enum Format {
     Ogb,
     /// IGB `processed/` folder.
     Igb,
-    /// npy exchange folder (DESIGN.md §7).
+    /// npy exchange folder (docs/datasets.md).
     Npy,
 }
 

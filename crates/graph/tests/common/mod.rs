@@ -16,9 +16,9 @@ pub fn cora_dir() -> PathBuf {
     repo_root().join("data/cora")
 }
 
-/// PubMed from the shared datasets folder beside the repository, when it is there.
+/// The bundled PubMed in the OGB raw layout, when it is there.
 pub fn pubmed_dir() -> Option<PathBuf> {
-    let p = repo_root().join("../shared/datasets/pubmed");
+    let p = repo_root().join("data/pubmed");
     p.is_dir().then_some(p)
 }
 
