@@ -1,5 +1,5 @@
-//! OGB's binary node-property layout, the one ogbn-papers100M ships in (`binary` in OGB's
-//! `master.csv`; OGB reads it with `read_binary_graph_raw` and `NodePropPredDataset`):
+//! OGB's binary node-property layout, the one ogbn-papers100M ships in (OGB marks the dataset
+//! `binary` and reads it with `read_binary_graph_raw` and `NodePropPredDataset`):
 //!
 //! ```text
 //! <dir>/raw/data.npz           np.savez_compressed of these arrays:
