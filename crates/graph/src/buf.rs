@@ -292,6 +292,14 @@ pub fn as_bytes<T: Pod>(s: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
 }
 
+/// View a mutable slice of Pod values as bytes, to read a file's bytes straight into it.
+pub fn as_bytes_mut<T: Pod>(s: &mut [T]) -> &mut [u8] {
+    // SAFETY: T is Pod (no padding, any bit pattern is a valid T, so any bytes written through
+    // the view are too); the byte slice covers exactly the same memory and borrows it mutably
+    // for the same lifetime.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

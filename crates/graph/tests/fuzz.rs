@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use common::*;
-use grinnder_graph::io::{self, exchange, igb, native, ogb, Format, LoadOptions};
+use grinnder_graph::io::{self, exchange, igb, native, ogb, ogb_npz, Format, LoadOptions};
 use grinnder_graph::rng::Stream;
 use grinnder_graph::Dataset;
 
@@ -224,6 +224,57 @@ fn npy_exchange_survives_corruption() {
     };
     let o = fuzz(dir.path(), 2, &corrupt, &|_| {}, &load_auto);
     report("npy exchange", &o);
+}
+
+/// The members of an `.npz` archive with one of them corrupted (its `.npy` header half the
+/// time), written again deflated as `np.savez_compressed` writes them.
+fn corrupt_npz_member(s: &mut Stream, archive: &[u8]) -> Vec<u8> {
+    let mut z = zip::ZipArchive::new(std::io::Cursor::new(archive)).unwrap();
+    let mut members: Vec<(String, Vec<u8>)> = (0..z.len())
+        .map(|i| {
+            let mut f = z.by_index(i).unwrap();
+            let mut b = Vec::new();
+            f.read_to_end(&mut b).unwrap();
+            (f.name().to_string(), b)
+        })
+        .collect();
+    let k = s.below(members.len() as u64) as usize;
+    let b = &mut members[k].1;
+    if s.below(2) == 0 && b.len() > 128 {
+        let mut head = b[..128].to_vec();
+        mutate_bytes(s, &mut head);
+        head.extend_from_slice(&b[128..]);
+        *b = head;
+    } else {
+        mutate_bytes(s, b);
+    }
+    let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts = zip::write::SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .large_file(true);
+    for (name, bytes) in &members {
+        w.start_file(name.as_str(), opts).unwrap();
+        w.write_all(bytes).unwrap();
+    }
+    w.finish().unwrap().into_inner()
+}
+
+#[test]
+fn ogb_binary_survives_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    ogb_npz::write(&tiny(24, 3, 7), dir.path(), "time").unwrap();
+    let corrupt = |s: &mut Stream, p: &Path| {
+        let mut b = std::fs::read(p).unwrap();
+        let npz = p.extension().is_some_and(|e| e == "npz");
+        if npz && s.below(4) != 0 {
+            return corrupt_npz_member(s, &b);
+        }
+        // the archive itself (its directory, deflate streams, checksums), or a split file
+        mutate_bytes(s, &mut b);
+        b
+    };
+    let o = fuzz(dir.path(), 7, &corrupt, &|_| {}, &load_auto);
+    report("OGB binary (npz)", &o);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Reading and writing datasets. Only this module (and `store`, later) touches files.
 //!
-//! [`open`] recognises the format of a path (native file, OGB raw folder, IGB folder, npy
-//! exchange folder) unless told, and returns a validated [`Dataset`].
+//! [`open`] recognises the format of a path (native file, OGB raw folder in the CSV or binary
+//! layout, IGB folder, npy exchange folder) unless told, and returns a validated [`Dataset`].
 
 pub mod arrays;
 pub mod exchange;
@@ -10,7 +10,9 @@ pub mod igb;
 pub mod native;
 pub mod npy;
 pub mod npy_rows;
+pub mod npz;
 pub mod ogb;
+pub mod ogb_npz;
 pub mod text;
 
 use std::path::Path;
@@ -26,7 +28,8 @@ pub enum Format {
     Auto,
     /// The project's own `.grnd` file.
     Native,
-    /// OGB node-property raw folder.
+    /// OGB node-property raw folder: the CSV layout ([`ogb`]) or the binary one
+    /// ogbn-papers100M ships in (`raw/data.npz`, [`ogb_npz`]).
     Ogb,
     /// IGB `processed/` folder.
     Igb,
@@ -98,7 +101,7 @@ pub fn detect(path: &Path) -> Result<Format> {
     }
     Err(GraphError::invalid(
         path,
-        "unrecognised dataset: expected a .grnd file, an OGB folder (raw/edge.csv.gz), an IGB folder (processed/paper/) or an npy folder (edge_index.npy)",
+        "unrecognised dataset: expected a .grnd file, an OGB folder (raw/edge.csv.gz or raw/data.npz), an IGB folder (processed/paper/) or an npy folder (edge_index.npy)",
     ))
 }
 

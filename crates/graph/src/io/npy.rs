@@ -373,7 +373,7 @@ fn integral(x: f64) -> Option<i64> {
 }
 
 /// Parses the header dict: `{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }`.
-fn parse_header(h: &str) -> std::result::Result<(DType, bool, Vec<u64>), String> {
+pub(crate) fn parse_header(h: &str) -> std::result::Result<(DType, bool, Vec<u64>), String> {
     let h = h.trim_end_matches(['\n', ' ', '\0']);
     let body = h.trim().strip_prefix('{').and_then(|s| s.strip_suffix('}')).ok_or("not a dict")?;
     let value = |key: &str| -> std::result::Result<&str, String> {
@@ -443,12 +443,19 @@ impl NpyWriter {
 /// The (version 1.0) header of an array of `dtype` and `shape`, padded so that the data starts
 /// on a 64-byte boundary.
 pub(crate) fn header(dtype: DType, shape: &[u64]) -> Vec<u8> {
+    header_in(dtype, shape, false)
+}
+
+/// [`header`] of an array stored in C (row-major) or, `fortran`, column-major order.
+pub(crate) fn header_in(dtype: DType, shape: &[u64], fortran: bool) -> Vec<u8> {
     let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
     let tuple = match dims.len() {
         1 => format!("({},)", dims[0]),
         _ => format!("({})", dims.join(", ")),
     };
-    let mut header = format!("{{'descr': '{}', 'fortran_order': False, 'shape': {tuple}, }}", dtype.descr());
+    let order = if fortran { "True" } else { "False" };
+    let mut header =
+        format!("{{'descr': '{}', 'fortran_order': {order}, 'shape': {tuple}, }}", dtype.descr());
     // ending the header with '\n'
     let total = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - total % 64) % 64));

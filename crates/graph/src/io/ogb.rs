@@ -11,6 +11,9 @@
 //! `.csv` without `.gz` is accepted too. `<dir>` may be given as OGB names datasets
 //! (`ogbn-arxiv` resolves to the `ogbn_arxiv` folder OGB creates). Files are streamed and parsed
 //! in parallel; every error names the file and line.
+//!
+//! OGB's binary layout (`raw/data.npz`, as ogbn-papers100M ships) is the same format to
+//! [`super::Format::Ogb`]: a folder holding it is recognised here and read by [`super::ogb_npz`].
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -24,13 +27,18 @@ use crate::csr::Csr;
 use crate::dataset::{normalise_split, Dataset, Features, NonFinite, Splits, NO_LABEL};
 use crate::error::{GraphError, Result};
 
-/// True when `dir` looks like an OGB node-property dataset folder.
+/// True when `dir` looks like an OGB node-property dataset folder (CSV or binary layout).
 pub fn is_ogb_dir(dir: &Path) -> bool {
+    is_csv_dir(dir) || super::ogb_npz::is_npz_dir(dir)
+}
+
+fn is_csv_dir(dir: &Path) -> bool {
     find_csv(&dir.join("raw"), "edge").is_ok()
 }
 
 /// Finds the dataset folder for `path`: the folder itself, or OGB's naming of it
-/// (`ogbn-products` → `ogbn_products`), also inside `path`.
+/// (`ogbn-products` → `ogbn_products`), also inside `path`, or the name of OGB's download
+/// (`products`, `papers100M-bin` for the binary layout) beside it.
 pub fn resolve_dir(path: &Path) -> Option<PathBuf> {
     if is_ogb_dir(path) {
         return Some(path.to_path_buf());
@@ -40,6 +48,7 @@ pub fn resolve_dir(path: &Path) -> Option<PathBuf> {
     let mut candidates = vec![path.with_file_name(&underscored), path.join(&underscored)];
     if let Some(short) = name.strip_prefix("ogbn-").or_else(|| name.strip_prefix("ogbn_")) {
         candidates.push(path.with_file_name(short));
+        candidates.push(path.with_file_name(format!("{short}-bin")));
     }
     candidates.into_iter().find(|c| is_ogb_dir(c))
 }
@@ -68,14 +77,18 @@ fn split_dir(dir: &Path, want: Option<&str>) -> Result<PathBuf> {
     }
 }
 
-/// Loads an OGB raw dataset folder.
+/// Loads an OGB raw dataset folder: the CSV layout, or the binary one ([`super::ogb_npz`])
+/// where there is no `raw/edge.csv.gz`.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let dir = resolve_dir(path).ok_or_else(|| {
         GraphError::invalid(
             path,
-            "not an OGB dataset folder (no raw/edge.csv.gz here or under OGB's folder naming)",
+            "not an OGB dataset folder (no raw/edge.csv.gz or raw/data.npz here or under OGB's folder naming)",
         )
     })?;
+    if !is_csv_dir(&dir) {
+        return super::ogb_npz::load(&dir, opts);
+    }
     let raw = dir.join("raw");
     let n_path = find_csv(&raw, "num-node-list")?;
     let n = text::single_int(&n_path)?;
@@ -99,14 +112,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let features = load_features(&feat_path, n, opts.non_finite)?;
     let label_path = find_csv(&raw, "node-label")?;
     let (labels, num_classes) = load_labels(&label_path, n)?;
-    let sdir = split_dir(&dir, opts.split.as_deref())?;
-    let split = |name: &str| -> Result<Vec<u32>> {
-        let p = find_csv(&sdir, name)?;
-        let ids = load_ids(&p, n)?;
-        normalise_split(&p, name, ids, n as usize)
-    };
-    let splits =
-        Splits { train: split("train")?.into(), valid: split("valid")?.into(), test: split("test")?.into() };
+    let splits = load_splits(&dir, opts.split.as_deref(), n)?;
     let spin = crate::progress::spinner("csr");
     let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
     spin.finish_and_clear();
@@ -114,6 +120,18 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let ds = Dataset { name, graph, features, labels: labels.into(), num_classes, splits };
     ds.validate(&dir)?;
     Ok(ds)
+}
+
+/// The split of an OGB folder (either layout): `split/<name>/{train,valid,test}.csv.gz`, the
+/// folder `want` or the only one there.
+pub(super) fn load_splits(dir: &Path, want: Option<&str>, n: u64) -> Result<Splits> {
+    let sdir = split_dir(dir, want)?;
+    let split = |name: &str| -> Result<Vec<u32>> {
+        let p = find_csv(&sdir, name)?;
+        let ids = load_ids(&p, n)?;
+        normalise_split(&p, name, ids, n as usize)
+    };
+    Ok(Splits { train: split("train")?.into(), valid: split("valid")?.into(), test: split("test")?.into() })
 }
 
 fn load_edges(path: &Path, n: u64) -> Result<(Vec<u32>, Vec<u32>)> {
@@ -272,24 +290,13 @@ pub fn write(ds: &Dataset, dir: &Path, split: &str) -> Result<()> {
     for d in [&raw, &sdir] {
         std::fs::create_dir_all(d).map_err(|e| GraphError::io(d, e))?;
     }
-    let gz = |name: &Path, body: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>| -> Result<()> {
-        let f = std::fs::File::create(name).map_err(|e| GraphError::io(name, e))?;
-        let mut enc = GzEncoder::new(std::io::BufWriter::with_capacity(1 << 20, f), Compression::fast());
-        body(&mut enc).map_err(|e| GraphError::io(name, e))?;
-        enc.finish().and_then(|mut w| w.flush()).map_err(|e| GraphError::io(name, e))
-    };
     let g = &ds.graph;
     let mut edges = 0u64;
     gz(&raw.join("edge.csv.gz"), &mut |w| {
-        for v in 0..g.num_nodes() {
-            // each undirected edge once; a directed edge without its reverse is kept as is
-            let once = |u: u32| (u as usize) <= v || g.row(u as usize).binary_search(&(v as u32)).is_err();
-            for &u in g.row(v).iter().filter(|&&u| once(u)) {
-                writeln!(w, "{u},{v}")?;
-                edges += 1;
-            }
-        }
-        Ok(())
+        edges_once(g, &mut |u, v| {
+            edges += 1;
+            writeln!(w, "{u},{v}")
+        })
     })?;
     gz(&raw.join("num-edge-list.csv.gz"), &mut |w| writeln!(w, "{edges}"))?;
     gz(&raw.join("num-node-list.csv.gz"), &mut |w| writeln!(w, "{}", g.num_nodes()))?;
@@ -316,6 +323,35 @@ pub fn write(ds: &Dataset, dir: &Path, split: &str) -> Result<()> {
         }
         Ok(())
     })?;
+    write_splits(ds, &sdir)
+}
+
+/// Writes a gzip file, its text made by `body`.
+fn gz(name: &Path, body: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>) -> Result<()> {
+    let f = std::fs::File::create(name).map_err(|e| GraphError::io(name, e))?;
+    let mut enc = GzEncoder::new(std::io::BufWriter::with_capacity(1 << 20, f), Compression::fast());
+    body(&mut enc).map_err(|e| GraphError::io(name, e))?;
+    enc.finish().and_then(|mut w| w.flush()).map_err(|e| GraphError::io(name, e))
+}
+
+/// Every edge of `g` as OGB ships them, `f(source, target)`: each undirected edge once (as
+/// `(u, v)` with `u <= v`); a directed edge without its reverse is kept as is.
+pub(super) fn edges_once<E>(
+    g: &Csr,
+    f: &mut dyn FnMut(u32, u32) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    for v in 0..g.num_nodes() {
+        let once = |u: u32| (u as usize) <= v || g.row(u as usize).binary_search(&(v as u32)).is_err();
+        for &u in g.row(v).iter().filter(|&&u| once(u)) {
+            f(u, v as u32)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the split files `{train,valid,test}.csv.gz` into the folder `sdir`.
+pub(super) fn write_splits(ds: &Dataset, sdir: &Path) -> Result<()> {
+    std::fs::create_dir_all(sdir).map_err(|e| GraphError::io(sdir, e))?;
     for (name, ids) in ds.splits.named() {
         gz(&sdir.join(format!("{name}.csv.gz")), &mut |w| {
             for v in ids {
