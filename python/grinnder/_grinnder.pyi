@@ -21,6 +21,7 @@ def load_dataset(
     igb_classes: int = 19,
     skip_feature_checksums: bool = False,
     allow_split_overlap: bool = False,
+    num_classes: Optional[int] = None,
 ) -> "Dataset":
     """Load a dataset as ``grinnder train DATASET`` does.
 
@@ -41,6 +42,9 @@ def load_dataset(
         Native files: do not verify the feature sections (features far larger than RAM).
     allow_split_overlap
         Accept splits that share nodes (warned about) instead of refusing them.
+    num_classes
+        The class count, where the labels do not reach the last class (default: the largest
+        label + 1; classes without a node are warned about).
 
     Raises
     ------

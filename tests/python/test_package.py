@@ -108,6 +108,10 @@ def test_bad_inputs_raise_the_documented_exceptions(grinnder, cora, tmp_path):
             gr.Dataset.from_arrays(**args)
     with pytest.raises(OSError):
         gr.load_dataset(str(tmp_path / "missing"))
+    # a class count above the labels' is kept; one below them is refused, named as the keyword
+    assert gr.load_dataset("data/cora", num_classes=9).num_classes == 9
+    with pytest.raises(ValueError, match="num_classes=5: the labels go up to 6"):
+        gr.load_dataset("data/cora", num_classes=5)
     broken = tmp_path / "broken.grnd"
     broken.write_bytes(b"GRINNDER" + b"\0" * 100)
     with pytest.raises(ValueError):

@@ -48,6 +48,16 @@ pub enum Command {
     Bench(BenchArgs),
     /// Draw the speed-up of runs on several GPUs (or ranks) over one, from their metrics files.
     PlotScaling(PlotScalingArgs),
+    /// Remove the storage directories (grinnder-run-…) that killed runs left in a --storage-dir:
+    /// those of this machine whose process is gone; live runs and other machines' are listed
+    /// and kept.
+    Clean {
+        /// The directory given to --storage-dir.
+        dir: PathBuf,
+        /// List what would be removed, remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -772,18 +782,13 @@ impl TrainArgs {
 }
 
 impl Input {
-    /// The dataset path, defaulting to the bundled Cora.
+    /// The dataset path, defaulting to the bundled Cora (`data/cora` in the source tree, else
+    /// the binary's embedded copy).
     pub fn path(&self) -> anyhow::Result<PathBuf> {
         if let Some(p) = &self.dataset {
             return Ok(p.clone());
         }
-        let candidates = [
-            PathBuf::from("data/cora"),
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/cora")),
-        ];
-        candidates.into_iter().find(|p| p.is_dir()).ok_or_else(|| {
-            anyhow::anyhow!("no dataset given and the bundled data/cora was not found; pass a DATASET path")
-        })
+        crate::bundled::cora(default_cache_dir())
     }
 
     pub fn format(&self) -> Format {

@@ -26,7 +26,46 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
         Command::Generate(a) => generate(a),
         Command::Bench(a) => crate::bench::run(a),
         Command::PlotScaling(a) => plot_scaling(a),
+        Command::Clean { dir, dry_run } => clean(&dir, dry_run),
     }
+}
+
+/// `grinnder clean DIR`: removes the run directories killed runs of this machine left.
+fn clean(dir: &std::path::Path, dry_run: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
+    let found = grinnder_engine::scratch::find(dir);
+    if found.is_empty() {
+        println!("no run directories in {}", dir.display());
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let (mut removed, mut freed) = (0, 0);
+    for f in &found {
+        let what = match (&f.host, f.abandoned) {
+            (_, true) if dry_run => "would remove (its run has ended)".to_string(),
+            (_, true) => match std::fs::remove_dir_all(&f.path) {
+                Ok(()) => {
+                    removed += 1;
+                    freed += f.bytes;
+                    "removed (its run had ended)".to_string()
+                }
+                Err(e) => format!("cannot remove: {e}"),
+            },
+            (Some(h), false) if *h == grinnder_engine::scratch::host() => {
+                format!("kept: process {} is running", f.pid)
+            }
+            (Some(h), false) => format!("kept: made on {h} (clean it there)"),
+            (None, false) => {
+                "kept: no machine in its name (an older version's); remove it by hand if no run uses it"
+                    .into()
+            }
+        };
+        println!("{}  {:.1} MiB  {what}", f.path.display(), mib(f.bytes));
+    }
+    if !dry_run {
+        println!("{removed} removed, {:.1} MiB freed", mib(freed));
+    }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -214,7 +253,13 @@ struct PartitionReport {
 fn partition(a: PartitionArgs) -> anyhow::Result<()> {
     let (ds, _) = load(&a.input)?;
     if !a.json {
-        println!("{} nodes, {} edges; partitioner {:?}", ds.num_nodes(), ds.graph.num_edges(), a.partitioner);
+        let name = clap::ValueEnum::to_possible_value(&a.partitioner).map(|v| v.get_name().to_string());
+        println!(
+            "{} nodes, {} edges; partitioner {}",
+            ds.num_nodes(),
+            ds.graph.num_edges(),
+            name.unwrap_or_default()
+        );
         println!(
             "{:>6} {:>8} {:>12} {:>12} {:>8} {:>9} {:>10}",
             "parts", "balance", "edge cut", "halo volume", "repl.", "time s", "peak RSS"

@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod bundled;
 pub mod commands;
 pub mod load;
 pub mod plan;

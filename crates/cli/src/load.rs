@@ -23,9 +23,18 @@ pub fn open(path: &Path, input: &Input) -> anyhow::Result<Dataset> {
     if std::fs::symlink_metadata(path).is_err() {
         anyhow::bail!("{}: no such file or folder{}", path.display(), suggestion(path));
     }
+    let phase = grinnder_graph::progress::phase(&format!("loading {}", path.display()));
     let mut ds = io::open(path, input.format(), &input.options()?)
         .with_context(|| format!("cannot load {}", path.display()))?;
-    if let Some(c) = input.num_classes {
+    drop(phase);
+    settle_classes(&mut ds, input.num_classes)?;
+    Ok(ds)
+}
+
+/// Sets the class count to `num_classes` where given (refused below the labels' largest + 1);
+/// else warns when classes up to the largest label have no node.
+pub fn settle_classes(ds: &mut Dataset, num_classes: Option<u32>) -> anyhow::Result<()> {
+    if let Some(c) = num_classes {
         let seen = ds.labels.iter().copied().max().map_or(0, |m| (m + 1).max(0) as u32);
         anyhow::ensure!(
             c >= seen,
@@ -34,8 +43,8 @@ pub fn open(path: &Path, input: &Input) -> anyhow::Result<Dataset> {
         );
         ds.num_classes = c;
     }
-    warn_empty_classes(&ds, input.num_classes.is_some());
-    Ok(ds)
+    warn_empty_classes(ds, num_classes.is_some());
+    Ok(())
 }
 
 /// Warns when classes up to the largest label have no node (unless the user set the count):

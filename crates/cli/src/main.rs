@@ -15,6 +15,8 @@ static ALLOC: grinnder_engine::heap::Counting<mimalloc::MiMalloc> =
 
 fn main() -> std::process::ExitCode {
     grinnder_engine::process::mark_process_start();
+    // setup lines are stamped with the seconds since here
+    grinnder_graph::progress::mark_start();
     let cli = args::Cli::parse();
     // under mpirun, rank 0 reports: the others log warnings and errors only
     let follower = grinnder_dist::launched_rank().is_some_and(|r| r > 0);
@@ -46,6 +48,7 @@ fn main() -> std::process::ExitCode {
         .with_target(false)
         .init();
     grinnder_graph::progress::set_quiet(cli.quiet);
+    remove_storage_on_signals();
     // ranks sharing a machine share its cores unless --threads says otherwise
     let threads = cli.threads.or_else(|| {
         let local = grinnder_dist::launched_local_ranks().filter(|&n| n > 1)?;
@@ -97,6 +100,28 @@ fn main() -> std::process::ExitCode {
             None => std::panic::resume_unwind(payload),
         },
     }
+}
+
+/// At SIGINT (Ctrl-C) or SIGTERM (a batch system's cancel), removes the runs' storage
+/// directories before the process ends: killed that way, a run leaves nothing behind.
+fn remove_storage_on_signals() {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cannot watch for SIGINT and SIGTERM ({e}): an interrupted run may leave its storage directory (grinnder clean removes it)");
+            return;
+        }
+    };
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            for p in grinnder_engine::scratch::remove_live() {
+                eprintln!("removed the storage directory {}", p.display());
+            }
+            eprintln!("interrupted ({})", if sig == SIGINT { "SIGINT" } else { "SIGTERM" });
+            std::process::exit(128 + sig);
+        }
+    });
 }
 
 /// The message of a panic raised by the GPU memory budget.

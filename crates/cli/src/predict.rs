@@ -69,16 +69,7 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
     );
     // the GPU and the output folder are settled before the dataset loads
     let gpu = match device {
-        Device::Cuda(n) => {
-            let mut gpu = grinnder_cuda::Cuda::new(n).with_context(|| {
-                format!(
-                    "cannot use CUDA device {n} (--device cuda); leave --device out to predict on the CPU"
-                )
-            })?;
-            gpu.set_memory_budget(byte_size(a.gpu_mem.clone())?)?;
-            gpu.set_tf32(a.tf32)?;
-            Some(gpu)
-        }
+        Device::Cuda(n) => Some(crate::train::open_gpu(n, byte_size(a.gpu_mem.clone())?, a.tf32, "predict")?),
         Device::Cpu => None,
     };
     crate::train::check_dir_writable(&a.out, "--out")?;

@@ -163,7 +163,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     // the GPU, or a path that cannot be written, is refused at once, not after the load or the
     // run
     let gpu = match plan.device {
-        Device::Cuda(n) => Some(open_gpu(n, &plan)?),
+        Device::Cuda(n) => Some(open_gpu(n, plan.gpu_mem, plan.tf32, "train")?),
         Device::Cpu => None,
     };
     let mut metrics_file = match a.metrics_out.as_ref().filter(|_| lead) {
@@ -209,13 +209,13 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         (Some(gpu), _) => {
             let zero_copy = match plan.feature_access {
                 FeatureAccessArg::ZeroCopy => {
-                    Some(ZeroCopyFeatures::new(&gpu, &ds, plan.config.feature_norm)?)
+                    Some(ZeroCopyFeatures::new(gpu, &ds, plan.config.feature_norm)?)
                 }
                 FeatureAccessArg::Copy => None,
             };
             let source = zero_copy.as_ref().map(|z| z as &dyn FeatureSource<grinnder_cuda::Cuda>);
             let device = match &launch {
-                Some(l) if plan.minibatch.is_none() => nccl_groups(&gpu, l, plan.transport)?,
+                Some(l) if plan.minibatch.is_none() => nccl_groups(gpu, l, plan.transport)?,
                 _ => None,
             };
             let summary = run_on!(gpu, source, device.as_ref());
@@ -247,13 +247,27 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The CUDA device `n` with the plan's memory budget and TF32 setting.
-fn open_gpu(n: usize, plan: &TrainPlan) -> anyhow::Result<grinnder_cuda::Cuda> {
+/// The setup's phases so far, logged as one line.
+fn setup_done() -> Vec<grinnder_engine::metrics::SetupPhase> {
+    let setup = grinnder_engine::metrics::SetupPhase::all();
+    if !setup.is_empty() {
+        tracing::info!("setup done in {}", grinnder_engine::metrics::SetupPhase::describe(&setup));
+    }
+    setup
+}
+
+/// The CUDA device `n` with a memory budget and the TF32 setting, for `what` (train, predict).
+pub fn open_gpu(
+    n: usize,
+    gpu_mem: Option<u64>,
+    tf32: bool,
+    what: &str,
+) -> anyhow::Result<grinnder_cuda::Cuda> {
     let mut gpu = grinnder_cuda::Cuda::new(n).with_context(|| {
-        format!("cannot use CUDA device {n} (--device cuda); leave --device out to train on the CPU")
+        format!("cannot use CUDA device {n} (--device cuda); leave --device out to {what} on the CPU")
     })?;
-    gpu.set_memory_budget(plan.gpu_mem)?;
-    gpu.set_tf32(plan.tf32)?;
+    gpu.set_memory_budget(gpu_mem)?;
+    gpu.set_tf32(tf32)?;
     Ok(gpu)
 }
 
@@ -289,9 +303,19 @@ pub fn check_writable(path: &std::path::Path, flag: &str) -> anyhow::Result<()> 
         _ => std::path::Path::new("."),
     };
     anyhow::ensure!(!path.is_dir(), "{flag} {} is a directory; give a file name", path.display());
-    grinnder_graph::io::files::temp_in(dir, ".grinnder-write-test-")
-        .map(drop)
-        .with_context(|| format!("{flag} {}: cannot write into {}", path.display(), dir.display()))
+    anyhow::ensure!(
+        dir.is_dir(),
+        "{flag} {}: the folder {} does not exist (make it first)",
+        path.display(),
+        dir.display()
+    );
+    grinnder_graph::io::files::temp_in(dir, ".grinnder-write-test-").map(drop).map_err(|e| {
+        // the OS's reason without tempfile's made-up file name
+        let why = e
+            .raw_os_error()
+            .map_or(e.kind().to_string(), |c| std::io::Error::from_raw_os_error(c).to_string());
+        anyhow::anyhow!("{flag} {}: cannot write into {}: {why}", path.display(), dir.display())
+    })
 }
 
 /// Settles `plan` for this rank of `l`: the partitions (at least one per rank), this rank's GPU,
@@ -324,7 +348,7 @@ fn fit_to_ranks(plan: &mut TrainPlan, l: &Launch) -> anyhow::Result<()> {
         progress::set_quiet(true);
     }
     tracing::info!(
-        "rank {} of {} ({}; {} per server), partitions {}, {:?}",
+        "rank {} of {} ({}; {} per server), partitions {}, expansion {}",
         l.groups.global.rank(),
         ranks,
         l.groups.global.describe(),
@@ -447,6 +471,14 @@ fn run_on<B: Backend>(
     let mut trainer = Trainer::new(b, ds, plan.config.clone(), mode)?;
     if let Some(c) = ckpt {
         trainer = trainer.with_checkpoints(c)?;
+        if c.resume && trainer.done() {
+            tracing::warn!(
+                "the checkpoint in {} has {} epochs trained, and --epochs asks for {}: nothing is left to train (raise --epochs to go on)",
+                c.dir.display(),
+                trainer.epochs_done(),
+                plan.config.epochs
+            );
+        }
     }
     if let Some(p) = &a.init_from {
         if trainer.epochs_done() > 0 {
@@ -460,11 +492,13 @@ fn run_on<B: Backend>(
             tracing::info!("starting from the weights of {} ({})", p.display(), f.arch.describe());
         }
     }
+    let setup = setup_done();
     while !trainer.done() {
         let m = trainer.train_epoch()?;
         on_epoch(&m);
     }
-    let summary = trainer.summary();
+    let mut summary = trainer.summary();
+    summary.setup = setup;
     pb.finish_and_clear();
     if let Some(e) = write_err {
         return Err(e).context("cannot write the metrics file");

@@ -191,7 +191,7 @@ fn faults_are_refused_before_any_work_naming_what_is_wrong() {
     // an output directory that cannot be made
     std::fs::write(d("file"), b"x").unwrap();
     let err = fails(&["predict", "--model-file", s(&m), "--out", s(&d("file/out"))]);
-    assert!(err.contains("cannot make --out"), "{err}");
+    assert!(err.contains("--out") && err.contains("cannot make the directory"), "{err}");
     // a model file cut short, and one whose values were changed
     let bytes = std::fs::read(&m).unwrap();
     std::fs::write(d("cut.safetensors"), &bytes[..bytes.len() - 100]).unwrap();
@@ -215,7 +215,7 @@ fn faults_are_refused_before_any_work_naming_what_is_wrong() {
     }
     // --save-model into a directory that does not exist: refused before training
     let err = fails(&["train", "--epochs", "1", "--save-model", s(&d("nowhere/m.safetensors"))]);
-    assert!(err.contains("--save-model") && err.contains("cannot write"), "{err}");
+    assert!(err.contains("--save-model") && err.contains("does not exist"), "{err}");
 }
 
 #[test]

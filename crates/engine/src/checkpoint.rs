@@ -77,9 +77,15 @@ pub struct Checkpoint {
 pub enum CheckpointError {
     #[error("{path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
-    #[error("checkpoint {path} was made for another run: {field} is {then} there, {now} here")]
+    #[error(
+        "checkpoint {path} was made for another run: {field} is {then} there, {now} here; to train \
+         with these settings, give a new --checkpoint-dir (or remove the checkpoints in this one)"
+    )]
     Mismatch { path: PathBuf, field: String, then: String, now: String },
-    #[error("checkpoint {path} was made for another dataset (fingerprint {then}, this one {now})")]
+    #[error(
+        "checkpoint {path} was made for another dataset (fingerprint {then}, this one {now}); give \
+         a new --checkpoint-dir (or remove the checkpoints in this one)"
+    )]
     OtherDataset { path: PathBuf, then: String, now: String },
     #[error("checkpoint directory {dir}: {source}")]
     Io { dir: PathBuf, source: std::io::Error },

@@ -14,6 +14,7 @@ mod mode;
 pub mod model_file;
 pub mod preload;
 pub mod process;
+pub mod scratch;
 pub mod tiered;
 pub mod trainer;
 

@@ -44,4 +44,32 @@ pub struct Summary {
     pub peak_host_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_device_bytes: Option<u64>,
+    /// The setup's phases (loading, partitioning, …) and their seconds, where the caller
+    /// records them (the CLI: from [`grinnder_graph::progress::phase_times`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub setup: Vec<SetupPhase>,
+}
+
+/// A setup phase and its seconds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SetupPhase {
+    pub phase: String,
+    pub seconds: f64,
+}
+
+impl SetupPhase {
+    /// Every setup phase the process has ended so far.
+    pub fn all() -> Vec<SetupPhase> {
+        grinnder_graph::progress::phase_times()
+            .into_iter()
+            .map(|(phase, seconds)| SetupPhase { phase, seconds })
+            .collect()
+    }
+
+    /// `12.3 s (loading data 3.1 s, partitioning (64 parts) 8.0 s, …)`.
+    pub fn describe(phases: &[SetupPhase]) -> String {
+        let total: f64 = phases.iter().map(|p| p.seconds).sum();
+        let each: Vec<String> = phases.iter().map(|p| format!("{} {:.1} s", p.phase, p.seconds)).collect();
+        format!("{total:.1} s ({})", each.join(", "))
+    }
 }

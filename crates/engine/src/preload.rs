@@ -38,6 +38,21 @@ pub enum Expansion {
     Sampled { hops: usize, fanout: usize },
 }
 
+impl std::fmt::Display for Expansion {
+    /// As the flags set it: `none`, `preload hops=2`, `preload within 8.0 GiB`, `eas hops=1
+    /// fanout=15`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Expansion::Plain => f.write_str("none"),
+            Expansion::Closure { hops } => write!(f, "preload hops={hops}"),
+            Expansion::ClosureWithin { budget } => {
+                write!(f, "preload within {:.1} GiB", *budget as f64 / (1u64 << 30) as f64)
+            }
+            Expansion::Sampled { hops, fanout } => write!(f, "eas hops={hops} fanout={fanout}"),
+        }
+    }
+}
+
 /// Device transports over the ranks of [`Groups`]' global and server groups (NCCL between
 /// GPUs), for the halo exchange and the gradient sum.
 pub struct DeviceGroups<B: Backend> {

@@ -63,3 +63,126 @@ fn add(pb: ProgressBar) -> ProgressBar {
     // indicatif hides the stderr target by itself when stderr is not a terminal.
     BARS.get_or_init(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr())).add(pb)
 }
+
+/// The start of the process's clock for setup lines ([`mark_start`], else the first phase).
+static START: OnceLock<std::time::Instant> = OnceLock::new();
+
+/// The phases begun so far: name, start, seconds (when ended), announced.
+static PHASES: std::sync::Mutex<Vec<PhaseEntry>> = std::sync::Mutex::new(Vec::new());
+
+struct PhaseEntry {
+    name: String,
+    start: std::time::Instant,
+    secs: Option<f64>,
+    announced: bool,
+}
+
+/// A phase open longer than this is announced while it runs (off a terminal, where no spinner
+/// shows it), and its end is logged.
+const ANNOUNCE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Starts the clock that setup lines are stamped with (the binary calls it first thing).
+pub fn mark_start() {
+    START.get_or_init(std::time::Instant::now);
+}
+
+fn since_start() -> f64 {
+    START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+}
+
+/// A setup step (loading, partitioning, building blocks, …), timed until dropped: a spinner on
+/// a terminal; off one, a line stamped with the seconds since start once it has run for a
+/// second, and another when it ends — a batch job's log shows what a long setup is doing. Every
+/// phase's time is kept for the summary ([`phase_times`]).
+pub struct Phase {
+    index: usize,
+    spin: ProgressBar,
+}
+
+/// Begins the phase `name` (see [`Phase`]).
+pub fn phase(name: &str) -> Phase {
+    mark_start();
+    let index = {
+        let mut all = PHASES.lock().unwrap_or_else(|e| e.into_inner());
+        all.push(PhaseEntry {
+            name: name.to_string(),
+            start: std::time::Instant::now(),
+            secs: None,
+            announced: false,
+        });
+        all.len() - 1
+    };
+    start_watch();
+    Phase { index, spin: spinner(name) }
+}
+
+impl Drop for Phase {
+    fn drop(&mut self) {
+        self.spin.finish_and_clear();
+        let mut all = PHASES.lock().unwrap_or_else(|e| e.into_inner());
+        let e = &mut all[self.index];
+        let secs = e.start.elapsed().as_secs_f64();
+        e.secs = Some(secs);
+        if e.announced && !QUIET.load(Ordering::Relaxed) {
+            tracing::info!("[{:.1} s] {} done in {secs:.1} s", since_start(), e.name);
+        }
+    }
+}
+
+/// Every ended phase with its seconds, in the order they began.
+pub fn phase_times() -> Vec<(String, f64)> {
+    let all = PHASES.lock().unwrap_or_else(|e| e.into_inner());
+    all.iter().filter_map(|e| Some((e.name.clone(), e.secs?))).collect()
+}
+
+/// One thread per process announces the phases that run past [`ANNOUNCE_AFTER`] where no
+/// spinner shows them (stderr not a terminal).
+fn start_watch() {
+    static WATCH: OnceLock<()> = OnceLock::new();
+    WATCH.get_or_init(|| {
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            return;
+        }
+        let spawned = std::thread::Builder::new().name("setup-phases".into()).spawn(|| loop {
+            std::thread::sleep(std::time::Duration::from_millis(250));
+            let mut all = PHASES.lock().unwrap_or_else(|e| e.into_inner());
+            for e in all.iter_mut().filter(|e| e.secs.is_none() && !e.announced) {
+                if e.start.elapsed() >= ANNOUNCE_AFTER {
+                    e.announced = true;
+                    if !QUIET.load(Ordering::Relaxed) {
+                        // stamped with the phase's start
+                        let at = since_start() - e.start.elapsed().as_secs_f64();
+                        tracing::info!("[{:.1} s] {} …", at.max(0.0), e.name);
+                    }
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::debug!("no thread to announce setup phases: {e}");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_phase_is_announced_off_a_terminal_and_every_phase_is_timed() {
+        let short = phase("a short phase");
+        drop(short);
+        let long = phase("a long phase");
+        std::thread::sleep(ANNOUNCE_AFTER + std::time::Duration::from_millis(600));
+        drop(long);
+        let times = phase_times();
+        let secs = |name: &str| times.iter().find(|(n, _)| n == name).map(|t| t.1);
+        assert!(secs("a short phase").is_some_and(|s| s < 1.0), "{times:?}");
+        assert!(secs("a long phase").is_some_and(|s| s >= 1.5), "{times:?}");
+        let all = PHASES.lock().unwrap();
+        let announced = |name: &str| all.iter().find(|e| e.name == name).map(|e| e.announced);
+        assert_eq!(announced("a short phase"), Some(false));
+        if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            assert_eq!(announced("a long phase"), Some(true), "announced while it ran");
+        }
+    }
+}

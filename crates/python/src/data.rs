@@ -339,7 +339,7 @@ impl Dataset {
 /// the line or byte.
 #[pyfunction]
 #[pyo3(signature = (path, *, format="auto", split=None, non_finite="refuse", num_nodes=None,
-    igb_classes=19, skip_feature_checksums=false, allow_split_overlap=false))]
+    igb_classes=19, skip_feature_checksums=false, allow_split_overlap=false, num_classes=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn load_dataset(
     py: Python<'_>,
@@ -351,6 +351,7 @@ pub fn load_dataset(
     igb_classes: u32,
     skip_feature_checksums: bool,
     allow_split_overlap: bool,
+    num_classes: Option<u32>,
 ) -> PyResult<Dataset> {
     use grinnder_cli::args::{Input, InputFormat, NonFiniteArg};
     let input = Input {
@@ -373,8 +374,11 @@ pub fn load_dataset(
         igb_classes,
         skip_feature_checksums,
         allow_split_overlap,
+        num_classes,
     };
     let opts = input.options().map_err(|e| value_error(format!("{e:#}")))?;
-    let ds = py.detach(|| grinnder_graph::io::open(&path, input.format(), &opts)).map_err(graph_error)?;
+    let mut ds = py.detach(|| grinnder_graph::io::open(&path, input.format(), &opts)).map_err(graph_error)?;
+    grinnder_cli::load::settle_classes(&mut ds, num_classes)
+        .map_err(|e| value_error(format!("{e:#}").replace("--num-classes ", "num_classes=")))?;
     Ok(Dataset::new(ds))
 }

@@ -344,15 +344,12 @@ fn retry_wait(e: &io::Error) -> bool {
 
 const O_DIRECT: i32 = 0o40000;
 
-/// The prefix of a run's private storage directory: `grinnder-run-<pid>-<random>`.
-pub const RUN_DIR_PREFIX: &str = "grinnder-run-";
-
 impl BlockFiles {
     /// Checks that `parent` exists and is writable, creates the run's private directory in it
     /// (mode 0700, an unpredictable name: no other process or run can plant or see files
     /// there), and finds out whether it takes `O_DIRECT`. The directory and everything in it
     /// is removed when the returned guard is dropped.
-    pub fn create(parent: &Path) -> io::Result<(BlockFiles, tempfile::TempDir)> {
+    pub fn create(parent: &Path) -> io::Result<(BlockFiles, crate::scratch::RunDir)> {
         let meta = std::fs::metadata(parent)
             .map_err(|e| io::Error::new(e.kind(), format!("storage directory {}: {e}", parent.display())))?;
         if !meta.is_dir() {
@@ -364,8 +361,7 @@ impl BlockFiles {
         let not_writable = |e: io::Error| {
             io::Error::new(e.kind(), format!("storage directory {} is not writable: {e}", parent.display()))
         };
-        let prefix = format!("{RUN_DIR_PREFIX}{}-", std::process::id());
-        let run = grinnder_graph::io::files::private_dir_in(parent, &prefix).map_err(not_writable)?;
+        let run = crate::scratch::RunDir::create(parent).map_err(not_writable)?;
         let dir = run.path().to_path_buf();
         let probe = dir.join("probe");
         let direct = match OpenOptions::new()

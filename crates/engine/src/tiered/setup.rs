@@ -51,10 +51,13 @@ impl<'a, B: Backend> Executor<'a, B> {
         let local = owner.iter().position(|&o| o == rank).unwrap_or(0)
             ..owner.iter().rposition(|&o| o == rank).map_or(0, |i| i + 1);
         let model = Model::init(b, model_cfg.clone(), ds.features.dim, ds.num_classes as usize);
+        let phase = grinnder_graph::progress::phase(&format!("partitioning ({} parts)", tc.parts));
         let partitioning = match dist.filter(|_| ranks > 1) {
             None => shared_partitioning(&grinnder_dist::Solo, ds, tc)?,
             Some(d) => shared_partitioning(d.comm, ds, tc)?,
         };
+        drop(phase);
+        let phase = grinnder_graph::progress::phase("partition graphs");
         // the adjacency the model needs, with its whole-graph normalisation
         // (a server's share: the whole graph's degrees)
         let aggregation = model.aggregation();
@@ -85,7 +88,10 @@ impl<'a, B: Backend> Executor<'a, B> {
                 .partitions
                 .iter()
                 .any(|g| g.columns() as u64 * model.dim(0) as u64 * elem > input::input_piece_bytes());
+        drop(phase);
+        let phase = grinnder_graph::progress::phase("partition blocks");
         let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key, in_pieces);
+        drop(phase);
         let plan = make_plan(&model, &parts, tc, elem as usize, pre, crate::process::mapped_bytes(ds));
         check_budget(&plan, tc)?;
         let store_cfg = StoreConfig {
@@ -125,8 +131,14 @@ impl<'a, B: Backend> Executor<'a, B> {
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
+        let phase = grinnder_graph::progress::phase(if pre {
+            "first blocks (features, Â·x)"
+        } else {
+            "first blocks (features)"
+        });
         // a share's shift is the whole graph's
         ex.load_features(ds, features.norm, sub.map(|s| s.feature_shift).or(features.shift))?;
+        drop(phase);
         Ok(ex)
     }
 

@@ -81,6 +81,17 @@ pub enum CacheMode {
     PartitionLru,
 }
 
+impl std::fmt::Display for CacheMode {
+    /// As `--cache-mode` takes it: `auto`, `lru_layer`, `partition_lru`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CacheMode::Auto => "auto",
+            CacheMode::LruLayer => "lru_layer",
+            CacheMode::PartitionLru => "partition_lru",
+        })
+    }
+}
+
 /// Element type of blocks in the host cache and in files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -251,7 +262,7 @@ pub struct Store<T: Scalar> {
     deferred: Option<io::Error>,
     keep_files: bool,
     /// The run's private storage directory (removed on drop unless `keep_files`).
-    run_dir: Option<tempfile::TempDir>,
+    run_dir: Option<crate::scratch::RunDir>,
     stats: TierStats,
 }
 

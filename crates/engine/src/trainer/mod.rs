@@ -302,6 +302,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             epoch_s_median: times.get(times.len() / 2).copied().unwrap_or(0.0),
             peak_host_bytes: peak_rss_bytes(),
             peak_device_bytes: self.peak_device_bytes(),
+            setup: Vec::new(),
         }
     }
 

@@ -63,7 +63,7 @@ impl<'a, B: Backend> Partitioned<'a, B> {
         let part = shared_partitioning(groups.global.as_ref(), ds, &server_parts)?.part;
         let sh = share(ds, &part, layout.server(me), expansion, cfg);
         tracing::info!(
-            "server {} of {servers}: owns {} nodes, trains on {} ({:?})",
+            "server {} of {servers}: owns {} nodes, trains on {} (expansion {})",
             layout.server(me),
             sh.owned,
             sh.ds.num_nodes(),
@@ -94,7 +94,7 @@ impl<'a, B: Backend> Partitioned<'a, B> {
     ) -> Result<Self, TrainError> {
         let ex = Executor::new_share(b, ds, sub, &cfg.model, cfg.features(), tc, dist)?;
         tracing::info!(
-            "{} partitions; host cache {}, mode {:?}; blocks need {:.1} MiB; storage {}",
+            "{} partitions; host cache {}, mode {}; blocks need {:.1} MiB; storage {}",
             tc.parts,
             ex.plan
                 .cache_bytes

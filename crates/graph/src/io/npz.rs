@@ -133,7 +133,7 @@ impl Member<'_> {
                     return Err(GraphError::Decode {
                         path: self.origin.clone(),
                         offset: self.at + got as u64,
-                        source: e,
+                        cause: e,
                     })
                 }
             }
@@ -286,7 +286,7 @@ impl Member<'_> {
                 "longer than its shape {:?} of {:?}: data continues after byte {}",
                 self.shape, self.dtype, self.at
             ))),
-            Err(e) => Err(GraphError::Decode { path: self.origin.clone(), offset: self.at, source: e }),
+            Err(e) => Err(GraphError::Decode { path: self.origin.clone(), offset: self.at, cause: e }),
         }
     }
 }
