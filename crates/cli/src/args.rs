@@ -256,6 +256,17 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 }
 
 impl PartitionerArg {
+    /// As `--partitioner` takes it: `metis`, `spinner`, ….
+    pub fn name(self) -> &'static str {
+        match self {
+            PartitionerArg::Metis => "metis",
+            PartitionerArg::Spinner => "spinner",
+            PartitionerArg::Lpa => "lpa",
+            PartitionerArg::Random => "random",
+            PartitionerArg::Contiguous => "contiguous",
+        }
+    }
+
     pub fn method(self, seed: u64) -> grinnder_partition::Method {
         match self {
             PartitionerArg::Metis => grinnder_partition::Method::Metis { seed },

@@ -253,12 +253,11 @@ struct PartitionReport {
 fn partition(a: PartitionArgs) -> anyhow::Result<()> {
     let (ds, _) = load(&a.input)?;
     if !a.json {
-        let name = clap::ValueEnum::to_possible_value(&a.partitioner).map(|v| v.get_name().to_string());
         println!(
             "{} nodes, {} edges; partitioner {}",
             ds.num_nodes(),
             ds.graph.num_edges(),
-            name.unwrap_or_default()
+            a.partitioner.name()
         );
         println!(
             "{:>6} {:>8} {:>12} {:>12} {:>8} {:>9} {:>10}",
@@ -275,7 +274,7 @@ fn partition(a: PartitionArgs) -> anyhow::Result<()> {
         tracing::debug!("partition cache: {outcome:?}");
         let q = grinnder_partition::quality(&ds.graph, &p);
         let r = PartitionReport {
-            partitioner: format!("{:?}", a.partitioner).to_lowercase(),
+            partitioner: a.partitioner.name().to_string(),
             parts,
             balance: q.balance,
             edge_cut: q.edge_cut,

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod bundled;
 pub mod commands;
 pub mod load;
+pub mod outputs;
 pub mod plan;
 pub mod plot;
 pub mod predict;

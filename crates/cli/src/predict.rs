@@ -72,9 +72,9 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
         Device::Cuda(n) => Some(crate::train::open_gpu(n, byte_size(a.gpu_mem.clone())?, a.tf32, "predict")?),
         Device::Cpu => None,
     };
-    crate::train::check_dir_writable(&a.out, "--out")?;
+    crate::outputs::check_dir_writable(&a.out, "--out")?;
     if let Some(p) = &a.metrics_out {
-        crate::train::check_writable(p, "--metrics-out")?;
+        crate::outputs::check_writable(p, "--metrics-out")?;
     }
     let path = a.input.path()?;
     let mut ds = crate::load::open(&path, &a.input)?;
