@@ -122,13 +122,22 @@ pub fn feature_rows<T: Scalar>(
     // and the kernel maps the cached pages around a faulting one too (fault-around, 64 KiB by
     // default)
     let row_pages = ((d * 4).div_ceil(4096) * 4096 + 4096).max(64 << 10);
-    for piece in ids.chunks((FEATURE_PAGES_BYTES / row_pages).max(1)) {
-        out.extend(
-            piece
-                .iter()
-                .flat_map(|&v| normalized::<T>(&src[v as usize * d..(v as usize + 1) * d], norm, shift)),
-        );
-        if src.is_mapped() {
+    let piece = (FEATURE_PAGES_BYTES / row_pages).max(1);
+    // every core copies a share of each piece; the piece's pages go back together, as before
+    let share = piece.div_ceil(rayon::current_num_threads()).max(1);
+    let release = src.is_mapped() && std::env::var_os("GRINNDER_KEEP_FEATURE_PAGES").is_none();
+    out.resize(ids.len() * d, T::default());
+    for (ids, out) in ids.chunks(piece).zip(out.chunks_mut(piece * d)) {
+        use rayon::prelude::*;
+        ids.par_chunks(share).zip(out.par_chunks_mut(share * d)).for_each(|(ids, out)| {
+            for (&v, row) in ids.iter().zip(out.chunks_exact_mut(d)) {
+                let r = &src[v as usize * d..(v as usize + 1) * d];
+                for (o, x) in row.iter_mut().zip(normalized::<T>(r, norm, shift)) {
+                    *o = x;
+                }
+            }
+        });
+        if release {
             src.release_all();
         }
     }
