@@ -103,19 +103,38 @@ pub fn feature_rows<T: Scalar>(
     let src = &ds.features.data;
     let mut out = Vec::with_capacity(ids.len() * d);
     if src.reads_through_file() {
+        use rayon::prelude::*;
         let most = (FEATURE_PAGES_BYTES / (4 * d).max(1)).max(1);
-        let mut buf = Vec::new();
+        // runs of consecutive ids (at most `most` rows), read and preprocessed by every core
+        // (halo rows are mostly runs of one: a pread each)
+        let mut runs = Vec::new();
         let mut i = 0;
         while i < ids.len() {
             let mut j = i + 1;
             while j < ids.len() && j - i < most && ids[j] == ids[j - 1] + 1 {
                 j += 1;
             }
-            buf.resize((j - i) * d, 0f32);
-            src.read_into(ids[i] as usize * d, &mut buf)?;
-            out.extend(buf.chunks_exact(d).flat_map(|r| normalized::<T>(r, norm, shift)));
+            runs.push((i, j));
             i = j;
         }
+        out.resize(ids.len() * d, T::default());
+        let mut slices = Vec::with_capacity(runs.len());
+        let mut rest = &mut out[..];
+        for &(i, j) in &runs {
+            let (a, b) = std::mem::take(&mut rest).split_at_mut((j - i) * d);
+            slices.push((i, j, a));
+            rest = b;
+        }
+        slices.into_par_iter().try_for_each_init(Vec::new, |buf: &mut Vec<f32>, (i, j, o)| {
+            buf.resize((j - i) * d, 0f32);
+            src.read_into(ids[i] as usize * d, buf)?;
+            for (ro, r) in o.chunks_exact_mut(d).zip(buf.chunks_exact(d)) {
+                for (x, v) in ro.iter_mut().zip(normalized::<T>(r, norm, shift)) {
+                    *x = v;
+                }
+            }
+            Ok::<(), std::io::Error>(())
+        })?;
         return Ok(out);
     }
     // a row read keeps its pages — one more than it covers, where it straddles a boundary —
