@@ -101,12 +101,12 @@ pub fn feature_rows<T: Scalar>(
 ) -> std::io::Result<Vec<T>> {
     let d = ds.features.dim;
     let src = &ds.features.data;
-    let mut out = Vec::with_capacity(ids.len() * d);
+    let mut out = vec![T::default(); ids.len() * d];
     if src.reads_through_file() {
-        use rayon::prelude::*;
-        let most = (FEATURE_PAGES_BYTES / (4 * d).max(1)).max(1);
-        // runs of consecutive ids (at most `most` rows), read and preprocessed by every core
-        // (halo rows are mostly runs of one: a pread each)
+        // runs of consecutive ids, read and preprocessed by every core (halo rows are mostly
+        // runs of one: a pread each); a run is at most a core's share of FEATURE_PAGES_BYTES,
+        // so the read buffers of all cores together stay within what the plan counts
+        let most = (FEATURE_PAGES_BYTES / (4 * d).max(1) / rayon::current_num_threads()).max(1);
         let mut runs = Vec::new();
         let mut i = 0;
         while i < ids.len() {
@@ -117,7 +117,6 @@ pub fn feature_rows<T: Scalar>(
             runs.push((i, j));
             i = j;
         }
-        out.resize(ids.len() * d, T::default());
         let mut slices = Vec::with_capacity(runs.len());
         let mut rest = &mut out[..];
         for &(i, j) in &runs {
@@ -144,10 +143,8 @@ pub fn feature_rows<T: Scalar>(
     let piece = (FEATURE_PAGES_BYTES / row_pages).max(1);
     // every core copies a share of each piece; the piece's pages go back together, as before
     let share = piece.div_ceil(rayon::current_num_threads()).max(1);
-    let release = src.is_mapped() && std::env::var_os("GRINNDER_KEEP_FEATURE_PAGES").is_none();
-    out.resize(ids.len() * d, T::default());
+    let release = src.is_mapped();
     for (ids, out) in ids.chunks(piece).zip(out.chunks_mut(piece * d)) {
-        use rayon::prelude::*;
         ids.par_chunks(share).zip(out.par_chunks_mut(share * d)).for_each(|(ids, out)| {
             for (&v, row) in ids.iter().zip(out.chunks_exact_mut(d)) {
                 let r = &src[v as usize * d..(v as usize + 1) * d];
