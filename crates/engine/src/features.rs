@@ -101,34 +101,59 @@ pub fn feature_rows<T: Scalar>(
 ) -> std::io::Result<Vec<T>> {
     let d = ds.features.dim;
     let src = &ds.features.data;
-    let mut out = Vec::with_capacity(ids.len() * d);
+    let mut out = vec![T::default(); ids.len() * d];
     if src.reads_through_file() {
-        let most = (FEATURE_PAGES_BYTES / (4 * d).max(1)).max(1);
-        let mut buf = Vec::new();
+        // runs of consecutive ids, read and preprocessed by every core (halo rows are mostly
+        // runs of one: a pread each); a run is at most a core's share of FEATURE_PAGES_BYTES,
+        // so the read buffers of all cores together stay within what the plan counts
+        let most = (FEATURE_PAGES_BYTES / (4 * d).max(1) / rayon::current_num_threads()).max(1);
+        let mut runs = Vec::new();
         let mut i = 0;
         while i < ids.len() {
             let mut j = i + 1;
             while j < ids.len() && j - i < most && ids[j] == ids[j - 1] + 1 {
                 j += 1;
             }
-            buf.resize((j - i) * d, 0f32);
-            src.read_into(ids[i] as usize * d, &mut buf)?;
-            out.extend(buf.chunks_exact(d).flat_map(|r| normalized::<T>(r, norm, shift)));
+            runs.push((i, j));
             i = j;
         }
+        let mut slices = Vec::with_capacity(runs.len());
+        let mut rest = &mut out[..];
+        for &(i, j) in &runs {
+            let (a, b) = std::mem::take(&mut rest).split_at_mut((j - i) * d);
+            slices.push((i, j, a));
+            rest = b;
+        }
+        slices.into_par_iter().try_for_each_init(Vec::new, |buf: &mut Vec<f32>, (i, j, o)| {
+            buf.resize((j - i) * d, 0f32);
+            src.read_into(ids[i] as usize * d, buf)?;
+            for (ro, r) in o.chunks_exact_mut(d).zip(buf.chunks_exact(d)) {
+                for (x, v) in ro.iter_mut().zip(normalized::<T>(r, norm, shift)) {
+                    *x = v;
+                }
+            }
+            Ok::<(), std::io::Error>(())
+        })?;
         return Ok(out);
     }
     // a row read keeps its pages — one more than it covers, where it straddles a boundary —
     // and the kernel maps the cached pages around a faulting one too (fault-around, 64 KiB by
     // default)
     let row_pages = ((d * 4).div_ceil(4096) * 4096 + 4096).max(64 << 10);
-    for piece in ids.chunks((FEATURE_PAGES_BYTES / row_pages).max(1)) {
-        out.extend(
-            piece
-                .iter()
-                .flat_map(|&v| normalized::<T>(&src[v as usize * d..(v as usize + 1) * d], norm, shift)),
-        );
-        if src.is_mapped() {
+    let piece = (FEATURE_PAGES_BYTES / row_pages).max(1);
+    // every core copies a share of each piece; the piece's pages go back together, as before
+    let share = piece.div_ceil(rayon::current_num_threads()).max(1);
+    let release = src.is_mapped();
+    for (ids, out) in ids.chunks(piece).zip(out.chunks_mut(piece * d)) {
+        ids.par_chunks(share).zip(out.par_chunks_mut(share * d)).for_each(|(ids, out)| {
+            for (&v, row) in ids.iter().zip(out.chunks_exact_mut(d)) {
+                let r = &src[v as usize * d..(v as usize + 1) * d];
+                for (o, x) in row.iter_mut().zip(normalized::<T>(r, norm, shift)) {
+                    *o = x;
+                }
+            }
+        });
+        if release {
             src.release_all();
         }
     }

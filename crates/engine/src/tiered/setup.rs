@@ -176,9 +176,20 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.put(BlockKind::Pre, 0, q, agg)?;
                     continue;
                 }
+                // (where the first blocks' time goes: gathering rows, uploading, aggregating)
+                let t = Instant::now();
                 let rows = feature_rows::<B::T>(ds, norm, min, &ids).map_err(io_err)?;
+                let gathered = t.elapsed().as_secs_f64();
                 let x = self.b.upload_owned(Mat::from_vec(ids.len(), d, rows));
+                let uploaded = t.elapsed().as_secs_f64();
                 self.put_aggregate(q, x)?;
+                tracing::debug!(
+                    "first blocks, partition {q}: {} rows ({} own) gathered in {gathered:.3} s, uploaded in {:.3} s, aggregated and put in {:.3} s",
+                    ids.len(),
+                    self.parts[q].own,
+                    uploaded - gathered,
+                    t.elapsed().as_secs_f64() - uploaded
+                );
             }
         } else {
             for (q, ids) in blocks {
