@@ -217,6 +217,7 @@ pub enum NonFiniteArg {
 #[serde(rename_all = "lowercase")]
 pub enum PartitionerArg {
     Metis,
+    Multilevel,
     Spinner,
     Lpa,
     Random,
@@ -230,8 +231,9 @@ pub struct PartitionArgs {
     /// Number of partitions (one or more values, comma separated).
     #[arg(long, value_delimiter = ',', default_value = "4")]
     pub parts: Vec<usize>,
-    /// Partitioner: METIS k-way, Spinner, dependency-aware LPA (halo volume), random, contiguous.
-    #[arg(long, ignore_case = true, value_enum, default_value_t = PartitionerArg::Metis)]
+    /// Partitioner: multilevel k-way on every core, METIS k-way (one core), Spinner,
+    /// dependency-aware LPA (halo volume), random, contiguous.
+    #[arg(long, ignore_case = true, value_enum, default_value_t = PartitionerArg::Multilevel)]
     pub partitioner: PartitionerArg,
     /// Seed of randomised partitioners.
     #[arg(long, default_value_t = 0)]
@@ -260,6 +262,7 @@ impl PartitionerArg {
     pub fn name(self) -> &'static str {
         match self {
             PartitionerArg::Metis => "metis",
+            PartitionerArg::Multilevel => "multilevel",
             PartitionerArg::Spinner => "spinner",
             PartitionerArg::Lpa => "lpa",
             PartitionerArg::Random => "random",
@@ -270,6 +273,7 @@ impl PartitionerArg {
     pub fn method(self, seed: u64) -> grinnder_partition::Method {
         match self {
             PartitionerArg::Metis => grinnder_partition::Method::Metis { seed },
+            PartitionerArg::Multilevel => grinnder_partition::Method::Multilevel { seed },
             PartitionerArg::Spinner => grinnder_partition::Method::Spinner { seed },
             PartitionerArg::Lpa => grinnder_partition::Method::Lpa { seed },
             PartitionerArg::Random => grinnder_partition::Method::Random { seed },
@@ -562,7 +566,7 @@ pub struct TrainSettings {
     /// when another executor flag below is given].
     #[arg(help_heading = "Memory and tiers", long)]
     pub parts: Option<usize>,
-    /// Partitioner of the tiered executor [default: metis].
+    /// Partitioner of the tiered executor [default: multilevel].
     #[arg(help_heading = "Memory and tiers", long, ignore_case = true, value_enum)]
     pub partitioner: Option<PartitionerArg>,
     /// Which blocks leave host RAM first: whole layers (lru_layer), single blocks with the
@@ -693,7 +697,7 @@ pub struct PredictArgs {
     /// given; under mpirun one per rank].
     #[arg(long)]
     pub parts: Option<usize>,
-    /// Partitioner of the tiered executor [default: metis].
+    /// Partitioner of the tiered executor [default: multilevel].
     #[arg(long, ignore_case = true, value_enum)]
     pub partitioner: Option<PartitionerArg>,
     /// Host memory budget of the whole process, e.g. 8GiB; blocks beyond it go to --storage-dir.

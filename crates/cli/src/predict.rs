@@ -180,7 +180,7 @@ fn tiered_config(a: &PredictArgs, ranks: usize) -> anyhow::Result<Option<TieredC
     if let Some(d) = &a.storage_dir {
         anyhow::ensure!(d.is_dir(), "--storage-dir {} is not an existing directory", d.display());
     }
-    let mut tc = TieredConfig::in_ram(parts, a.partitioner.unwrap_or(PartitionerArg::Metis).method(0));
+    let mut tc = TieredConfig::in_ram(parts, a.partitioner.unwrap_or(PartitionerArg::Multilevel).method(0));
     tc.partition_cache = crate::args::default_cache_dir();
     tc.host_mem = host_mem;
     tc.cache_bytes = block_cache;

@@ -457,7 +457,10 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
     // run spills through storage every epoch and peak RSS stays within the budget (the bar: at
     // most 10 % over it, for every budget accepted; before 2026-12-01 this graph went 11 % over
     // at 1.2 times the minimum, the allocator's kept pages uncounted)
-    for (i, budget) in [min << 20, (min << 20) * 11 / 10, (min << 20) * 12 / 10].into_iter().enumerate() {
+    // (the least budget plus the 1 MiB its base may move between runs, as above: seen refused at
+    // exactly the minimum, "needs at least 205 MiB" after 204, 2026-12-03)
+    let least = (min + 1) << 20;
+    for (i, budget) in [least, least * 11 / 10, least * 12 / 10].into_iter().enumerate() {
         let metrics = format!("m{i}.jsonl");
         let o = train(&format!("{budget}B"), &metrics);
         assert!(o.status.success(), "{}", stderr(&o));

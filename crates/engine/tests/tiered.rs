@@ -201,9 +201,13 @@ fn gcn_layer_0_inside_layer_1s_transform_is_exact_where_its_output_would_leave_t
 fn gradients_do_not_depend_on_the_partitioner_or_cache_mode() {
     let ds = dataset();
     let cfg = model(Kind::Gcn, 0.0);
-    for method in
-        [Method::Metis { seed: 0 }, Method::Lpa { seed: 0 }, Method::Spinner { seed: 0 }, Method::Contiguous]
-    {
+    for method in [
+        Method::Metis { seed: 0 },
+        Method::Multilevel { seed: 0 },
+        Method::Lpa { seed: 0 },
+        Method::Spinner { seed: 0 },
+        Method::Contiguous,
+    ] {
         check(&ds, &cfg, &TieredConfig::in_ram(5, method), &format!("{method:?}"));
     }
     let gat = model(Kind::Gat, 0.1);

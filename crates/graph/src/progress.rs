@@ -75,6 +75,8 @@ struct PhaseEntry {
     start: std::time::Instant,
     secs: Option<f64>,
     announced: bool,
+    /// A step inside another phase ([`step`]): announced, but not one of [`phase_times`].
+    step: bool,
 }
 
 /// A phase open longer than this is announced while it runs (off a terminal, where no spinner
@@ -101,6 +103,16 @@ pub struct Phase {
 
 /// Begins the phase `name` (see [`Phase`]).
 pub fn phase(name: &str) -> Phase {
+    begin(name, false)
+}
+
+/// Begins a step inside the phase under way (a partitioner's coarsening level, say): shown and
+/// announced as a phase is, but its time is its phase's, so [`phase_times`] leaves it out.
+pub fn step(name: &str) -> Phase {
+    begin(name, true)
+}
+
+fn begin(name: &str, step: bool) -> Phase {
     mark_start();
     let index = {
         let mut all = PHASES.lock().unwrap_or_else(|e| e.into_inner());
@@ -109,6 +121,7 @@ pub fn phase(name: &str) -> Phase {
             start: std::time::Instant::now(),
             secs: None,
             announced: false,
+            step,
         });
         all.len() - 1
     };
@@ -129,10 +142,10 @@ impl Drop for Phase {
     }
 }
 
-/// Every ended phase with its seconds, in the order they began.
+/// Every ended phase with its seconds, in the order they began (not the [`step`]s within).
 pub fn phase_times() -> Vec<(String, f64)> {
     let all = PHASES.lock().unwrap_or_else(|e| e.into_inner());
-    all.iter().filter_map(|e| Some((e.name.clone(), e.secs?))).collect()
+    all.iter().filter(|e| !e.step).filter_map(|e| Some((e.name.clone(), e.secs?))).collect()
 }
 
 /// One thread per process announces the phases that run past [`ANNOUNCE_AFTER`] where no
@@ -172,17 +185,21 @@ mod tests {
         let short = phase("a short phase");
         drop(short);
         let long = phase("a long phase");
+        let inner = step("a long step");
         std::thread::sleep(ANNOUNCE_AFTER + std::time::Duration::from_millis(600));
+        drop(inner);
         drop(long);
         let times = phase_times();
         let secs = |name: &str| times.iter().find(|(n, _)| n == name).map(|t| t.1);
         assert!(secs("a short phase").is_some_and(|s| s < 1.0), "{times:?}");
         assert!(secs("a long phase").is_some_and(|s| s >= 1.5), "{times:?}");
+        assert!(secs("a long step").is_none(), "a step is its phase's time, not a phase: {times:?}");
         let all = PHASES.lock().unwrap();
         let announced = |name: &str| all.iter().find(|e| e.name == name).map(|e| e.announced);
         assert_eq!(announced("a short phase"), Some(false));
         if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
             assert_eq!(announced("a long phase"), Some(true), "announced while it ran");
+            assert_eq!(announced("a long step"), Some(true), "a step is announced as a phase is");
         }
     }
 }

@@ -17,7 +17,8 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::partitioner::{partition, Method, PartitionError, Partitioning};
 
 const MAGIC: &[u8; 8] = b"GRNDPART";
-const VERSION: u32 = 2;
+// (3: the parallel multilevel coarsening, 2026-12-03, changed the `lpa` partitionings)
+const VERSION: u32 = 3;
 const HEADER: usize = 8 + 4 + 8 + 8 + 8;
 
 /// Where a partitioning came from.

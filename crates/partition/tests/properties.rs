@@ -16,11 +16,12 @@ fn graph(n: usize, edges: &[(u32, u32)]) -> Csr {
 }
 
 fn method(k: u8, seed: u64) -> Method {
-    match k % 5 {
+    match k % 6 {
         0 => Method::Random { seed },
         1 => Method::Contiguous,
         2 => Method::Spinner { seed },
         3 => Method::Lpa { seed },
+        4 => Method::Multilevel { seed },
         _ => Method::Metis { seed: seed % 1000 },
     }
 }
