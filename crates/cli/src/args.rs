@@ -213,10 +213,12 @@ pub enum NonFiniteArg {
     Report,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PartitionerArg {
     Metis,
+    // the default: the parallel multilevel partitioner
+    #[default]
     Multilevel,
     Spinner,
     Lpa,
@@ -233,7 +235,7 @@ pub struct PartitionArgs {
     pub parts: Vec<usize>,
     /// Partitioner: multilevel k-way on every core, METIS k-way (one core), Spinner,
     /// dependency-aware LPA (halo volume), random, contiguous.
-    #[arg(long, ignore_case = true, value_enum, default_value_t = PartitionerArg::Multilevel)]
+    #[arg(long, ignore_case = true, value_enum, default_value_t)]
     pub partitioner: PartitionerArg,
     /// Seed of randomised partitioners.
     #[arg(long, default_value_t = 0)]

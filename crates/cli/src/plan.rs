@@ -98,7 +98,7 @@ impl TieredPlan {
     pub fn with_parts(parts: usize) -> TieredPlan {
         TieredPlan {
             parts,
-            partitioner: PartitionerArg::Multilevel,
+            partitioner: PartitionerArg::default(),
             cache_mode: grinnder_engine::CacheMode::Auto,
             host_mem: None,
             storage_dir: None,
@@ -254,7 +254,7 @@ fn tiered_plan(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<Option
     }
     Ok(Some(TieredPlan {
         parts,
-        partitioner: get!(partitioner).unwrap_or(PartitionerArg::Multilevel),
+        partitioner: get!(partitioner).unwrap_or_default(),
         cache_mode: match get!(cache_mode).unwrap_or(CacheModeArg::Auto) {
             CacheModeArg::Auto => grinnder_engine::CacheMode::Auto,
             CacheModeArg::LruLayer => grinnder_engine::CacheMode::LruLayer,

@@ -18,9 +18,7 @@ use grinnder_graph::Dataset;
 use grinnder_tensor::{Backend, Cpu};
 use rayon::prelude::*;
 
-use crate::args::{
-    byte_size, CacheModeArg, OutDtypeArg, OutputArg, PartitionerArg, PredictArgs, TierDtypeArg,
-};
+use crate::args::{byte_size, CacheModeArg, OutDtypeArg, OutputArg, PredictArgs, TierDtypeArg};
 use crate::plan::Device;
 use crate::train::Launch;
 
@@ -180,7 +178,7 @@ fn tiered_config(a: &PredictArgs, ranks: usize) -> anyhow::Result<Option<TieredC
     if let Some(d) = &a.storage_dir {
         anyhow::ensure!(d.is_dir(), "--storage-dir {} is not an existing directory", d.display());
     }
-    let mut tc = TieredConfig::in_ram(parts, a.partitioner.unwrap_or(PartitionerArg::Multilevel).method(0));
+    let mut tc = TieredConfig::in_ram(parts, a.partitioner.unwrap_or_default().method(0));
     tc.partition_cache = crate::args::default_cache_dir();
     tc.host_mem = host_mem;
     tc.cache_bytes = block_cache;

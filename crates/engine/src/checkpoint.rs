@@ -217,13 +217,22 @@ pub fn save(cfg: &CheckpointConfig, ck: &Checkpoint) -> Result<PathBuf, Checkpoi
     tmp.as_file().sync_all().map_err(|e| tmp_err(e, tmp.path()))?;
     tmp.persist(&path).map_err(|e| write_err(e.error))?;
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))?;
+    prune(cfg, ck.epoch)?;
+    Ok(path)
+}
+
+/// Removes the checkpoints of epochs up to `newest` beyond the `cfg.keep` newest of them, and
+/// the temporaries of writers killed mid-write (one writer per directory at a time). [`save`]
+/// prunes after each write; a resumed run prunes too, since a kill between a write and its
+/// pruning leaves one checkpoint too many.
+pub fn prune(cfg: &CheckpointConfig, newest: usize) -> Result<(), CheckpointError> {
+    let dir = &cfg.dir;
     let mut all = list(dir).map_err(io_err(dir))?;
-    all.retain(|e| e.0 <= ck.epoch);
+    all.retain(|e| e.0 <= newest);
     all.sort_by_key(|e| std::cmp::Reverse(e.0));
     for (_, old) in all.into_iter().skip(cfg.keep.max(1)) {
         let _ = std::fs::remove_file(old);
     }
-    // temporaries of writers killed mid-write (one writer per directory at a time)
     for e in std::fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
@@ -231,7 +240,7 @@ pub fn save(cfg: &CheckpointConfig, ck: &Checkpoint) -> Result<PathBuf, Checkpoi
             let _ = std::fs::remove_file(e.path());
         }
     }
-    Ok(path)
+    Ok(())
 }
 
 /// Checkpoint files in `dir` with their epochs.

@@ -146,3 +146,32 @@ fn a_checkpoint_asked_for_without_a_directory_is_refused() {
     let e = t.save_checkpoint().unwrap_err().to_string();
     assert!(e.contains("no checkpoint directory"), "{e}");
 }
+
+#[test]
+fn a_resumed_run_removes_what_a_kill_between_writing_and_pruning_left() {
+    let ds = dataset();
+    let b = Cpu::<f32>::new();
+    let dir = tempfile::tempdir().unwrap();
+    let ck = |keep| CheckpointConfig { dir: dir.path().to_path_buf(), every: 1, keep, resume: true };
+    // three checkpoints kept, as a run killed after each write and before its pruning leaves them
+    let mut first =
+        Trainer::new(&b, &ds, config(5), Mode::FullGraph).unwrap().with_checkpoints(&ck(3)).unwrap();
+    for _ in 0..3 {
+        first.train_epoch().unwrap();
+    }
+    drop(first);
+    std::fs::write(dir.path().join(".ckpt-epoch-00000004.grnd-ckpt.tmp-killed"), b"half").unwrap();
+    let names = || {
+        let mut v: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names().len(), 4, "{:?}", names());
+    let resumed =
+        Trainer::new(&b, &ds, config(5), Mode::FullGraph).unwrap().with_checkpoints(&ck(2)).unwrap();
+    assert_eq!(resumed.epochs_done(), 3);
+    assert_eq!(names(), ["ckpt-epoch-00000002.grnd-ckpt", "ckpt-epoch-00000003.grnd-ckpt"]);
+}

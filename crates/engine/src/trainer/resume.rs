@@ -89,6 +89,11 @@ impl Checkpoints {
         checkpoint::restore_state(b, model, opt, &ck.params, ck.optimizer_steps)
             .map_err(|e| TrainError::Checkpoint(format!("{}: {e}", path.display())))?;
         tracing::info!("resuming from {} (epoch {} done)", path.display(), ck.epoch);
+        if lead(group) {
+            if let Err(e) = checkpoint::prune(&self.cfg, ck.epoch) {
+                tracing::warn!("could not remove older checkpoints: {e}");
+            }
+        }
         Ok(Some((ck.epoch, ck.best, ck.epoch_times, ck.last_loss, ck.best_params)))
     }
 
