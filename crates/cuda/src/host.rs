@@ -178,8 +178,11 @@ impl Cuda {
     pub fn download_table(&self, m: &DMat, t: &mut HostTable) {
         assert_eq!((m.rows, m.cols), (t.rows, t.cols), "download: shapes");
         t.settle();
-        self.stream.memcpy_dtoh(&m.data, &mut t.buf).expect("CUDA download");
-        self.stream.synchronize().expect("CUDA synchronize");
+        let n = m.rows * m.cols;
+        if n > 0 {
+            self.stream.memcpy_dtoh(&m.data.slice(0..n), &mut t.buf).expect("CUDA download");
+            self.stream.synchronize().expect("CUDA synchronize");
+        }
     }
 
     /// Row indices in device memory, for gathers that reuse them.
@@ -352,6 +355,13 @@ impl Slot {
 }
 
 impl Staging {
+    /// Frees both buffers (each once its last copy has finished).
+    pub(crate) fn release(&self) {
+        for s in &self.slots {
+            s.lock().unwrap_or_else(|e| e.into_inner()).0 = None;
+        }
+    }
+
     fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2;
         self.slots[i].lock().unwrap_or_else(|e| e.into_inner())

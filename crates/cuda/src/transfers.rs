@@ -67,8 +67,18 @@ impl Transfers for Cuda {
         let _p = self.span("download (staged)");
         self.staged_download(m, read)
     }
+    fn release_staging(&self) {
+        self.staging.release();
+    }
     fn host_block(&self, m: Mat<f32>) -> Result<host::HostTable, Mat<f32>> {
         self.table_of(m)
+    }
+    fn new_host_block(&self, rows: usize, cols: usize) -> Option<host::HostTable> {
+        self.host_table(rows, cols).ok()
+    }
+    fn download_into_host_block(&self, m: &DMat, h: &mut host::HostTable) {
+        let _p = self.span("download (host block)");
+        self.download_table(m, h)
     }
     fn host_block_dims(&self, h: &host::HostTable) -> (usize, usize) {
         (h.rows, h.cols)

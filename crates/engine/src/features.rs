@@ -99,9 +99,23 @@ pub fn feature_rows<T: Scalar>(
     shift: f64,
     ids: &[u32],
 ) -> std::io::Result<Vec<T>> {
+    let mut out = vec![T::default(); ids.len() * ds.features.dim];
+    feature_rows_into(ds, norm, shift, ids, &mut out)?;
+    Ok(out)
+}
+
+/// [`feature_rows`] into `out` (`ids.len()` rows of the features' width): a buffer the caller
+/// reuses.
+pub fn feature_rows_into<T: Scalar>(
+    ds: &Dataset,
+    norm: FeatureNorm,
+    shift: f64,
+    ids: &[u32],
+    out: &mut [T],
+) -> std::io::Result<()> {
     let d = ds.features.dim;
     let src = &ds.features.data;
-    let mut out = vec![T::default(); ids.len() * d];
+    assert_eq!(out.len(), ids.len() * d, "feature_rows_into: the output holds the rows");
     if src.reads_through_file() {
         // runs of consecutive ids, read and preprocessed by every core (halo rows are mostly
         // runs of one: a pread each); a run is at most a core's share of FEATURE_PAGES_BYTES,
@@ -118,7 +132,7 @@ pub fn feature_rows<T: Scalar>(
             i = j;
         }
         let mut slices = Vec::with_capacity(runs.len());
-        let mut rest = &mut out[..];
+        let mut rest = out;
         for &(i, j) in &runs {
             let (a, b) = std::mem::take(&mut rest).split_at_mut((j - i) * d);
             slices.push((i, j, a));
@@ -134,7 +148,7 @@ pub fn feature_rows<T: Scalar>(
             }
             Ok::<(), std::io::Error>(())
         })?;
-        return Ok(out);
+        return Ok(());
     }
     // a row read keeps its pages — one more than it covers, where it straddles a boundary —
     // and the kernel maps the cached pages around a faulting one too (fault-around, 64 KiB by
@@ -157,7 +171,7 @@ pub fn feature_rows<T: Scalar>(
             src.release_all();
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Where a batch's input rows come from.

@@ -175,6 +175,10 @@ pub trait Transfers: Memory {
     fn download_with(&self, m: &Self::Mat, read: &mut dyn FnMut(&[Self::T])) {
         read(&self.download(m).data)
     }
+    /// Frees the staging memory [`Transfers::upload_with`] and [`Transfers::download_with`]
+    /// grew to (after a phase of transfers larger than later ones: it is kept otherwise); the
+    /// next staged transfer allocates again.
+    fn release_staging(&self) {}
     /// [`Transfers::download`] of a matrix the caller gives up.
     fn download_owned(&self, m: Self::Mat) -> Mat<Self::T> {
         self.download(&m)
@@ -182,6 +186,16 @@ pub trait Transfers: Memory {
     /// `m` as a [`Memory::HostBlock`]; `m` back where the backend cannot have one now (page-locked
     /// memory exhausted), for the caller to keep it elsewhere.
     fn host_block(&self, m: Mat<Self::T>) -> Result<Self::HostBlock, Mat<Self::T>>;
+    /// A new `rows × cols` [`Memory::HostBlock`] (its elements unspecified until written);
+    /// `None` where the backend cannot have one now.
+    fn new_host_block(&self, rows: usize, cols: usize) -> Option<Self::HostBlock> {
+        self.host_block(Mat::zeros(rows, cols)).ok()
+    }
+    /// `h = m` (the same shape): on a GPU straight into the page-locked block, no staging copy.
+    fn download_into_host_block(&self, m: &Self::Mat, h: &mut Self::HostBlock) {
+        let m = self.download(m);
+        self.host_block_mut(h).copy_from_slice(&m.data);
+    }
     fn host_block_dims(&self, h: &Self::HostBlock) -> (usize, usize);
     /// A host block's elements, for writing; waits for copies still reading it.
     fn host_block_mut<'h>(&self, h: &'h mut Self::HostBlock) -> &'h mut [Self::T];

@@ -85,7 +85,7 @@ pub use store::{BlockId, BlockKind, CacheMode, Store, StoreConfig, TierDtype, Ti
 use tiers::Tiers;
 
 use crate::config::{FeatureNorm, FeaturePrep, TrainError};
-use crate::features::{feature_rows, feature_shift};
+use crate::features::{feature_rows, feature_rows_into, feature_shift};
 
 /// How the executor partitions and where its blocks live.
 #[derive(Clone, Debug)]
@@ -267,4 +267,10 @@ impl<'a, B: Backend> Executor<'a, B> {
 fn par_to_vec<T: Scalar>(h: &[T]) -> Vec<T> {
     use rayon::prelude::*;
     h.par_iter().with_min_len(1 << 16).copied().collect()
+}
+
+/// `src` into `dst` (as long) on every core.
+fn par_copy<T: Scalar>(src: &[T], dst: &mut [T]) {
+    use rayon::prelude::*;
+    dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s));
 }

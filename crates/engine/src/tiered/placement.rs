@@ -49,6 +49,23 @@ impl<'a, B: Backend> Executor<'a, B> {
         id.kind == BlockKind::Pre || (id.kind == BlockKind::Act && id.layer == 0)
     }
 
+    /// Block `id` (a fixed block, with `pin_fixed`) downloaded straight into a new page-locked
+    /// host block; `None` for other blocks, or when page-locked memory runs out (then the
+    /// remaining fixed blocks go to the store, as in [`Self::keep_host`]).
+    pub(super) fn pinned_copy(&mut self, id: BlockId, m: &B::Mat) -> Option<B::HostBlock> {
+        if !(self.pin_fixed && Self::fixed(id)) {
+            return None;
+        }
+        let (rows, cols) = self.b.dims(m);
+        let Some(mut h) = self.b.new_host_block(rows, cols) else {
+            tracing::warn!("no page-locked host memory left: the remaining fixed blocks go to the store");
+            self.pin_fixed = false;
+            return None;
+        };
+        self.b.download_into_host_block(m, &mut h);
+        Some(h)
+    }
+
     /// Keeps a host block: a fixed one in the backend's host memory where the plan allows
     /// (`pin_fixed`), everything else in the store.
     pub(super) fn keep_host(&mut self, id: BlockId, mut m: Mat<B::T>) -> Result<(), TrainError> {

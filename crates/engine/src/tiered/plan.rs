@@ -101,6 +101,7 @@ pub(super) fn make_plan<B: Backend>(
     elem: usize,
     pre: bool,
     mapped_bytes: u64,
+    staged: bool,
 ) -> Plan {
     let elem_tier = match tc.tier_dtype {
         TierDtype::F32 => elem,
@@ -130,15 +131,21 @@ pub(super) fn make_plan<B: Backend>(
             let (own, cols) = (p.own as u64, p.graph.cols as u64);
             let layer0_host = own * pre_width + 4 * own * out_width;
             let layer0 = 3 * own * pre_width + 4 * own * out_width;
-            // making `Â x`: the output and the input rows of its columns — all at once, or one
-            // piece of them beside the pieces' entries (row, column, value: 16 bytes each, and
-            // one piece's CSR copy)
-            let (setup, pieces) = match &p.input_adjacency {
+            // making `Â x`: the output and the input rows of its columns — one piece of them
+            // beside the pieces' entries (row, column, value: 16 bytes each, and one piece's
+            // CSR copy), or all at once: then the host holds this partition's input rows and
+            // the next's (read meanwhile) and, where uploads are staged, two staging buffers
+            // grown to 1.5 times the largest
+            let (setup, device_setup, pieces) = match &p.input_adjacency {
                 Some(a) => {
                     let rows = super::input::piece_rows(pre_width as usize, elem) as u64;
-                    ((own + cols.min(rows)) * pre_width, 28 * a.col_idx.len() as u64)
+                    let setup = (own + cols.min(rows)) * pre_width;
+                    (setup, setup, 28 * a.col_idx.len() as u64)
                 }
-                None => ((cols + own) * pre_width, 0),
+                None => {
+                    let inputs = if staged { 5 } else { 2 };
+                    ((inputs * cols + own) * pre_width, (cols + own) * pre_width, 0)
+                }
             };
             let layer = |l: usize| {
                 let (i, o) = (model.dim(l) as u64, model.dim(l + 1) as u64);
@@ -153,8 +160,11 @@ pub(super) fn make_plan<B: Backend>(
             let host = (first..layers).map(layer).max().unwrap_or(0).max(layer0_host);
             let device = (6 * cols * widest).max(layer0);
             let attention = 4 * nnz * heads * elem as u64;
-            let setup = setup * elem as u64 + pieces;
-            ((host * elem as u64 + attention).max(setup), (device * elem as u64 + attention).max(setup))
+            let (setup, device_setup) = (setup * elem as u64 + pieces, device_setup * elem as u64 + pieces);
+            (
+                (host * elem as u64 + attention).max(setup),
+                (device * elem as u64 + attention).max(device_setup),
+            )
         })
         .fold((0, 0), |(h, d), (ph, pd)| (h.max(ph), d.max(pd)));
     // every block an epoch makes, all at once (an upper bound: spent layers' blocks go), with

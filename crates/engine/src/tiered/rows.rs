@@ -169,6 +169,11 @@ impl<'a, B: Backend> Executor<'a, B> {
         let id = BlockId { kind, layer: l, part: q };
         if self.tiers.on_device(id) {
             self.tiers.put_device(id, m);
+        } else if let Some(h) = self.pinned_copy(id, &m) {
+            let (rows, cols) = self.b.dims(&m);
+            drop(m);
+            self.stats.download_bytes += (rows * cols * std::mem::size_of::<B::T>()) as u64;
+            self.tiers.pin(id, h);
         } else {
             let (rows, cols) = self.b.dims(&m);
             let mut data = Vec::new();

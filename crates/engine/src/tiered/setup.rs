@@ -92,7 +92,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         let phase = grinnder_graph::progress::phase("partition blocks");
         let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key, in_pieces);
         drop(phase);
-        let plan = make_plan(&model, &parts, tc, elem as usize, pre, crate::process::mapped_bytes(ds));
+        let staged = b.device_memory().is_some();
+        let plan =
+            make_plan(&model, &parts, tc, elem as usize, pre, crate::process::mapped_bytes(ds), staged);
         check_budget(&plan, tc)?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
@@ -165,32 +167,24 @@ impl<'a, B: Backend> Executor<'a, B> {
             // layer 0 reads only `Â x`: each partition's rows (own, then halo) come straight
             // from the dataset and are aggregated; no feature block is made
             let ids_of: HashMap<usize, Vec<u32>> = blocks.into_iter().collect();
+            let mut whole = Vec::new();
             for q in self.local.clone() {
                 let part = &self.parts[q];
                 let mut ids = ids_of[&q].clone();
                 for (s, idx) in &part.fetch {
                     ids.extend(idx.iter().map(|&i| ids_of[s][i as usize]));
                 }
-                if let Some(adj) = self.parts[q].input_adjacency.take() {
-                    let agg = self.aggregate_in_pieces(ds, norm, min, &ids, adj)?;
-                    self.put(BlockKind::Pre, 0, q, agg)?;
-                    continue;
+                match self.parts[q].input_adjacency.take() {
+                    Some(adj) => {
+                        let agg = self.aggregate_in_pieces(ds, norm, min, &ids, adj)?;
+                        self.put(BlockKind::Pre, 0, q, agg)?;
+                    }
+                    None => whole.push((q, ids)),
                 }
-                // (where the first blocks' time goes: gathering rows, uploading, aggregating)
-                let t = Instant::now();
-                let rows = feature_rows::<B::T>(ds, norm, min, &ids).map_err(io_err)?;
-                let gathered = t.elapsed().as_secs_f64();
-                let x = self.b.upload_owned(Mat::from_vec(ids.len(), d, rows));
-                let uploaded = t.elapsed().as_secs_f64();
-                self.put_aggregate(q, x)?;
-                tracing::debug!(
-                    "first blocks, partition {q}: {} rows ({} own) gathered in {gathered:.3} s, uploaded in {:.3} s, aggregated and put in {:.3} s",
-                    ids.len(),
-                    self.parts[q].own,
-                    uploaded - gathered,
-                    t.elapsed().as_secs_f64() - uploaded
-                );
             }
+            self.aggregate_whole(ds, norm, min, &whole)?;
+            // the staging grew to a partition's input rows, wider than any epoch's transfer
+            self.b.release_staging();
         } else {
             for (q, ids) in blocks {
                 let rows = feature_rows::<B::T>(ds, norm, min, &ids).map_err(io_err)?;
@@ -208,6 +202,62 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.tiers.store.take_stats();
         self.stats = PhaseStats::default();
         Ok(())
+    }
+
+    /// `Â x` of each partition `(q, ids)` whose input rows (dataset nodes `ids`: own, then
+    /// halo) are read at once: a thread reads partition q+1's rows on every core while this
+    /// one uploads q's (through the backend's page-locked staging on a GPU), aggregates them
+    /// and puts the result. Two partitions' rows are held at a time (the plan counts them).
+    fn aggregate_whole(
+        &mut self,
+        ds: &Dataset,
+        norm: FeatureNorm,
+        min: f64,
+        order: &[(usize, Vec<u32>)],
+    ) -> Result<(), TrainError> {
+        let d = ds.features.dim;
+        // a GPU copies from its own staging memory: the rows are copied there and their buffer
+        // is read into again; elsewhere the rows become the matrix
+        let staged = self.b.device_memory().is_some();
+        type Rows<T> = std::io::Result<(usize, usize, Vec<T>, f64)>;
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Rows<B::T>>(0);
+            let (back, reuse) = std::sync::mpsc::channel::<Vec<B::T>>();
+            s.spawn(move || {
+                for (q, ids) in order {
+                    let t = Instant::now();
+                    let mut buf = reuse.try_recv().unwrap_or_default();
+                    buf.resize(ids.len() * d, B::T::default());
+                    let r = feature_rows_into(ds, norm, min, ids, &mut buf);
+                    if tx.send(r.map(|()| (*q, ids.len(), buf, t.elapsed().as_secs_f64()))).is_err() {
+                        return; // the consumer stopped on an error
+                    }
+                }
+            });
+            for _ in order {
+                let t = Instant::now();
+                let (q, n, rows, gathered) =
+                    rx.recv().expect("the reader sends every partition").map_err(io_err)?;
+                let waited = t.elapsed().as_secs_f64();
+                let x = if staged {
+                    let x = self.b.upload_with(n, d, &mut |buf: &mut [B::T]| par_copy(&rows, buf));
+                    let _ = back.send(rows);
+                    x
+                } else {
+                    self.b.upload_owned(Mat::from_vec(n, d, rows))
+                };
+                let uploaded = t.elapsed().as_secs_f64();
+                self.put_aggregate(q, x)?;
+                // (where the first blocks' time goes)
+                tracing::debug!(
+                    "first blocks, partition {q}: {n} rows ({} own) read in {gathered:.3} s (waited for {waited:.3} s), uploaded in {:.3} s, aggregated and put in {:.3} s",
+                    self.parts[q].own,
+                    uploaded - waited,
+                    t.elapsed().as_secs_f64() - uploaded
+                );
+            }
+            Ok(())
+        })
     }
 
     /// Layer 0's aggregation of partition `q` from its input rows `x` (own, then halo), kept as
