@@ -122,7 +122,7 @@ def test_bad_inputs_raise_the_documented_exceptions(grinnder, cora, tmp_path):
         gr.Config(dropout=1.5)
     cfg = gr.Config(model="sage", host_mem="1GiB", parts=2, fanout=None)
     assert cfg.epochs == 200 and "model" in cfg.to_dict()
-    assert set(gr.settings()) >= {"hidden", "host_mem", "storage_dir", "parts", "device", "checkpoint_dir"}
+    assert set(gr.settings()) >= {"hidden", "host_mem", "storage_dir", "cache_dir", "parts", "device", "checkpoint_dir"}
     # names of choices in any case, as on the command line
     gr.Config(model="GraphSAGE", optimizer="Adam", feature_norm="Row")
     with pytest.raises(ValueError, match="model"):

@@ -588,6 +588,11 @@ pub struct TrainSettings {
     /// Directory for block files of the storage tier (needed when --host-mem is exceeded).
     #[arg(help_heading = "Memory and tiers", long)]
     pub storage_dir: Option<PathBuf>,
+    /// Cache partitionings here, as `grinnder partition --cache-dir` does; a cache filled on
+    /// another machine serves too (it is keyed by the graph's structure and the partitioning
+    /// settings only) [default: $XDG_CACHE_HOME/grinnder, else ~/.cache/grinnder].
+    #[arg(help_heading = "Memory and tiers", long)]
+    pub cache_dir: Option<PathBuf>,
     /// Element type of cached and stored blocks: f32, or bf16 for half the bytes [default: f32].
     #[arg(help_heading = "Memory and tiers", long, ignore_case = true, value_enum)]
     pub tier_dtype: Option<TierDtypeArg>,
@@ -711,6 +716,9 @@ pub struct PredictArgs {
     /// Directory for block files of the storage tier.
     #[arg(long)]
     pub storage_dir: Option<PathBuf>,
+    /// Cache partitionings here [default: $XDG_CACHE_HOME/grinnder, else ~/.cache/grinnder].
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
     /// Which blocks leave host RAM first [default: auto].
     #[arg(long, ignore_case = true, value_enum)]
     pub cache_mode: Option<CacheModeArg>,

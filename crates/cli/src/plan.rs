@@ -88,6 +88,8 @@ pub struct TieredPlan {
     pub cache_mode: grinnder_engine::CacheMode,
     pub host_mem: Option<u64>,
     pub storage_dir: Option<PathBuf>,
+    /// The partition cache's directory (`None`: the default one).
+    pub cache_dir: Option<PathBuf>,
     pub tier_dtype: grinnder_engine::TierDtype,
     pub keep_storage: bool,
     pub block_cache: Option<u64>,
@@ -102,6 +104,7 @@ impl TieredPlan {
             cache_mode: grinnder_engine::CacheMode::Auto,
             host_mem: None,
             storage_dir: None,
+            cache_dir: None,
             tier_dtype: grinnder_engine::TierDtype::F32,
             keep_storage: false,
             block_cache: None,
@@ -262,6 +265,7 @@ fn tiered_plan(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<Option
         },
         host_mem,
         storage_dir,
+        cache_dir: get!(cache_dir),
         tier_dtype: match get!(tier_dtype).unwrap_or(TierDtypeArg::F32) {
             TierDtypeArg::F32 => grinnder_engine::TierDtype::F32,
             TierDtypeArg::Bf16 => grinnder_engine::TierDtype::Bf16,

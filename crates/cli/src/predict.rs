@@ -179,7 +179,7 @@ fn tiered_config(a: &PredictArgs, ranks: usize) -> anyhow::Result<Option<TieredC
         anyhow::ensure!(d.is_dir(), "--storage-dir {} is not an existing directory", d.display());
     }
     let mut tc = TieredConfig::in_ram(parts, a.partitioner.unwrap_or_default().method(0));
-    tc.partition_cache = crate::args::default_cache_dir();
+    tc.partition_cache = a.cache_dir.clone().or_else(crate::args::default_cache_dir);
     tc.host_mem = host_mem;
     tc.cache_bytes = block_cache;
     tc.storage_dir = a.storage_dir.clone();

@@ -497,7 +497,7 @@ pub fn mode_of<'a, B: Backend>(
             let tiered = TieredConfig {
                 parts: t.parts,
                 method: t.partitioner.method(plan.config.model.seed),
-                partition_cache: crate::args::default_cache_dir(),
+                partition_cache: t.cache_dir.clone().or_else(crate::args::default_cache_dir),
                 cache_mode: t.cache_mode,
                 host_mem: t.host_mem,
                 storage_dir: t.storage_dir.clone(),

@@ -760,3 +760,76 @@ fn plot_scaling_draws_speed_ups_from_metrics_files() {
         assert!(stderr(&o).contains(want), "{a:?}: {}", stderr(&o));
     }
 }
+
+#[test]
+fn a_partitioning_cached_on_another_machine_is_read_by_train_and_predict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
+    let o = grinnder(&[
+        "-q",
+        "generate",
+        "--preset",
+        "arxiv-like",
+        "--scale",
+        "0.05",
+        "--seed",
+        "0",
+        "--out",
+        &p("a.grnd"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // "the big machine": partitioned into its own cache directory
+    let o = grinnder(&["partition", &p("a.grnd"), "--parts", "4", "--json", "--cache-dir", &p("made")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let row: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(row["cached"], false);
+    // "the other machine": the dataset and the cache copied to other paths
+    std::fs::create_dir(p("there")).unwrap();
+    std::fs::copy(p("a.grnd"), p("there/b.grnd")).unwrap();
+    std::fs::create_dir(p("moved")).unwrap();
+    for e in std::fs::read_dir(p("made")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), tmp.path().join("moved").join(e.file_name())).unwrap();
+    }
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_grinnder"))
+            .args(args)
+            .env("XDG_CACHE_HOME", p("default"))
+            .output()
+            .expect("the binary runs")
+    };
+    let model = p("m.safetensors");
+    let o = run(&[
+        "train",
+        &p("there/b.grnd"),
+        "--parts",
+        "4",
+        "--cache-dir",
+        &p("moved"),
+        "--epochs",
+        "1",
+        "--save-model",
+        &model,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("partitioning read from the cache: {}", p("moved"))),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&[
+        "predict",
+        &p("there/b.grnd"),
+        "--model-file",
+        &model,
+        "--parts",
+        "4",
+        "--cache-dir",
+        &p("moved"),
+        "--out",
+        &p("y.npy"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("partitioning read from the cache"), "{}", stderr(&o));
+    assert!(!tmp.path().join("default").exists(), "the default cache directory is not used");
+}

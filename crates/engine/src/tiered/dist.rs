@@ -339,7 +339,18 @@ pub fn shared_partitioning(
     let partition = || {
         let (p, outcome) = partition_cached(&ds.graph, tc.parts, tc.method, tc.partition_cache.as_deref())
             .map_err(|e| TrainError::Partition(e.to_string()))?;
-        tracing::debug!("partitioning: {outcome:?}");
+        match &outcome {
+            grinnder_partition::CacheOutcome::Hit(f) => {
+                tracing::info!("partitioning read from the cache: {}", f.display())
+            }
+            grinnder_partition::CacheOutcome::Stored(f) => {
+                tracing::info!("partitioning cached in {}", f.display())
+            }
+            grinnder_partition::CacheOutcome::Rebuilt(f, why) => {
+                tracing::warn!("partition cache {} rebuilt: {why}", f.display())
+            }
+            grinnder_partition::CacheOutcome::Uncached => {}
+        }
         Ok::<_, TrainError>(p)
     };
     if comm.size() == 1 {

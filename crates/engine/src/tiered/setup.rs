@@ -133,13 +133,22 @@ impl<'a, B: Backend> Executor<'a, B> {
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
+        // a share's shift is the whole graph's; row normalisation's own is a pass over the
+        // features, a phase of its own
+        let shift = match sub.map(|s| s.feature_shift).or(features.shift) {
+            Some(s) => s,
+            None if features.norm == FeatureNorm::Row => {
+                let _phase = grinnder_graph::progress::phase("normalisation (the features' minimum)");
+                feature_shift(ds, features.norm)
+            }
+            None => feature_shift(ds, features.norm),
+        };
         let phase = grinnder_graph::progress::phase(if pre {
             "first blocks (features, Â·x)"
         } else {
             "first blocks (features)"
         });
-        // a share's shift is the whole graph's
-        ex.load_features(ds, features.norm, sub.map(|s| s.feature_shift).or(features.shift))?;
+        ex.load_features(ds, features.norm, Some(shift))?;
         drop(phase);
         Ok(ex)
     }
