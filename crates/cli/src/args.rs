@@ -728,9 +728,10 @@ pub struct PredictArgs {
     /// GPU memory budget with --device cuda, e.g. 8GiB.
     #[arg(long)]
     pub gpu_mem: Option<String>,
-    /// GEMMs on TF32 tensor cores with --device cuda.
-    #[arg(long)]
-    pub tf32: bool,
+    /// GEMMs on TF32 tensor cores with --device cuda (a switch, as train's: also
+    /// --tf32=true / --tf32=false).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub tf32: Option<bool>,
     /// Under mpirun: consecutive ranks that share a server [default: the ranks MPI finds on
     /// each machine].
     #[arg(long)]

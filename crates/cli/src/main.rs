@@ -89,7 +89,7 @@ fn main() -> std::process::ExitCode {
         }
         Err(payload) if broken_pipe(payload.as_ref()) => std::process::ExitCode::SUCCESS,
         Ok(Err(e)) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             std::process::ExitCode::FAILURE
         }
         Err(payload) => match budget_message(payload.as_ref()) {
@@ -153,4 +153,18 @@ fn cpu_list(path: &str, key: Option<&str>) -> Option<usize> {
         let (a, b) = r.split_once('-').unwrap_or((r, r));
         Some(n + b.parse::<usize>().ok()? + 1 - a.parse::<usize>().ok()?)
     })
+}
+
+/// `e` and its causes, joined by ": ", leaving out a cause its wrapper already quotes (errors
+/// that name their source in their own message: "cannot read model file m: No such file…"
+/// would otherwise say it twice).
+fn message(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg = format!("{msg}: {c}");
+        }
+    }
+    msg
 }

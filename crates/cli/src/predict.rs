@@ -32,8 +32,6 @@ struct Out {
 }
 
 pub fn run(a: PredictArgs) -> anyhow::Result<()> {
-    let model = ModelFile::load(&a.model_file)?;
-    let arch = model.arch.clone();
     let launch = crate::train::launch(a.ranks_per_server)?;
     let lead = launch.as_ref().is_none_or(|l| l.groups.global.rank() == 0);
     if !lead {
@@ -44,9 +42,11 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
         device = Device::Cuda((n + l.local_rank) % grinnder_cuda::device_count().max(1));
     }
     anyhow::ensure!(
-        device != Device::Cpu || (a.gpu_mem.is_none() && !a.tf32),
+        device != Device::Cpu || (a.gpu_mem.is_none() && !a.tf32.unwrap_or(false)),
         "--gpu-mem and --tf32 need --device cuda"
     );
+    let model = ModelFile::load(&a.model_file)?;
+    let arch = model.arch.clone();
     let tiered = tiered_config(&a, launch.as_ref().map_or(1, |l| l.groups.global.size()))?;
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
     let layers = arch.layers;
@@ -67,7 +67,12 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
     );
     // the GPU and the output folder are settled before the dataset loads
     let gpu = match device {
-        Device::Cuda(n) => Some(crate::train::open_gpu(n, byte_size(a.gpu_mem.clone())?, a.tf32, "predict")?),
+        Device::Cuda(n) => Some(crate::train::open_gpu(
+            n,
+            byte_size(a.gpu_mem.clone())?,
+            a.tf32.unwrap_or(false),
+            "predict",
+        )?),
         Device::Cpu => None,
     };
     crate::outputs::check_dir_writable(&a.out, "--out")?;

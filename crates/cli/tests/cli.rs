@@ -112,10 +112,22 @@ fn failures_are_clear_and_exit_nonzero() {
     assert!(stderr(&o).contains("unknown preset"), "{}", stderr(&o));
     let o = grinnder(&["info", "--gpu-mem", "lots"]);
     assert!(!o.status.success());
+    // an error that quotes its cause says it once
+    let o = grinnder(&["predict", "--model-file", "/no/such/m.safetensors", "--out", "/tmp/y.npy"]);
+    assert!(!o.status.success());
+    assert_eq!(stderr(&o).matches("No such file").count(), 1, "{}", stderr(&o));
     // GPU-only settings on the CPU, and a GPU benchmark without a GPU: refused, with the reason
     for (args, want) in [
         (&["train", "--gpu-mem", "8GiB"][..], "--gpu-mem needs --device cuda"),
         (&["train", "--tf32"][..], "--tf32 needs --device cuda"),
+        (
+            &["predict", "--model-file", "m.safetensors", "--out", "/tmp/y.npy", "--tf32"][..],
+            "--tf32 need --device cuda",
+        ),
+        (
+            &["predict", "--model-file", "m.safetensors", "--out", "/tmp/y.npy", "--tf32=true"][..],
+            "--tf32 need --device cuda",
+        ),
         (&["bench", "--device", "cpu", "transfer"][..], "use --device cuda"),
     ] {
         let o = grinnder(args);
