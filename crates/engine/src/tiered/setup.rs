@@ -133,16 +133,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
-        // a share's shift is the whole graph's; row normalisation's own is a pass over the
-        // features, a phase of its own
-        let shift = match sub.map(|s| s.feature_shift).or(features.shift) {
-            Some(s) => s,
-            None if features.norm == FeatureNorm::Row => {
-                let _phase = grinnder_graph::progress::phase("normalisation (the features' minimum)");
-                feature_shift(ds, features.norm)
-            }
-            None => feature_shift(ds, features.norm),
-        };
+        // a share's shift is the whole graph's
+        let shift = shift_phase(ds, features.norm, sub.map(|s| s.feature_shift).or(features.shift));
         let phase = grinnder_graph::progress::phase(if pre {
             "first blocks (features, Â·x)"
         } else {
@@ -275,6 +267,19 @@ impl<'a, B: Backend> Executor<'a, B> {
         let agg = self.model.aggregate_input(self.b, &self.parts[q].graph, &x).expect("GCN or SAGE");
         drop(x);
         self.put(BlockKind::Pre, 0, q, agg)
+    }
+}
+
+/// The features' shift: `fixed`, else [`feature_shift`] — for row normalisation a pass over the
+/// features, a setup phase of its own.
+fn shift_phase(ds: &Dataset, norm: FeatureNorm, fixed: Option<f64>) -> f64 {
+    match fixed {
+        Some(s) => s,
+        None if norm == FeatureNorm::Row => {
+            let _phase = grinnder_graph::progress::phase("normalisation (the features' minimum)");
+            feature_shift(ds, norm)
+        }
+        None => feature_shift(ds, norm),
     }
 }
 
