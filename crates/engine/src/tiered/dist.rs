@@ -346,10 +346,8 @@ pub fn shared_partitioning(
             grinnder_partition::CacheOutcome::Stored(f) => {
                 tracing::info!("partitioning cached in {}", f.display())
             }
-            grinnder_partition::CacheOutcome::Rebuilt(f, why) => {
-                tracing::warn!("partition cache {} rebuilt: {why}", f.display())
-            }
-            grinnder_partition::CacheOutcome::Uncached => {}
+            // (partition_cached warns about a rebuilt or unwritable cache itself)
+            grinnder_partition::CacheOutcome::Rebuilt(..) | grinnder_partition::CacheOutcome::Uncached => {}
         }
         Ok::<_, TrainError>(p)
     };

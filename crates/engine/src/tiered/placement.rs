@@ -58,12 +58,17 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
         let (rows, cols) = self.b.dims(m);
         let Some(mut h) = self.b.new_host_block(rows, cols) else {
-            tracing::warn!("no page-locked host memory left: the remaining fixed blocks go to the store");
-            self.pin_fixed = false;
+            self.stop_pinning();
             return None;
         };
         self.b.download_into_host_block(m, &mut h);
         Some(h)
+    }
+
+    /// Page-locked memory ran out: the remaining fixed blocks go to the store.
+    fn stop_pinning(&mut self) {
+        tracing::warn!("no page-locked host memory left: the remaining fixed blocks go to the store");
+        self.pin_fixed = false;
     }
 
     /// Keeps a host block: a fixed one in the backend's host memory where the plan allows
@@ -76,10 +81,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                     return Ok(());
                 }
                 Err(back) => {
-                    tracing::warn!(
-                        "no page-locked host memory left: the remaining fixed blocks go to the store"
-                    );
-                    self.pin_fixed = false;
+                    self.stop_pinning();
                     m = back;
                 }
             }

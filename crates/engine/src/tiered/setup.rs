@@ -140,7 +140,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         } else {
             "first blocks (features)"
         });
-        ex.load_features(ds, features.norm, Some(shift))?;
+        ex.load_features(ds, features.norm, shift)?;
         drop(phase);
         Ok(ex)
     }
@@ -149,9 +149,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         &mut self,
         ds: &Dataset,
         norm: FeatureNorm,
-        shift: Option<f64>,
+        min: f64,
     ) -> Result<(), TrainError> {
-        let min = shift.unwrap_or_else(|| feature_shift(ds, norm));
         let d = ds.features.dim;
         // own partitions' rows, and the mirrored rows of the others' (every rank reads the
         // dataset: features never travel between ranks)
@@ -220,9 +219,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         // a GPU copies from its own staging memory: the rows are copied there and their buffer
         // is read into again; elsewhere the rows become the matrix
         let staged = self.b.device_memory().is_some();
-        type Rows<T> = std::io::Result<(usize, usize, Vec<T>, f64)>;
+        type Read<T> = std::io::Result<(usize, usize, Vec<T>, f64)>;
         std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Rows<B::T>>(0);
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Read<B::T>>(0);
             let (back, reuse) = std::sync::mpsc::channel::<Vec<B::T>>();
             s.spawn(move || {
                 for (q, ids) in order {
