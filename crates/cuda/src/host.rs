@@ -362,6 +362,14 @@ impl Staging {
         }
     }
 
+    /// Grows both buffers to `n` floats at once, so that a phase of uploads up to that size
+    /// does not grow them step by step (each step page-locks a new buffer).
+    pub(crate) fn reserve(&self, ctx: &Arc<CudaContext>, n: usize) {
+        for s in &self.slots {
+            s.lock().unwrap_or_else(|e| e.into_inner()).get(ctx, n);
+        }
+    }
+
     fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2;
         self.slots[i].lock().unwrap_or_else(|e| e.into_inner())

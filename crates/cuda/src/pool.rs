@@ -25,12 +25,14 @@ pub(crate) fn keep_freed_memory(ctx: &Arc<CudaContext>) -> Option<MemPool> {
         tracing::warn!("could not raise the CUDA memory pool's release threshold; allocations stay slower");
         return None;
     }
-    Some(MemPool(pool as usize))
+    Some(MemPool(pool as usize, Default::default()))
 }
 
 /// The device's default memory pool, which every stream-ordered allocation comes from: its
-/// counters give the bytes in use and their peak.
-pub(crate) struct MemPool(usize);
+/// counters give the bytes in use and their peak. The second field keeps the peak of the
+/// phases that [`MemPool::phase_peak`] has ended, so that the peak since [`MemPool::reset_peak`]
+/// survives them.
+pub(crate) struct MemPool(usize, std::sync::atomic::AtomicU64);
 
 impl MemPool {
     pub(crate) fn attr(&self, a: cudarc::driver::sys::CUmemPool_attribute) -> u64 {
@@ -50,11 +52,31 @@ impl MemPool {
         self.attr(cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
     }
 
+    /// The most bytes in use at once since [`MemPool::reset_peak`].
     pub(crate) fn peak(&self) -> u64 {
+        self.high().max(self.1.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The driver's high watermark: the most bytes in use since it was last cleared.
+    fn high(&self) -> u64 {
         self.attr(cudarc::driver::sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
     }
 
+    /// The most bytes in use at once since the last call (or [`MemPool::reset_peak`]); starts
+    /// the next phase's watermark.
+    pub(crate) fn phase_peak(&self) -> u64 {
+        let h = self.high();
+        self.1.fetch_max(h, std::sync::atomic::Ordering::Relaxed);
+        self.clear_high();
+        h
+    }
+
     pub(crate) fn reset_peak(&self) {
+        self.1.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.clear_high();
+    }
+
+    fn clear_high(&self) {
         let mut zero = 0u64;
         // SAFETY: as in `attr`; setting the high watermark to 0 resets it.
         unsafe {

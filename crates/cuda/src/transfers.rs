@@ -20,6 +20,9 @@ impl Memory for Cuda {
             p.reset_peak();
         }
     }
+    fn phase_memory_peak(&self) -> Option<u64> {
+        self.pool.as_ref().map(MemPool::phase_peak)
+    }
     fn zeros(&self, rows: usize, cols: usize) -> DMat {
         self.charge(rows * cols * 4);
         let _p = self.span("zeros");
@@ -69,6 +72,9 @@ impl Transfers for Cuda {
     }
     fn release_staging(&self) {
         self.staging.release();
+    }
+    fn reserve_staging(&self, elems: usize) {
+        self.staging.reserve(&self.ctx, elems);
     }
     fn host_block(&self, m: Mat<f32>) -> Result<host::HostTable, Mat<f32>> {
         self.table_of(m)

@@ -134,6 +134,12 @@ pub trait Memory: Send + Sync + 'static {
     }
     /// Starts a new peak for [`Memory::device_memory`].
     fn reset_memory_peak(&self) {}
+    /// The most device bytes in use at once since the last call (or
+    /// [`Memory::reset_memory_peak`]), without ending [`Memory::device_memory`]'s peak; `None`
+    /// where memory is not the device's.
+    fn phase_memory_peak(&self) -> Option<u64> {
+        None
+    }
     fn zeros(&self, rows: usize, cols: usize) -> Self::Mat;
     /// A matrix whose contents are unspecified, for an output the next operation overwrites in
     /// full (with `beta = 0`): the GPU skips clearing it. The CPU backend fills it with NaN in
@@ -179,6 +185,9 @@ pub trait Transfers: Memory {
     /// grew to (after a phase of transfers larger than later ones: it is kept otherwise); the
     /// next staged transfer allocates again.
     fn release_staging(&self) {}
+    /// Grows the staging memory of [`Transfers::upload_with`] to `elems` elements ahead of a
+    /// phase of uploads up to that size.
+    fn reserve_staging(&self, _elems: usize) {}
     /// [`Transfers::download`] of a matrix the caller gives up.
     fn download_owned(&self, m: Self::Mat) -> Mat<Self::T> {
         self.download(&m)

@@ -211,6 +211,10 @@ pub struct Executor<'a, B: Backend> {
     /// The heap in use at the last [`Executor::mark`], and the largest growth of a phase.
     marked: u64,
     measured_working: Option<u64>,
+    /// The same for the backend's memory: bytes in use and GPU-tier block bytes at the last
+    /// mark, and the largest growth of a phase beyond the blocks it added.
+    device_marked: (u64, u64),
+    measured_device_working: Option<u64>,
     /// Where each block lives: the GPU tier, the backend's page-locked host memory (fixed
     /// blocks — features, layer 0's aggregation — when nothing bounds host memory:
     /// `pin_fixed`), or the store.

@@ -131,6 +131,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
         self.mark("the time before the pass", 0);
         self.measured_working = None;
+        self.measured_device_working = None;
         self.forward_layers(true, epoch)?;
         let (mut loss, mut correct) = (0.0, 0usize);
         for l in (0..layers).rev() {
@@ -267,12 +268,34 @@ impl<'a, B: Backend> Executor<'a, B> {
             crate::heap::reset_peak();
             self.marked = live;
         }
+        if let (Some(peak), Some(m)) = (self.b.phase_memory_peak(), self.b.device_memory()) {
+            let blocks = self.device_block_bytes();
+            let (used, before) = self.device_marked;
+            // what the phase held beyond what was in use when it began and the blocks it added
+            // to the GPU tier: its kernels' inputs, outputs and temporaries
+            let grew = peak.saturating_sub(used).saturating_sub(blocks.saturating_sub(before));
+            tracing::trace!("{phase} of layer {l}: GPU memory grew {:.1} MiB", grew as f64 / 1048576.0);
+            self.measured_device_working = Some(self.measured_device_working.unwrap_or(0).max(grew));
+            self.device_marked = (m.used, blocks);
+        }
+    }
+
+    /// Bytes of the blocks the GPU tier holds now.
+    fn device_block_bytes(&self) -> u64 {
+        let elem = std::mem::size_of::<B::T>();
+        self.tiers.device_blocks().map(|m| self.b.dims(m)).map(|(r, c)| (r * c * elem) as u64).sum()
     }
 
     /// The largest heap growth of a phase since the last call (see [`Executor::mark`]);
     /// `None` without the counting allocator.
     pub fn take_measured_working(&mut self) -> Option<u64> {
         self.measured_working.take()
+    }
+
+    /// The largest growth of the backend's memory in a phase beyond the GPU-tier blocks it
+    /// added (see [`Executor::mark`]); `None` where memory is not a device's.
+    pub fn take_measured_device_working(&mut self) -> Option<u64> {
+        self.measured_device_working.take()
     }
 
     /// Layers 1 (its transform) and 0 backward on partition `q` when [`Executor::fused`]: layer

@@ -90,6 +90,11 @@ impl<B: Backend> Tiers<B> {
         self.lent.is_empty()
     }
 
+    /// The device blocks written (not those lent out).
+    pub(super) fn device_blocks(&self) -> impl Iterator<Item = &B::Mat> {
+        self.dev.values()
+    }
+
     /// Drops the device block `id`.
     pub(super) fn remove_device(&mut self, id: BlockId) {
         assert!(!self.lent.contains(&id), "block {id:?} removed while lent to a computation");

@@ -129,6 +129,13 @@ impl<B: Backend> Engine<B> for Partitioned<'_, B> {
                 e.plan.working_bytes as f64 / 1048576.0
             );
         }
+        if let Some(measured) = e.take_measured_device_working() {
+            tracing::debug!(
+                "epoch {epoch}: the largest GPU working set measured {:.1} MiB (growth in a phase beyond the blocks it added), the plan's {:.1} MiB",
+                measured as f64 / 1048576.0,
+                e.plan.device_working_bytes as f64 / 1048576.0
+            );
+        }
         let mut loss = [loss];
         e.reduce(&mut loss);
         e.reduce_gradients();
