@@ -179,10 +179,10 @@ fn gcn_layer_0_inside_layer_1s_transform_is_exact_where_its_output_would_leave_t
         // a budget whose plan fuses, and whose measured peak then leaves room for every block:
         // the next pass runs unfused, exact as well
         let dp = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &all).unwrap().plan.device.unwrap();
-        let gpu_mem = ((dp.working_bytes + dp.placed_bytes / 3) as f64 / 0.95) as u64;
+        let gpu_mem = ((dp.working_bytes + dp.placed_bytes / 2) as f64 / 0.95) as u64;
         let tc = TieredConfig { gpu_mem: Some(gpu_mem), ..base.clone() };
         let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
-        assert!(ex.fused(), "P={parts}: a third of the blocks fit");
+        assert!(ex.fused(), "P={parts}: half of the blocks fit");
         let (loss_ref, g_ref) = reference(&ds, &cfg, 3);
         for pass in 0..2 {
             ex.model.zero_grad(&b);
@@ -190,7 +190,9 @@ fn gcn_layer_0_inside_layer_1s_transform_is_exact_where_its_output_would_leave_t
             assert!((loss - loss_ref).abs() <= TOL * loss_ref.abs(), "P={parts} pass {pass}: loss {loss}");
             assert_close(&format!("P={parts}, pass {pass}"), &grads(&b, &mut ex.model), &g_ref, TOL);
             if pass == 0 {
-                ex.refine_placement(dp.working_bytes / 2).unwrap();
+                // a peak far below the plan's working set: the working set's room too (at
+                // least a block: the first placement missed less than one) takes blocks
+                ex.refine_placement(0).unwrap();
                 assert!(!ex.fused(), "P={parts}: every block fits after the first pass");
             }
         }
@@ -306,16 +308,17 @@ fn blocks_kept_in_the_device_tier_give_the_same_gradients() {
         let probe = TieredConfig { device_cache_bytes: Some(u64::MAX), ..base.clone() };
         let dp = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &probe).unwrap().plan.device.unwrap();
         // the CPU backend reports no memory of its own: the budget is the working set, the
-        // margin and room for about a third of the blocks
-        let gpu_mem = ((dp.working_bytes + dp.placed_bytes / 3) as f64 / 0.95) as u64;
+        // margin and room for about half of the blocks
+        let gpu_mem = ((dp.working_bytes + dp.placed_bytes / 2) as f64 / 0.95) as u64;
         let tc = TieredConfig { gpu_mem: Some(gpu_mem), ..base.clone() };
         let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
         let before = ex.plan.device.clone().unwrap().blocks;
         assert!(before > 0 && before < dp.blocks, "{kind:?}: {before} of {} placed", dp.blocks);
         ex.model.zero_grad(&b);
         ex.forward_backward(3).unwrap();
-        // a peak of the working set alone leaves room for every block
-        let moved = ex.refine_placement(dp.working_bytes / 2).unwrap();
+        // a peak far below the plan's working set leaves room for every block (the first
+        // placement missed less than one, and a working set holds more than a block)
+        let moved = ex.refine_placement(0).unwrap();
         assert_eq!(before + moved, dp.blocks, "{kind:?}");
         ex.model.zero_grad(&b);
         let (loss, _) = ex.forward_backward(3).unwrap();

@@ -12,6 +12,7 @@ use grinnder_tensor::{Backend, MaskKey, Mat};
 use crate::aggregation::Aggregation;
 use crate::graph::Graph;
 use crate::linear::Linear;
+use crate::memory::{Held, Shape};
 use crate::param::Param;
 
 pub const NEGATIVE_SLOPE: f64 = 0.2;
@@ -180,5 +181,31 @@ impl<B: Backend> GatConv<B> {
         let mut v = self.lin.params_mut();
         v.extend([&mut self.att_src, &mut self.att_dst, &mut self.bias]);
         v
+    }
+}
+
+/// Elements held on a partition of shape `s` (see [`crate::memory`]) by a layer of `heads`
+/// heads whose output is `o` wide (`heads · F` concatenated, else `F`): forward keeps `z`
+/// (`cols × heads·F`), both scores (`cols × heads`) and the coefficients (`nnz × heads`),
+/// with the dropped coefficients and the heads' sum beside them; backward makes `dz` over the
+/// columns, then the coefficients' and the scores' gradients (two `nnz × heads` at once),
+/// then the score sums and `dx`.
+pub fn held(s: Shape, i: u64, heads: u64, o: u64, concat: bool, attn_dropout: bool, need_dx: bool) -> Held {
+    let width = if concat { o } else { o * heads };
+    let edges = s.nnz * heads;
+    let kept = s.cols * width + 2 * s.cols * heads + edges;
+    let dropped = if attn_dropout { edges } else { 0 };
+    let agg = s.rows * width;
+    let mean = if concat { 0 } else { s.rows * o };
+    let dagg = if concat { 0 } else { agg };
+    let dz = s.cols * width;
+    let dx = if need_dx { s.cols * i } else { 0 };
+    // once the coefficients go, their place is the scores' gradient's; beside it the two score
+    // sums (the destination's padded to the columns), their ones and dx
+    let late = 3 * s.cols * heads + 2 * s.rows * heads + dx;
+    Held {
+        forward: kept + dropped + agg + mean,
+        kept,
+        backward: kept + dagg + dz + dropped.max(2 * edges).max(late),
     }
 }

@@ -12,6 +12,7 @@ use crate::aggregate;
 use crate::aggregation::Aggregation;
 use crate::graph::Graph;
 use crate::linear::Linear;
+use crate::memory::{Held, Shape};
 use crate::param::Param;
 
 pub struct GcnConv<B: Backend> {
@@ -77,4 +78,22 @@ impl<B: Backend> GcnConv<B> {
     pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {
         self.lin.params_mut()
     }
+}
+
+/// Elements held on a partition of shape `s` (see [`crate::memory`]): aggregating first keeps
+/// `Â x` (`rows × in`) and its backward makes `dt` beside `dx`; transforming first makes
+/// `x Wᵀ` (`cols × out`) in forward and its gradient in backward; the precomputed `Â x` is
+/// the caller's.
+pub fn held(s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Held {
+    let out = s.rows * o;
+    let dx = if need_dx { s.cols * i } else { 0 };
+    if pre {
+        return Held { forward: out, kept: 0, backward: dx + if need_dx { s.rows * i } else { 0 } };
+    }
+    if i <= o {
+        let t = s.rows * i;
+        return Held { forward: t + out, kept: t, backward: t + dx + if need_dx { t } else { 0 } };
+    }
+    let h = s.cols * o;
+    Held { forward: h + out, kept: 0, backward: h + dx }
 }

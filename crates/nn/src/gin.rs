@@ -15,6 +15,7 @@ use grinnder_tensor::{Backend, Binary, Mat, Scalar, Unary};
 use crate::aggregation::Aggregation;
 use crate::graph::Graph;
 use crate::linear::Linear;
+use crate::memory::{Held, Shape};
 use crate::param::Param;
 
 pub struct GinConv<B: Backend> {
@@ -147,5 +148,24 @@ impl<B: Backend> GinConv<B> {
         v.extend(self.lin2.params_mut());
         v.push(&mut self.eps);
         v
+    }
+}
+
+/// Elements held on a partition of shape `s` (see [`crate::memory`]), the MLP's hidden width
+/// being `o`: forward copies the own rows, keeps the MLP's input `s` and hidden `a` (`rows ×
+/// in`, `rows × o`) beside the output; backward makes `da`, then `ds` (when `dx` or a trained
+/// ε needs it; ε's gradient then copies the own rows again beside a product), then `dx`.
+pub fn held(s: Shape, i: u64, o: u64, train_eps: bool, pre: bool, need_dx: bool) -> Held {
+    let (rows_in, hid) = (s.rows * i, s.rows * o);
+    // with `pre` the caller may pass the own rows alone: nothing to copy
+    let own = if pre { 0 } else { s.own_copy(i) };
+    let kept = rows_in + hid;
+    let ds = if need_dx || train_eps { rows_in } else { 0 };
+    let eps = if train_eps { ds + own + rows_in } else { 0 };
+    let dx = if need_dx { s.cols * i + ds } else { 0 };
+    Held {
+        forward: own + kept + s.rows * o,
+        kept,
+        backward: (kept + hid).max(rows_in + hid + ds).max(eps).max(dx),
     }
 }

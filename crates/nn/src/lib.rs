@@ -13,6 +13,7 @@ pub mod gin;
 pub mod graph;
 pub mod layer_norm;
 pub mod linear;
+pub mod memory;
 pub mod model;
 mod naming;
 pub mod optim;

@@ -10,6 +10,7 @@ use crate::aggregate;
 use crate::aggregation::Aggregation;
 use crate::graph::Graph;
 use crate::linear::Linear;
+use crate::memory::{Held, Shape};
 use crate::param::Param;
 
 pub struct SageConv<B: Backend> {
@@ -84,5 +85,19 @@ impl<B: Backend> SageConv<B> {
         let mut v = self.lin_l.params_mut();
         v.extend(self.lin_r.params_mut());
         v
+    }
+}
+
+/// Elements held on a partition of shape `s` (see [`crate::memory`]): GCN's (the neighbour
+/// term is evaluated the same way) plus the own input rows copied out of the columns for the
+/// root term, and the root term's input gradient before it joins `dx`.
+pub fn held(s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Held {
+    let neighbour = crate::gcn::held(s, i, o, pre, need_dx);
+    let own = s.own_copy(i);
+    let root_dx = if need_dx { s.rows * i } else { 0 };
+    Held {
+        forward: neighbour.forward + own,
+        kept: neighbour.kept,
+        backward: neighbour.backward.max(neighbour.kept + own + root_dx),
     }
 }

@@ -1,6 +1,8 @@
 //! The memory plan: what is resident, each partition's working set, the margins, and the rest
 //! of the host budget for blocks; which blocks a model has.
 
+use grinnder_nn::memory::Shape;
+
 use super::*;
 
 /// How the memory plan divided the host budget.
@@ -12,10 +14,9 @@ pub struct Plan {
     /// storage tier, two of the largest blocks (the one in use, which the store holds beyond
     /// its budget, and a block's file buffer while it is decoded).
     pub working_bytes: u64,
-    /// The same on a device, counted as if every layer held six matrices of the widest layer
-    /// over the columns: a GPU's kernels add temporaries the host count does not model (split-K
-    /// partials, cuSPARSE buffers, the next partition's upload), and budgets there are checked
-    /// at every allocation.
+    /// The same in the backend's memory, layer by layer as the kernels hold their matrices
+    /// ([`device_elems`]); budgets there are checked at every allocation. Temporaries below a
+    /// matrix (split-K partials, score buffers) are left to the margin.
     pub device_working_bytes: u64,
     pub margin_bytes: u64,
     /// Host cache budget for blocks (`None`: unlimited).
@@ -92,6 +93,45 @@ pub(super) fn act(layer: usize, part: usize) -> BlockId {
     BlockId { kind: BlockKind::Act, layer, part }
 }
 
+/// The most elements partition `p`'s layers hold at once in the backend's memory, layer by
+/// layer as the executor runs them: the inputs it gathers (the columns' rows; on layer 0's
+/// precomputed aggregation its own rows, and the next partition's page-locked own rows
+/// uploaded ahead) beside what the model's layers hold ([`Model::layer_held`],
+/// [`Model::split_held`], [`Model::fused_held`]). Gathering halo rows from both tiers holds
+/// the staged host rows beside the gathered matrix. Layer 0 counts unfused too: the GPU
+/// tier may end the fusion ([`Executor::unfuse_if_fits`]). Beside every layer, what the CUDA
+/// backend's sparse products hold: a product through the transposed structure on cuSPARSE
+/// permutes the values first (one per entry), and the first product of a shape that adds to
+/// its output is timed on a copy of it ([`Model::accumulating_product`]; measured on an H200,
+/// 2026-12-04: without these the plan fell 128 MiB short in a 256-wide GCN's hidden layer and
+/// 1.1 GiB short in SAGE's first epoch).
+pub(super) fn device_elems<B: Backend>(model: &Model<B>, p: &Part<B>, pre: bool, fused: bool) -> u64 {
+    let s = Shape { rows: p.own as u64, cols: p.graph.cols as u64, nnz: p.graph.nnz() as u64 };
+    let own = Shape { cols: s.rows, ..s };
+    let d = |l: usize| model.dim(l) as u64;
+    // layer 0's own-row inputs (its aggregation, and the input rows where read beside it),
+    // with the next partition's uploaded ahead
+    let pre_inputs = 2 * s.rows * d(0) * if model.reads_input_beside_pre() { 2 } else { 1 };
+    let products = |l: usize| {
+        let on_pre = l == 0 && pre;
+        s.nnz + model.accumulating_product(l, if on_pre { own } else { s }, on_pre)
+    };
+    (0..model.layers())
+        .map(|l| match (l, model.split(l, l == 0 && pre)) {
+            (1, true) if fused => {
+                // layer 0's inputs beside layer 1's transform gradient, each with the next
+                // partition's uploaded ahead
+                let fused = pre_inputs + 2 * s.rows * d(2) + model.fused_held(own);
+                fused.max(model.split_held(1, s))
+            }
+            (l, true) => model.split_held(l, s) + if l == 0 { s.rows * d(0) } else { 0 },
+            (0, false) if pre => pre_inputs + model.layer_held(0, own, true),
+            (l, false) => (s.cols * d(l) + model.layer_held(l, s, false)).max(2 * s.cols * d(l)),
+        } + products(l))
+        .max()
+        .unwrap_or(0)
+}
+
 /// Splits the host budget: what is resident now, a working set for the largest partition, a
 /// margin, and the rest for the block cache; picks the cache mode for `Auto`.
 pub(super) fn make_plan<B: Backend>(
@@ -119,7 +159,6 @@ pub(super) fn make_plan<B: Backend>(
     // gradient, about six matrices over the partition's columns — of the input's width, or of
     // the output's where the layer runs split (transform first: its input is read over the own
     // rows only, three matrices of them); plus GAT's per-edge attention arrays
-    let widest = (first..=layers).map(|l| model.dim(l)).max().unwrap_or(1) as u64;
     let (working_bytes, device_working_bytes) = parts
         .iter()
         .map(|p| {
@@ -130,7 +169,6 @@ pub(super) fn make_plan<B: Backend>(
             // one at a time: the largest of these counts.
             let (own, cols) = (p.own as u64, p.graph.cols as u64);
             let layer0_host = own * pre_width + 4 * own * out_width;
-            let layer0 = 3 * own * pre_width + 4 * own * out_width;
             // making `Â x`: the output and the input rows of its columns — one piece of them
             // beside the pieces' entries (row, column, value: 16 bytes each, and one piece's
             // CSR copy), or all at once: then the host holds this partition's input rows and
@@ -158,13 +196,10 @@ pub(super) fn make_plan<B: Backend>(
                 this + own_layer0
             };
             let host = (first..layers).map(layer).max().unwrap_or(0).max(layer0_host);
-            let device = (6 * cols * widest).max(layer0);
+            let device = device_elems(model, p, pre, fused);
             let attention = 4 * nnz * heads * elem as u64;
             let (setup, device_setup) = (setup * elem as u64 + pieces, device_setup * elem as u64 + pieces);
-            (
-                (host * elem as u64 + attention).max(setup),
-                (device * elem as u64 + attention).max(device_setup),
-            )
+            ((host * elem as u64 + attention).max(setup), (device * elem as u64).max(device_setup))
         })
         .fold((0, 0), |(h, d), (ph, pd)| (h.max(ph), d.max(pd)));
     // every block an epoch makes, all at once (an upper bound: spent layers' blocks go), with

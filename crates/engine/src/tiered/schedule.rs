@@ -271,9 +271,10 @@ impl<'a, B: Backend> Executor<'a, B> {
         if let (Some(peak), Some(m)) = (self.b.phase_memory_peak(), self.b.device_memory()) {
             let blocks = self.device_block_bytes();
             let (used, before) = self.device_marked;
-            // what the phase held beyond what was in use when it began and the blocks it added
-            // to the GPU tier: its kernels' inputs, outputs and temporaries
-            let grew = peak.saturating_sub(used).saturating_sub(blocks.saturating_sub(before));
+            // what the phase held beyond what was in use when it began, less the GPU tier's
+            // blocks then, and the blocks it holds at its end (blocks dropped after the last
+            // mark no longer count): its kernels' inputs, outputs and temporaries
+            let grew = peak.saturating_sub(used.saturating_sub(before)).saturating_sub(blocks);
             tracing::trace!("{phase} of layer {l}: GPU memory grew {:.1} MiB", grew as f64 / 1048576.0);
             self.measured_device_working = Some(self.measured_device_working.unwrap_or(0).max(grew));
             self.device_marked = (m.used, blocks);

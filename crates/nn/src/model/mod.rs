@@ -22,6 +22,8 @@ use crate::linear::Linear;
 use crate::param::Param;
 use crate::sage::{SageCache, SageConv};
 
+mod held;
+
 /// The convolution family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
