@@ -12,7 +12,7 @@ pub struct Plan {
     pub resident_bytes: u64,
     /// Largest per-partition working set (gathered inputs, layer temporaries) and, with a
     /// storage tier, two of the largest blocks (the one in use, which the store holds beyond
-    /// its budget, and a block's file buffer while it is decoded).
+    /// its budget, and a block's file buffer: read into, decoded, kept for the next read).
     pub working_bytes: u64,
     /// The same in the backend's memory, layer by layer as the kernels hold their matrices
     /// ([`device_elems`]); budgets there are checked at every allocation. Temporaries below a
@@ -211,7 +211,8 @@ pub(super) fn make_plan<B: Backend>(
         .sum();
     let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
     // with a storage tier the store holds one block beyond its budget (the one in use), and
-    // reading a block holds its file buffer beside the decoded block: two of the largest
+    // reading a block holds its file buffer (kept for the next read) beside the decoded
+    // block: two of the largest
     let largest_block = parts.iter().map(|p| p.own as u64).max().unwrap_or(0)
         * block_kinds(model, pre, fusible(model, pre)).iter().map(|&(_, _, d)| d as u64).max().unwrap_or(0)
         * elem_tier;
