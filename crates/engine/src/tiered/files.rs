@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use io_uring::{opcode, types, IoUring};
+use rayon::prelude::*;
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -115,7 +116,7 @@ impl BlockHeader {
 
 /// The xxh3 sum of every [`SUM_CHUNK`]-byte chunk of `payload` (the last one short).
 pub fn chunk_sums(payload: &[u8]) -> Vec<u64> {
-    payload.chunks(SUM_CHUNK).map(xxh3_64).collect()
+    payload.par_chunks(SUM_CHUNK).map(xxh3_64).collect()
 }
 
 /// The payload checksum of the header: of the chunk sums.
@@ -194,9 +195,10 @@ pub struct BlockFiles {
     pub faults: Faults,
     writes: std::sync::atomic::AtomicUsize,
     reads: std::sync::atomic::AtomicUsize,
-    /// A read's buffer given back once decoded ([`BlockFiles::recycle`]), for the next read:
-    /// a new 430 MB buffer took 0.14 s to zero, and its pages as long again to fault in under
-    /// the read, on the 2-core VM (2026-12-04) — a third of a block's read time.
+    /// A file buffer given back once its read is decoded or its write done
+    /// ([`BlockFiles::recycle`]), for the next read or write: a new 430 MB buffer took 0.14 s
+    /// to zero, and its pages as long again to fault in under the read, on the 2-core VM
+    /// (2026-12-04) — a third of a block's read time.
     spare: Mutex<Option<AlignedBuf>>,
 }
 
@@ -462,8 +464,7 @@ impl BlockFiles {
         self.count_op(&path, false)?;
         let f = self.open(&path, false)?;
         let len = expect.file_len();
-        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).take_if(|b| b.len >= len);
-        let mut buf = spare.unwrap_or_else(|| AlignedBuf::new(len));
+        let mut buf = self.buffer(len);
         let read_err = |e: io::Error| io::Error::new(e.kind(), format!("reading {}: {e}", path.display()));
         let read = match &self.ring {
             Some(r) => {
@@ -477,9 +478,20 @@ impl BlockFiles {
         Ok(buf)
     }
 
-    /// Gives back the buffer of a read whose contents were taken: the next read that fits in
-    /// it uses it. One is kept, the larger (the memory plan counts one file buffer beside the
-    /// blocks).
+    /// A buffer of at least `len` bytes for a block file: the kept one where it is large
+    /// enough (its bytes are a previous file's), else a new one (the kept one goes: one file
+    /// buffer at a time is what the memory plan counts).
+    pub fn buffer(&self, len: usize) -> AlignedBuf {
+        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match spare {
+            Some(b) if b.len >= len => b,
+            _ => AlignedBuf::new(len),
+        }
+    }
+
+    /// Gives back the buffer of a read whose contents were taken, or of a finished write: the
+    /// next read or write that fits in it uses it ([`BlockFiles::buffer`]). One is kept, the
+    /// larger.
     pub fn recycle(&self, buf: AlignedBuf) {
         let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
         if spare.as_ref().is_none_or(|s| s.len < buf.len) {

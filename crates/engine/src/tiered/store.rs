@@ -205,6 +205,7 @@ impl IoThread {
                         }
                         Job::Write { id, buf, len } => {
                             let result = files.write(&id.file_name(), &buf, len);
+                            files.recycle(buf);
                             Done::Write { id, result, secs: t.elapsed().as_secs_f64(), bytes: len as u64 }
                         }
                     };
@@ -832,25 +833,26 @@ impl<T: Scalar> Store<T> {
         let e = &self.entries[&id];
         let header = BlockHeader { dtype: self.file_dtype(), rows: e.rows as u64, cols: e.cols as u64 };
         let len = header.file_len();
-        let mut buf = AlignedBuf::new(len);
+        let files = self.files.as_ref().expect("a storage tier with an I/O thread");
+        let mut buf = files.buffer(len);
         {
-            let out = &mut buf.as_mut_slice()[ALIGN..ALIGN + header.payload_len()];
+            let (out, padding) = buf.as_mut_slice()[ALIGN..len].split_at_mut(header.payload_len());
+            // a kept buffer holds an earlier file's bytes: the page's tail is zeroed
+            padding.fill(0);
+            // on every core, as reads decode
             match e.data.as_ref().expect("writing a resident block") {
-                Data::Bf16(v) => {
-                    for (o, x) in out.chunks_exact_mut(2).zip(v) {
-                        o.copy_from_slice(&x.to_le_bytes());
-                    }
-                }
-                Data::Full(v) if header.dtype == Dtype::F64 => {
-                    for (o, x) in out.chunks_exact_mut(8).zip(v) {
-                        o.copy_from_slice(&x.f64().to_le_bytes());
-                    }
-                }
-                Data::Full(v) => {
-                    for (o, x) in out.chunks_exact_mut(4).zip(v) {
-                        o.copy_from_slice(&(x.f64() as f32).to_le_bytes());
-                    }
-                }
+                Data::Bf16(v) => out
+                    .par_chunks_exact_mut(2)
+                    .zip(v.par_iter())
+                    .for_each(|(o, x)| o.copy_from_slice(&x.to_le_bytes())),
+                Data::Full(v) if header.dtype == Dtype::F64 => out
+                    .par_chunks_exact_mut(8)
+                    .zip(v.par_iter())
+                    .for_each(|(o, x)| o.copy_from_slice(&x.f64().to_le_bytes())),
+                Data::Full(v) => out
+                    .par_chunks_exact_mut(4)
+                    .zip(v.par_iter())
+                    .for_each(|(o, x)| o.copy_from_slice(&(x.f64() as f32).to_le_bytes())),
             }
         }
         let sums = encode_header(&header, &mut buf);

@@ -141,3 +141,41 @@ fn some_rows_of_a_stored_block_are_read_from_its_file_alone() {
         s.read_rows(id(0, 0), Some(&[5]), &mut vec![0f32; d]).unwrap();
     }
 }
+
+#[test]
+fn a_small_block_spilled_through_a_large_kept_file_buffer_comes_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in [TierDtype::F32, TierDtype::Bf16] {
+        let elem = if dtype == TierDtype::Bf16 { 2 } else { 4 };
+        let cfg = StoreConfig {
+            // room for 10,000 values
+            budget: Some(10_000 * elem as u64),
+            mode: CacheMode::PartitionLru,
+            dtype,
+            faults: Faults::default(),
+        };
+        let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
+        // multiples of 1/4 below 25: exact in bf16 too
+        let block =
+            |k: usize, n: usize| (0..n).map(|i| ((i * 13 + k) % 97) as f32 * 0.25).collect::<Vec<f32>>();
+        // a large block spilled by another and written: its file buffer is kept
+        s.put(id(0, 0), 1000, 8, block(0, 8000)).unwrap();
+        s.put(id(0, 1), 1000, 8, block(1, 8000)).unwrap();
+        s.sync().unwrap();
+        s.remove(id(0, 1)).unwrap();
+        // a 3-row block, then one that leaves room for nothing else: the 3-row block is the
+        // next written, from the large block's buffer
+        s.put(id(0, 2), 3, 8, block(2, 24)).unwrap();
+        s.put(id(0, 3), 1248, 8, block(3, 9984)).unwrap();
+        s.sync().unwrap();
+        // past its payload the file's page is zeros, not the large block's bytes
+        let bytes = std::fs::read(s.storage_dir().unwrap().join(id(0, 2).file_name())).unwrap();
+        assert_eq!(bytes.len(), 2 * ALIGN, "{dtype:?}");
+        assert!(bytes[ALIGN + 24 * elem..].iter().all(|&b| b == 0), "{dtype:?}: a stale tail");
+        for (p, n) in [(0, 8000), (2, 24), (3, 9984)] {
+            let mut out = vec![0f32; n];
+            s.read_rows(id(0, p), None, &mut out).unwrap();
+            assert_eq!(out, block(p, n), "{dtype:?}, block {p}");
+        }
+    }
+}
