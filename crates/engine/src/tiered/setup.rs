@@ -390,6 +390,13 @@ fn build_parts<B: Backend>(
 }
 
 /// Refuses a plan the host budget or the storage directory cannot hold, with the minimum.
+/// What the named least host budget carries beyond the figures of the run that names it: the
+/// process's base (its resident set sampled first thing in `main`, where the kernel's
+/// fault-around maps more or fewer of the binary's pages) moves by up to a MiB between
+/// identical runs — 204 then 205 MiB on a loaded machine (2026-12-03), 102 then 103 MiB in CI
+/// (2026-12-04) — and a rerun at the named budget must not be refused.
+const BASE_DRIFT_BYTES: u64 = 2 << 20;
+
 fn check_budget(plan: &Plan, tc: &TieredConfig) -> Result<(), TrainError> {
     if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
         let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
@@ -400,7 +407,7 @@ fn check_budget(plan: &Plan, tc: &TieredConfig) -> Result<(), TrainError> {
                 mib(plan.resident_bytes),
                 mib(plan.working_bytes),
                 mib(plan.margin_bytes),
-                mib(min_host_budget(plan.resident_bytes + plan.working_bytes)).ceil() as u64
+                mib(min_host_budget(plan.resident_bytes + plan.working_bytes + BASE_DRIFT_BYTES)).ceil() as u64
             )));
         }
     }
