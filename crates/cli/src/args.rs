@@ -35,16 +35,17 @@ pub enum Command {
     Predict(Box<PredictArgs>),
     /// Partition a dataset and print the quality of the partitioning.
     Partition(PartitionArgs),
-    /// Print a dataset's statistics and the memory full-graph training needs.
-    Info(InfoArgs),
+    /// Print a dataset's statistics and the memory full-graph training needs; with train's
+    /// tiered settings, the memory plan and an epoch's predicted traffic and time.
+    Info(Box<InfoArgs>),
     /// Convert a dataset (OGB raw, IGB, npy) into the fast native `.grnd` file.
     Convert(ConvertArgs),
     /// Write a dataset in another layout (npy exchange, OGB raw, IGB).
     Export(ExportArgs),
     /// Generate a synthetic benchmark graph from a preset (docs/datasets.md).
     Generate(GenerateArgs),
-    /// Microbenchmarks: GPU gather, transfer, SpMM, GEMM and launch costs, CPU mini-batch
-    /// sampling; each prints one JSON object.
+    /// Microbenchmarks (GPU gather, transfer, SpMM, GEMM, launches; CPU sampling) and the cost
+    /// model's rates; each prints one JSON object.
     Bench(BenchArgs),
     /// Draw the speed-up of runs on several GPUs (or ranks) over one, from their metrics files.
     PlotScaling(PlotScalingArgs),
@@ -77,7 +78,7 @@ pub struct PlotScalingArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// GPU to measure: cuda or cuda:N (`sample` runs on the CPU).
+    /// GPU to measure: cuda or cuda:N (`sample` runs on the CPU, `rates` on either).
     #[arg(long, global = true, default_value = "cuda")]
     pub device: String,
     /// Timed repetitions (the median is reported).
@@ -89,9 +90,8 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchWhat {
-    /// Random rows of a table in pinned host memory into the GPU: CPU gather + copy (pinned and
-    /// pageable), zero-copy (GPU threads read the mapped rows), the plain copy of as many
-    /// contiguous bytes, and a gather from GPU memory.
+    /// Random rows of a pinned host table into the GPU: CPU gather + copy (pinned, pageable),
+    /// zero-copy (GPU threads read the mapped rows), a plain copy, a gather in GPU memory.
     Gather {
         /// Rows gathered.
         #[arg(long, default_value_t = 500_000)]
@@ -143,6 +143,17 @@ pub enum BenchWhat {
         /// Rounds per timed run.
         #[arg(long, default_value_t = 10_000)]
         ops: usize,
+    },
+    /// The rates `info` and `train` predict an epoch's time from, on --device (cpu or cuda):
+    /// dense and sparse products, element-wise kernels, transfers, host copies, and with
+    /// --storage-dir the block files; JSON to --out [default: rates-cpu.json or rates-cuda.json
+    /// in the cache directory, where `info` and `train` look].
+    Rates {
+        /// Directory whose storage to measure (as train's --storage-dir).
+        #[arg(long)]
+        storage_dir: Option<PathBuf>,
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Mini-batch loading on the CPU, as the trainer's sampling threads do it (any machine):
     /// GraphSAGE neighbour sampling of an epoch's batches, alone and followed by the CPU
@@ -302,18 +313,14 @@ impl PartitionArgs {
 pub struct InfoArgs {
     #[command(flatten)]
     pub input: Input,
-    /// Hidden size for the memory estimate.
-    #[arg(long, default_value_t = 256)]
-    pub hidden: usize,
-    /// Layers for the memory estimate.
-    #[arg(long, default_value_t = 2)]
-    pub layers: usize,
-    /// GPU memory budget to check against, e.g. 8GiB.
-    #[arg(long, value_parser = parse_bytes)]
-    pub gpu_mem: Option<u64>,
-    /// Host memory budget to check against, e.g. 64GiB.
-    #[arg(long, value_parser = parse_bytes)]
-    pub host_mem: Option<u64>,
+    /// Train's settings: with --parts, the memory plan, each tier's blocks, an epoch's traffic
+    /// and predicted time; without, --gpu-mem and --host-mem are budgets for the whole graph.
+    #[command(flatten)]
+    pub settings: TrainSettings,
+    /// Measured rates for the predicted epoch time (`grinnder bench rates`) [default: the
+    /// file it writes for --device, where it exists].
+    #[arg(long)]
+    pub rates: Option<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -787,6 +794,10 @@ pub struct TrainArgs {
     /// With --save-model: the parameters after the last epoch instead.
     #[arg(help_heading = "Settings file, output and checkpoints", long, requires = "save_model")]
     pub save_last: bool,
+    /// Measured rates (`grinnder bench rates`): after the second epoch the tiered executor logs
+    /// its predicted epoch time against the measured one [default: `bench rates`'s file].
+    #[arg(help_heading = "Settings file, output and checkpoints", long)]
+    pub rates: Option<PathBuf>,
     /// Start from the weights of this model file (fine-tuning, or a model trained in PyG) instead
     /// of a fresh initialisation; its tensors must fit the model the settings describe.
     #[arg(help_heading = "Settings file, output and checkpoints", long)]
@@ -872,19 +883,4 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         u => return Err(format!("unknown unit {u:?} in {s:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
     };
     Ok((x * mult) as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_bytes;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_bytes("8GiB"), Ok(8 << 30));
-        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
-        assert_eq!(parse_bytes("100"), Ok(100));
-        assert!(parse_bytes("lots").is_err());
-        assert!(parse_bytes("3 parsecs").is_err());
-    }
 }

@@ -50,6 +50,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
+    if let BenchWhat::Rates { storage_dir, out } = &a.what {
+        return rates(&a.device, storage_dir.as_deref(), out.as_deref());
+    }
     let n = match Device::parse(&a.device)? {
         Device::Cuda(n) => n,
         Device::Cpu => anyhow::bail!("grinnder bench measures a GPU: use --device cuda[:N]"),
@@ -61,9 +64,47 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         BenchWhat::Spmm { input, widths } => spmm(&mut g, a.reps, &input, &widths)?,
         BenchWhat::Gemm { m, k, n, vary } => gemm(&g, a.reps, m, k, n, vary)?,
         BenchWhat::Launches { ops } => launches(&g, a.reps, ops)?,
-        BenchWhat::Sample { .. } => unreachable!("runs on the CPU, above"),
+        BenchWhat::Sample { .. } | BenchWhat::Rates { .. } => unreachable!("run above"),
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
+/// `grinnder bench rates`: the cost model's rates on `device`, written to `out` (default: where
+/// `info` and `train` look for them) and printed.
+fn rates(
+    device: &str,
+    storage_dir: Option<&std::path::Path>,
+    out: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let device = Device::parse(device)?;
+    let (rates, kind) = match device {
+        Device::Cpu => {
+            let b = grinnder_tensor::Cpu::<f32>::new();
+            (grinnder_engine::tiered::measure_rates(&b, "cpu", false, storage_dir, 1)?, "cpu")
+        }
+        Device::Cuda(n) => {
+            let g = Cuda::new(n).with_context(|| format!("cannot use CUDA device {n}"))?;
+            // larger problems: a GPU finishes the CPU's in microseconds
+            (
+                grinnder_engine::tiered::measure_rates(&g, &format!("cuda:{n}"), false, storage_dir, 16)?,
+                "cuda",
+            )
+        }
+    };
+    let path = match out {
+        Some(p) => p.to_path_buf(),
+        None => crate::rates::default_rates_file(kind)
+            .context("no cache directory (neither XDG_CACHE_HOME nor HOME is set): give --out")?,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(&rates)?;
+    grinnder_graph::io::files::write_whole(&path, text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    println!("{text}");
+    tracing::info!("rates written to {} (info and train read them from there)", path.display());
     Ok(())
 }
 

@@ -6,12 +6,10 @@ use std::time::Instant;
 use anyhow::Context;
 use grinnder_graph::generate::{self, GenConfig};
 use grinnder_graph::io::{exchange, igb, native, ogb};
-use grinnder_graph::stats;
 use serde::Serialize;
 
 use crate::args::{
-    Command, ConvertArgs, ExportArgs, ExportFormat, GenFormat, GenerateArgs, InfoArgs, PartitionArgs,
-    PlotScalingArgs,
+    Command, ConvertArgs, ExportArgs, ExportFormat, GenFormat, GenerateArgs, PartitionArgs, PlotScalingArgs,
 };
 use crate::load::load;
 
@@ -19,7 +17,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
     match cmd {
         Command::Train(a) => crate::train::run(*a),
         Command::Predict(a) => crate::predict::run(*a),
-        Command::Info(a) => info(a),
+        Command::Info(a) => crate::info::run(*a),
         Command::Partition(a) => partition(a),
         Command::Convert(a) => convert(a),
         Command::Export(a) => export(a),
@@ -65,112 +63,6 @@ fn clean(dir: &std::path::Path, dry_run: bool) -> anyhow::Result<()> {
     if !dry_run {
         println!("{removed} removed, {:.1} MiB freed", mib(freed));
     }
-    Ok(())
-}
-
-#[derive(Serialize)]
-struct Info {
-    name: String,
-    nodes: usize,
-    directed_edges: usize,
-    features: usize,
-    classes: u32,
-    train: usize,
-    valid: usize,
-    test: usize,
-    degree_min: u32,
-    degree_median: u32,
-    degree_mean: f64,
-    degree_p90: u32,
-    degree_p99: u32,
-    degree_max: u32,
-    isolated_nodes: usize,
-    structure_bytes: u64,
-    feature_bytes: u64,
-    hidden: usize,
-    layers: usize,
-    layer_bytes: u64,
-    full_graph_bytes: u64,
-    fits_gpu: Option<bool>,
-    fits_host: Option<bool>,
-    load_seconds: f64,
-}
-
-/// A byte count in the largest binary unit that keeps it at or above 1.
-fn gib(b: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut x = b as f64;
-    let mut u = 0;
-    while x >= 1024.0 && u + 1 < units.len() {
-        x /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{x:.2} {}", units[u])
-    }
-}
-
-fn info(a: InfoArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(a.hidden > 0 && a.layers > 0, "--hidden and --layers must be positive");
-    let (ds, secs) = load(&a.input)?;
-    let d = stats::degree_summary(&ds);
-    let full = stats::full_graph_bytes(&ds, a.hidden, a.layers);
-    let i = Info {
-        name: ds.name.clone(),
-        nodes: ds.num_nodes(),
-        directed_edges: ds.graph.num_edges(),
-        features: ds.features.dim,
-        classes: ds.num_classes,
-        train: ds.splits.train.len(),
-        valid: ds.splits.valid.len(),
-        test: ds.splits.test.len(),
-        degree_min: d.min,
-        degree_median: d.median,
-        degree_mean: d.mean,
-        degree_p90: d.p90,
-        degree_p99: d.p99,
-        degree_max: d.max,
-        isolated_nodes: d.isolated,
-        structure_bytes: stats::structure_bytes(&ds),
-        feature_bytes: ds.features.data.len() as u64 * 4,
-        hidden: a.hidden,
-        layers: a.layers,
-        layer_bytes: stats::layer_bytes(ds.num_nodes(), a.hidden),
-        full_graph_bytes: full,
-        fits_gpu: a.gpu_mem.map(|b| full <= b),
-        fits_host: a.host_mem.map(|b| full <= b),
-        load_seconds: secs,
-    };
-    if a.json {
-        println!("{}", serde_json::to_string(&i)?);
-        return Ok(());
-    }
-    println!("dataset        {}", i.name);
-    println!("nodes          {}", i.nodes);
-    println!("edges          {} directed (symmetrised, no self loops or duplicates)", i.directed_edges);
-    println!("features       {}", i.features);
-    println!("classes        {}", i.classes);
-    println!("split          train {} / valid {} / test {}", i.train, i.valid, i.test);
-    println!(
-        "degree         min {} / median {} / mean {:.2} / p90 {} / p99 {} / max {}; {} isolated",
-        d.min, d.median, d.mean, d.p90, d.p99, d.max, d.isolated
-    );
-    println!("structure      {}   features {}", gib(i.structure_bytes), gib(i.feature_bytes));
-    println!(
-        "per layer      {} per {}-wide fp32 activation (the same again for its gradient)",
-        gib(i.layer_bytes),
-        a.hidden
-    );
-    println!("full graph     {} for {} layers kept resident", gib(full), a.layers);
-    for (what, budget, fits) in [("GPU", a.gpu_mem, i.fits_gpu), ("host", a.host_mem, i.fits_host)] {
-        if let (Some(b), Some(f)) = (budget, fits) {
-            let verdict = if f { "fits" } else { "does not fit: needs tiered (offloaded) execution" };
-            println!("{what:<14} budget {}: {verdict}", gib(b));
-        }
-    }
-    println!("loaded in      {:.3} s", secs);
     Ok(())
 }
 
@@ -295,7 +187,7 @@ fn partition(a: PartitionArgs) -> anyhow::Result<()> {
                 r.halo_volume,
                 r.replication_factor,
                 r.seconds,
-                gib(r.peak_host_bytes),
+                crate::info::gib(r.peak_host_bytes),
                 if cached { "  (cached)" } else { "" }
             );
         }

@@ -7,11 +7,13 @@ pub mod args;
 pub mod bench;
 pub mod bundled;
 pub mod commands;
+pub mod info;
 pub mod load;
 pub mod outputs;
 pub mod plan;
 pub mod plot;
 pub mod predict;
+pub mod rates;
 pub mod train;
 
 /// Under a host budget, freed memory goes back to the kernel at once (mimalloc's purge delay

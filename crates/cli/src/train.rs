@@ -461,10 +461,7 @@ fn run_on<B: Backend>(
         }
     }
     let setup = setup_done();
-    while !trainer.done() {
-        let m = trainer.train_epoch()?;
-        on_epoch(&m);
-    }
+    train_epochs(&mut trainer, plan, a, &mut on_epoch)?;
     let mut summary = trainer.summary();
     summary.setup = setup;
     pb.finish_and_clear();
@@ -477,6 +474,70 @@ fn run_on<B: Backend>(
         tracing::info!("model saved to {} ({note})", p.display());
     }
     Ok(summary)
+}
+
+/// The epochs left to train, each handed to `on_epoch`; after the second (the first carries
+/// one-time work: calibration, the GPU tier's refinement) the cost model's epoch is logged
+/// against it.
+fn train_epochs<B: Backend>(
+    trainer: &mut Trainer<'_, B>,
+    plan: &TrainPlan,
+    a: &TrainArgs,
+    on_epoch: &mut dyn FnMut(&EpochMetrics),
+) -> anyhow::Result<()> {
+    let rates = match &a.rates {
+        Some(p) => Some((crate::rates::read_rates(p)?, p.clone())),
+        None => crate::rates::default_rates(plan)?,
+    };
+    let compared = 1.min(plan.config.epochs.saturating_sub(1));
+    while !trainer.done() {
+        let m = trainer.train_epoch()?;
+        on_epoch(&m);
+        if m.epoch == compared {
+            if let Some(p) = trainer.predicted_epoch(rates.as_ref().map(|r| &r.0)) {
+                predicted_against_measured(&m, &p, rates.as_ref().map(|r| r.1.as_path()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The cost model's epoch against the measured one (`train` after its second epoch).
+fn predicted_against_measured(
+    m: &EpochMetrics,
+    p: &grinnder_engine::tiered::Prediction,
+    rates: Option<&std::path::Path>,
+) {
+    let mib = |b: u64| b as f64 / 1048576.0;
+    if let Some(t) = &m.tier {
+        let (pt, st) = (&p.traffic, &t.tier);
+        tracing::debug!(
+            "epoch {}: predicted / measured MiB: to the backend {:.1} / {:.1}, back {:.1} / {:.1}, storage read {:.1} / {:.1}, written {:.1} / {:.1}",
+            m.epoch,
+            mib(pt.upload_bytes),
+            mib(t.upload_bytes),
+            mib(pt.download_bytes),
+            mib(t.download_bytes),
+            mib(pt.storage_read_bytes),
+            mib(st.storage_read_bytes),
+            mib(pt.storage_write_bytes),
+            mib(st.storage_write_bytes)
+        );
+    }
+    if let (Some(s), Some(r)) = (&p.seconds, rates) {
+        tracing::info!(
+            "epoch {}: {:.3} s; the cost model predicted {:.3} s ({:+.0} %: compute {:.3} s, bus {:.3} s, host copies {:.3} s, storage {:.3} s at the rates in {})",
+            m.epoch,
+            m.epoch_s,
+            s.epoch_s,
+            (s.epoch_s / m.epoch_s - 1.0) * 100.0,
+            s.compute_s,
+            s.transfer_s,
+            s.host_copy_s,
+            s.storage_s,
+            r.display()
+        );
+    }
 }
 
 /// The trainer's mode for `plan`: mini-batches (cooperative over ranks), the whole graph in

@@ -845,3 +845,75 @@ fn a_partitioning_cached_on_another_machine_is_read_by_train_and_predict() {
     assert!(stderr(&o).contains("partitioning read from the cache"), "{}", stderr(&o));
     assert!(!tmp.path().join("default").exists(), "the default cache directory is not used");
 }
+
+#[test]
+fn sizes_parse_as_the_flags_take_them() {
+    use grinnder_cli::args::parse_bytes;
+    assert_eq!(parse_bytes("8GiB"), Ok(8 << 30));
+    assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+    assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+    assert_eq!(parse_bytes("100"), Ok(100));
+    assert!(parse_bytes("lots").is_err());
+    assert!(parse_bytes("3 parsecs").is_err());
+}
+
+/// `info` with train's tiered settings: the plan made as train makes it, the blocks per tier,
+/// an epoch's traffic and, with rates measured by `bench rates`, its predicted time; `train`
+/// logs the prediction against its second epoch.
+#[test]
+fn info_with_parts_plans_the_run_and_predicts_its_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |s: &str| dir.path().join(s).to_string_lossy().into_owned();
+    std::fs::create_dir(p("st")).unwrap();
+    let o = grinnder(&[
+        "bench",
+        "--device",
+        "cpu",
+        "rates",
+        "--storage-dir",
+        &p("st"),
+        "--out",
+        &p("rates.json"),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rates: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p("rates.json")).unwrap()).unwrap();
+    assert!(
+        rates["gemm_flops_per_s"].as_f64().unwrap() > 0.0
+            && rates["storage_read_bytes_per_s"].as_f64().unwrap() > 0.0
+    );
+    let flags = [
+        "--hidden",
+        "32",
+        "--parts",
+        "4",
+        "--block-cache",
+        "2MiB",
+        "--storage-dir",
+        &p("st"),
+        "--rates",
+        &p("rates.json"),
+    ];
+    let o = grinnder(&[&["info", "--json"][..], &flags].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let t = &v["tiered"];
+    assert_eq!(t["parts"], 4);
+    let blocks: u64 = t["blocks"].as_array().unwrap().iter().map(|g| g["bytes"].as_u64().unwrap()).sum();
+    assert!(blocks > 2 << 20, "the blocks outgrow the 2 MiB cache: {blocks}");
+    let traffic = &t["prediction"]["traffic"];
+    assert!(traffic["storage_read_bytes"].as_u64().unwrap() > 0, "{traffic}");
+    let s = &t["prediction"]["seconds"];
+    assert!(s["epoch_s"].as_f64().unwrap() > 0.0 && s["storage_s"].as_f64().unwrap() > 0.0, "{s}");
+    let o = grinnder(&[&["info"][..], &flags].concat());
+    assert!(stdout(&o).contains("predicted      "), "{}", stdout(&o));
+    let o = grinnder(&[&["-v", "train", "--epochs", "2"][..], &flags].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("the cost model predicted"), "{err}");
+    // the traffic the model predicted is what the epoch moved
+    let line = err.lines().find(|l| l.contains("predicted / measured MiB")).expect("the traffic line");
+    for pair in line.split(", ").filter_map(|f| f.rsplit(' ').nth(2).zip(f.rsplit(' ').next())) {
+        assert_eq!(pair.0, pair.1, "{line}");
+    }
+}

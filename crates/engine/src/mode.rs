@@ -30,6 +30,11 @@ pub(crate) trait Engine<B: Backend> {
         wanted: &dyn Fn(u32) -> bool,
         emit: &mut crate::tiered::Emit<'_>,
     ) -> Result<Option<PhaseStats>, TrainError>;
+    /// The mode's predicted training epoch ([`crate::tiered::Executor::predict_epoch`]), where
+    /// it has a cost model.
+    fn predict_epoch(&mut self, _rates: Option<&crate::tiered::Rates>) -> Option<crate::tiered::Prediction> {
+        None
+    }
 }
 
 /// Hands `m` (row i: node `first + i`) to `emit` in pieces of at most [`PIECE_ROWS`] rows.

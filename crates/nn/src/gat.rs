@@ -14,6 +14,7 @@ use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
 use crate::param::Param;
+use crate::work::{Passes, Work};
 
 pub const NEGATIVE_SLOPE: f64 = 0.2;
 
@@ -207,5 +208,24 @@ pub fn held(s: Shape, i: u64, heads: u64, o: u64, concat: bool, attn_dropout: bo
         forward: kept + dropped + agg + mean,
         kept,
         backward: kept + dagg + dz + dropped.max(2 * edges).max(late),
+    }
+}
+
+/// Work on a partition of shape `s` (see [`crate::work`]), `heads` heads of output `o`: the
+/// transform over the columns, both scores, the per-edge logits, softmax and dropout
+/// (element-wise over `nnz × heads`), the weighted sum (a sparse product `heads · F` wide);
+/// backward the same in reverse, twice the per-edge work, and the input gradient's product.
+pub fn work(s: Shape, i: u64, heads: u64, o: u64, concat: bool, need_dx: bool) -> Passes {
+    let width = if concat { o } else { o * heads };
+    let edges = s.nnz * heads;
+    let dx = if need_dx { Work::gemm(s.cols, width, i) } else { Work::default() };
+    Passes {
+        forward: Work::gemm(s.cols, i, width)
+            .and(Work::spmm(s.nnz, width, false))
+            .and(Work::elementwise(8 * edges + 4 * s.cols * width)),
+        backward: Work::spmm(s.nnz, width, true)
+            .and(Work::gemm(width, s.cols, i))
+            .and(dx)
+            .and(Work::elementwise(16 * edges + 8 * s.cols * width)),
     }
 }

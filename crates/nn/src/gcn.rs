@@ -14,6 +14,7 @@ use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
 use crate::param::Param;
+use crate::work::{Passes, Work};
 
 pub struct GcnConv<B: Backend> {
     pub lin: Linear<B>,
@@ -96,4 +97,29 @@ pub fn held(s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Held {
     }
     let h = s.cols * o;
     Held { forward: h + out, kept: 0, backward: h + dx }
+}
+
+/// Work on a partition of shape `s` (see [`crate::work`]), on the narrower side as
+/// [`held`]: aggregating first (`Â x`, then the product; backward `dt = dy W`, `dx = Âᵀ dt`)
+/// or transforming first (`x Wᵀ` over the columns, then `Â`; backward `Âᵀ dy` first); with
+/// `pre` only the product and its weight gradient.
+pub fn work(s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Passes {
+    let out = Work::elementwise(2 * s.rows * o); // the bias
+    if pre || i <= o {
+        let aggregate = if pre { Work::default() } else { Work::spmm(s.nnz, i, false) };
+        let dx = if need_dx && !pre {
+            Work::gemm(s.rows, o, i).and(Work::spmm(s.nnz, i, true))
+        } else {
+            Work::default()
+        };
+        return Passes {
+            forward: aggregate.and(Work::gemm(s.rows, i, o)).and(out.clone()),
+            backward: Work::gemm(o, s.rows, i).and(dx).and(out),
+        };
+    }
+    let dx = if need_dx { Work::gemm(s.cols, o, i) } else { Work::default() };
+    Passes {
+        forward: Work::gemm(s.cols, i, o).and(Work::spmm(s.nnz, o, false)).and(out.clone()),
+        backward: Work::spmm(s.nnz, o, true).and(Work::gemm(o, s.cols, i)).and(dx).and(out),
+    }
 }

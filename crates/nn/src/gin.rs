@@ -17,6 +17,7 @@ use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
 use crate::param::Param;
+use crate::work::{Passes, Work};
 
 pub struct GinConv<B: Backend> {
     /// `nn.0`: the MLP's first map.
@@ -167,5 +168,24 @@ pub fn held(s: Shape, i: u64, o: u64, train_eps: bool, pre: bool, need_dx: bool)
         forward: own + kept + s.rows * o,
         kept,
         backward: (kept + hid).max(rows_in + hid + ds).max(eps).max(dx),
+    }
+}
+
+/// Work on a partition of shape `s` (see [`crate::work`]), the MLP's hidden width `o`: the
+/// neighbour sum (unless `pre`), the MLP's two products and their weight gradients, `ds`
+/// where `dx` or a trained ε needs it, and `Aᵀ ds`.
+pub fn work(s: Shape, i: u64, o: u64, train_eps: bool, pre: bool, need_dx: bool) -> Passes {
+    let sum = if pre { Work::default() } else { Work::spmm(s.nnz, i, false) };
+    let mlp = Work::gemm(s.rows, i, o).and(Work::gemm(s.rows, o, o));
+    let ds = if need_dx || train_eps { Work::gemm(s.rows, o, i) } else { Work::default() };
+    let dx = if need_dx { Work::spmm(s.nnz, i, true) } else { Work::default() };
+    Passes {
+        forward: sum.and(mlp).and(Work::elementwise(4 * s.rows * (i + o))),
+        backward: Work::gemm(o, s.rows, i)
+            .and(Work::gemm(o, s.rows, o))
+            .and(Work::gemm(s.rows, o, o))
+            .and(ds)
+            .and(dx)
+            .and(Work::elementwise(6 * s.rows * (i + o))),
     }
 }

@@ -19,6 +19,7 @@ mod naming;
 pub mod optim;
 pub mod param;
 pub mod sage;
+pub mod work;
 
 pub use aggregation::Aggregation;
 pub use graph::Graph;

@@ -12,6 +12,7 @@ use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
 use crate::param::Param;
+use crate::work::{Passes, Work};
 
 pub struct SageConv<B: Backend> {
     /// Applied to the neighbour mean (with the bias).
@@ -99,5 +100,17 @@ pub fn held(s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Held {
         forward: neighbour.forward + own,
         kept: neighbour.kept,
         backward: neighbour.backward.max(neighbour.kept + own + root_dx),
+    }
+}
+
+/// Work on a partition of shape `s` (see [`crate::work`]): GCN's (the neighbour term) and the
+/// root term's product over the own rows, its weight gradient and, with `need_dx`, its input
+/// gradient.
+pub fn work(s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Passes {
+    let neighbour = crate::gcn::work(s, i, o, pre, need_dx);
+    let dx = if need_dx { Work::gemm(s.rows, o, i) } else { Work::default() };
+    Passes {
+        forward: neighbour.forward.and(Work::gemm(s.rows, i, o)),
+        backward: neighbour.backward.and(Work::gemm(o, s.rows, i)).and(dx),
     }
 }

@@ -50,12 +50,15 @@
 //! passes, evaluation), `dist.rs` (ranks: the halo exchange and the sums), `tiers.rs` (which
 //! tier holds each block); `store.rs` and `files.rs` are the host cache and the block files.
 
+mod calibrate;
+mod cost;
 mod dist;
 pub mod files;
 mod input;
 mod placement;
 mod plan;
 mod predict;
+mod rates;
 mod rows;
 mod schedule;
 mod setup;
@@ -74,6 +77,7 @@ use grinnder_partition::{partition_cached, Method, PartitionedGraph, Partitionin
 use grinnder_tensor::{Backend, Mat, MatComm, Rows, Scalar, SparseMatrix};
 use serde::Serialize;
 
+pub use cost::{BlockGroup, Prediction, Seconds, Traffic};
 use dist::*;
 pub use dist::{shared_partitioning, CommStats, DeviceComms, DistConfig, HostMats, SubgraphOf};
 pub(crate) use dist::{sum_gradients, Reducer};
@@ -81,6 +85,7 @@ pub use files::Faults;
 use plan::*;
 pub use plan::{DevicePlan, Plan};
 pub use predict::Emit;
+pub use rates::{measure_rates, Rates, SparseRate};
 pub use store::{BlockId, BlockKind, CacheMode, Store, StoreConfig, TierDtype, TierStats};
 use tiers::Tiers;
 

@@ -145,13 +145,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub fn refine_placement(&mut self, peak: u64) -> Result<usize, TrainError> {
         let margin = self.plan.device.as_ref().map(|d| d.margin_bytes);
         let (Some(g), Some(margin)) = (self.gpu_mem, margin) else { return Ok(0) };
-        let room = g.saturating_sub(margin).saturating_sub(peak);
-        self.unfuse_if_fits(room);
-        let moved = self.place_while_fits(room)?;
-        if let Some(d) = self.plan.device.as_mut() {
-            d.blocks += moved.0;
-            d.placed_bytes += moved.1;
-        }
+        let moved = self.place_within(g.saturating_sub(margin).saturating_sub(peak))?;
         tracing::info!(
             "GPU tier after an epoch at peak {:.2} GiB of {:.2} GiB: {} more blocks ({:.2} GiB), {} in all",
             peak as f64 / GIB,
@@ -161,6 +155,18 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.tiers.placed_count()
         );
         Ok(moved.0)
+    }
+
+    /// Places what fits in `room` more bytes of the GPU tier (ending the fusion where every
+    /// block fits, [`Executor::unfuse_if_fits`]); the count and bytes placed.
+    pub(super) fn place_within(&mut self, room: u64) -> Result<(usize, u64), TrainError> {
+        self.unfuse_if_fits(room);
+        let moved = self.place_while_fits(room)?;
+        if let Some(d) = self.plan.device.as_mut() {
+            d.blocks += moved.0;
+            d.placed_bytes += moved.1;
+        }
+        Ok(moved)
     }
 
     /// Ends the fusion of layer 0 into layer 1 when every block of the unfused epoch not yet in

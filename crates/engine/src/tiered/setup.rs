@@ -39,6 +39,44 @@ impl<'a, B: Backend> Executor<'a, B> {
         dist: Option<DistConfig<'a, B>>,
     ) -> Result<Self, TrainError> {
         let features = features.into();
+        let mut ex = Self::set_up(b, ds, sub, model_cfg, tc, dist, false)?;
+        // a share's shift is the whole graph's
+        let shift = shift_phase(ds, features.norm, sub.map(|s| s.feature_shift).or(features.shift));
+        let phase = grinnder_graph::progress::phase(if ex.pre {
+            "first blocks (features, Â·x)"
+        } else {
+            "first blocks (features)"
+        });
+        ex.load_features(ds, features.norm, shift)?;
+        drop(phase);
+        Ok(ex)
+    }
+
+    /// The executor's plan for `ds` without its first blocks: partitioning, the partition
+    /// graphs, the memory plan and the GPU tier's placement, as [`Executor::new`] makes them —
+    /// what `grinnder info` shows and [`Executor::predict_epoch`] reads. It cannot train.
+    pub fn plan_only(
+        b: &'a B,
+        ds: &Dataset,
+        model_cfg: &ModelConfig,
+        tc: &TieredConfig,
+    ) -> Result<Self, TrainError> {
+        let mut ex = Self::set_up(b, ds, None, model_cfg, tc, None, true)?;
+        ex.stopped = Some("a plan only: its first blocks were never made".to_string());
+        Ok(ex)
+    }
+
+    /// Everything [`Executor::new_share`] does before the first blocks; with `plan_only` the
+    /// store makes no directory.
+    fn set_up(
+        b: &'a B,
+        ds: &Dataset,
+        sub: Option<&SubgraphOf>,
+        model_cfg: &ModelConfig,
+        tc: &TieredConfig,
+        dist: Option<DistConfig<'a, B>>,
+        plan_only: bool,
+    ) -> Result<Self, TrainError> {
         let (rank, ranks) = dist.map_or((0, 1), |d| (d.comm.rank(), d.comm.size()));
         if tc.parts < ranks {
             return Err(TrainError::Config(format!(
@@ -103,7 +141,8 @@ impl<'a, B: Backend> Executor<'a, B> {
             faults: tc.faults,
         };
         // each store (each rank's too) makes a private directory of its own inside the given one
-        let store = Store::new(store_cfg, tc.storage_dir.as_deref(), tc.keep_storage).map_err(io_err)?;
+        let dir = tc.storage_dir.as_deref().filter(|_| !plan_only);
+        let store = Store::new(store_cfg, dir, tc.keep_storage).map_err(io_err)?;
         let mut ex = Executor {
             b,
             model,
@@ -135,15 +174,6 @@ impl<'a, B: Backend> Executor<'a, B> {
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
-        // a share's shift is the whole graph's
-        let shift = shift_phase(ds, features.norm, sub.map(|s| s.feature_shift).or(features.shift));
-        let phase = grinnder_graph::progress::phase(if pre {
-            "first blocks (features, Â·x)"
-        } else {
-            "first blocks (features)"
-        });
-        ex.load_features(ds, features.norm, shift)?;
-        drop(phase);
         Ok(ex)
     }
 

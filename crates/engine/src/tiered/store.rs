@@ -31,7 +31,7 @@ use super::files::{encode_header, AlignedBuf, BlockFiles, BlockHeader, Dtype, Fa
 const PAR_BYTES: usize = 1 << 20;
 
 /// What a block holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum BlockKind {
     /// A layer's input rows (layer 0: the features).
     Act,
@@ -423,6 +423,10 @@ impl<T: Scalar> Store<T> {
         Ok(())
     }
 
+    pub fn tier_dtype(&self) -> TierDtype {
+        self.cfg.dtype
+    }
+
     pub fn mode(&self) -> CacheMode {
         self.cfg.mode
     }
@@ -756,17 +760,20 @@ impl<T: Scalar> Store<T> {
         Ok(())
     }
 
-    /// Evicts victims under the cache mode until the held bytes are at most `target` (or only
-    /// pinned blocks and `keep` remain in RAM).
+    /// Evicts victims under the cache mode until the blocks and buffers read ahead in RAM are
+    /// at most `target` bytes (or only pinned blocks and `keep` remain in RAM).
     fn evict_down_to(&mut self, target: u64, keep: Option<BlockId>) -> io::Result<()> {
-        while self.held() > target {
+        // writes in flight leave by themselves (the callers wait for them). Counted here, an
+        // evicted block's write buffer (a page more than its RAM copy) kept each eviction from
+        // lowering the figure: making room for one block emptied the cache of dirty blocks
+        while self.resident + self.prefetch_bytes > target {
             let victims = self.victims(keep);
             if victims.is_empty() {
                 break; // the pinned working set alone is over budget
             }
             for v in victims {
                 self.evict(v)?;
-                if self.cfg.mode == CacheMode::PartitionLru && self.held() <= target {
+                if self.cfg.mode == CacheMode::PartitionLru && self.resident + self.prefetch_bytes <= target {
                     break;
                 }
             }

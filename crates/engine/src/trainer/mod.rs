@@ -203,6 +203,15 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.engine.model()
     }
 
+    /// The tiered executor's predicted training epoch (its cost model: traffic and arithmetic,
+    /// with `rates` the seconds); `None` for the other modes and for ranks.
+    pub fn predicted_epoch(
+        &mut self,
+        rates: Option<&crate::tiered::Rates>,
+    ) -> Option<crate::tiered::Prediction> {
+        self.engine.predict_epoch(rates)
+    }
+
     /// Trains the next epoch; evaluates where `eval_every` says (and after the last epoch), and
     /// writes a checkpoint where one is due. Every rank of a partition-parallel run calls it.
     pub fn train_epoch(&mut self) -> Result<EpochMetrics, TrainError> {

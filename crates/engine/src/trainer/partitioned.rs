@@ -146,6 +146,9 @@ impl<B: Backend> Engine<B> for Partitioned<'_, B> {
 
     fn correct(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
         let mut c = self.ex.evaluate(epoch)?.map(|n| n as u64);
+        // the evaluation's phase figures are not the next training step's (every rank takes
+        // them: with ranks, a collective)
+        self.ex.take_stats();
         self.ex.reduce(&mut c);
         Ok(c.map(|n| n as usize))
     }
@@ -168,5 +171,9 @@ impl<B: Backend> Engine<B> for Partitioned<'_, B> {
         }
         self.ex.predict(upto, wanted, emit)?;
         Ok(Some(self.ex.take_stats()))
+    }
+
+    fn predict_epoch(&mut self, rates: Option<&crate::tiered::Rates>) -> Option<crate::tiered::Prediction> {
+        self.ex.predict_epoch(rates)
     }
 }

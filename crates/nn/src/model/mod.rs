@@ -23,6 +23,8 @@ use crate::param::Param;
 use crate::sage::{SageCache, SageConv};
 
 mod held;
+mod work;
+pub use work::SplitWork;
 
 /// The convolution family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,286 @@
+//! `grinnder info`: a dataset's figures and the memory full-graph training needs; with the
+//! tiered executor's settings, its plan (the blocks each tier holds), what an epoch moves
+//! between the tiers and computes, and with measured rates its predicted time (the cost model,
+//! `grinnder_engine::tiered::Executor::predict_epoch`).
+
+use std::path::PathBuf;
+
+use grinnder_engine::tiered::{BlockGroup, BlockKind, Executor, Plan, Prediction, Rates};
+use grinnder_engine::{Mode, TieredConfig};
+use grinnder_graph::{stats, Dataset};
+use grinnder_tensor::{Backend, Cpu};
+use serde::Serialize;
+
+use crate::args::{parse_bytes, InfoArgs, TrainSettings};
+use crate::load::load;
+use crate::plan::{Device, TrainPlan};
+use crate::rates::{default_rates, read_rates};
+
+#[derive(Serialize)]
+struct Info {
+    name: String,
+    nodes: usize,
+    directed_edges: usize,
+    features: usize,
+    classes: u32,
+    train: usize,
+    valid: usize,
+    test: usize,
+    degree_min: u32,
+    degree_median: u32,
+    degree_mean: f64,
+    degree_p90: u32,
+    degree_p99: u32,
+    degree_max: u32,
+    isolated_nodes: usize,
+    structure_bytes: u64,
+    feature_bytes: u64,
+    hidden: usize,
+    layers: usize,
+    layer_bytes: u64,
+    full_graph_bytes: u64,
+    fits_gpu: Option<bool>,
+    fits_host: Option<bool>,
+    load_seconds: f64,
+    /// The tiered executor's plan and predicted epoch, where its settings were given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tiered: Option<TieredInfo>,
+}
+
+/// What `info` shows of the tiered executor.
+#[derive(Serialize)]
+struct TieredInfo {
+    parts: usize,
+    /// Layer 0 runs inside layer 1's transform.
+    fused: bool,
+    plan: Plan,
+    blocks: Vec<BlockGroup>,
+    prediction: Option<Prediction>,
+    /// Where the rates came from.
+    rates: Option<PathBuf>,
+}
+
+pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
+    let s = &mut a.settings;
+    let budget = |v: &Option<String>, flag: &str| {
+        v.as_deref().map(parse_bytes).transpose().map_err(|e| anyhow::anyhow!("--{flag}: {e}"))
+    };
+    let (gpu_mem, host_mem) = (budget(&s.gpu_mem, "gpu-mem")?, budget(&s.host_mem, "host-mem")?);
+    // without --parts the budgets are what the whole graph is checked against, not a run's
+    if s.parts.is_none() {
+        (s.gpu_mem, s.host_mem) = (None, None);
+    }
+    let mut plan = crate::plan::plan_of(s, &TrainSettings::default())?;
+    if plan.tiered.as_ref().is_some_and(|t| t.host_mem.is_some()) {
+        // as train runs under a host budget: the compute measured for the prediction pays the
+        // same page faults
+        crate::return_freed_memory_at_once();
+    }
+    let rates = match &a.rates {
+        Some(p) => Some((read_rates(p)?, p.clone())),
+        None => default_rates(&plan)?,
+    };
+    let (ds, secs) = load(&a.input)?;
+    plan.settle_feature_norm(&ds.name);
+    let (hidden, layers) = (plan.config.model.hidden, plan.config.model.layers);
+    let d = stats::degree_summary(&ds);
+    let full = stats::full_graph_bytes(&ds, hidden, layers);
+    let tiered = match (&plan.tiered, plan.device) {
+        (None, _) => None,
+        (Some(_), Device::Cpu) => Some(tiered_info(&Cpu::<f32>::new(), &ds, &plan, rates)?),
+        (Some(_), Device::Cuda(n)) => {
+            let g = crate::train::open_gpu(n, plan.gpu_mem, plan.tf32, "plan")?;
+            Some(tiered_info(&g, &ds, &plan, rates)?)
+        }
+    };
+    let i = Info {
+        name: ds.name.clone(),
+        nodes: ds.num_nodes(),
+        directed_edges: ds.graph.num_edges(),
+        features: ds.features.dim,
+        classes: ds.num_classes,
+        train: ds.splits.train.len(),
+        valid: ds.splits.valid.len(),
+        test: ds.splits.test.len(),
+        degree_min: d.min,
+        degree_median: d.median,
+        degree_mean: d.mean,
+        degree_p90: d.p90,
+        degree_p99: d.p99,
+        degree_max: d.max,
+        isolated_nodes: d.isolated,
+        structure_bytes: stats::structure_bytes(&ds),
+        feature_bytes: ds.features.data.len() as u64 * 4,
+        hidden,
+        layers,
+        layer_bytes: stats::layer_bytes(ds.num_nodes(), hidden),
+        full_graph_bytes: full,
+        fits_gpu: gpu_mem.map(|b| full <= b),
+        fits_host: host_mem.map(|b| full <= b),
+        load_seconds: secs,
+        tiered,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&i)?);
+        return Ok(());
+    }
+    println!("dataset        {}", i.name);
+    println!("nodes          {}", i.nodes);
+    println!("edges          {} directed (symmetrised, no self loops or duplicates)", i.directed_edges);
+    println!("features       {}", i.features);
+    println!("classes        {}", i.classes);
+    println!("split          train {} / valid {} / test {}", i.train, i.valid, i.test);
+    println!(
+        "degree         min {} / median {} / mean {:.2} / p90 {} / p99 {} / max {}; {} isolated",
+        d.min, d.median, d.mean, d.p90, d.p99, d.max, d.isolated
+    );
+    println!("structure      {}   features {}", gib(i.structure_bytes), gib(i.feature_bytes));
+    println!(
+        "per layer      {} per {}-wide fp32 activation (the same again for its gradient)",
+        gib(i.layer_bytes),
+        hidden
+    );
+    println!("full graph     {} for {} layers kept resident", gib(full), layers);
+    for (what, budget, fits) in [("GPU", gpu_mem, i.fits_gpu), ("host", host_mem, i.fits_host)] {
+        if let (Some(b), Some(f)) = (budget, fits) {
+            let verdict = if f { "fits" } else { "does not fit: needs tiered (offloaded) execution" };
+            println!("{what:<14} budget {}: {verdict}", gib(b));
+        }
+    }
+    if let Some(t) = &i.tiered {
+        print_tiered(t);
+    }
+    println!("loaded in      {:.3} s", secs);
+    Ok(())
+}
+
+/// The executor's plan on `b` (partitioning, partition graphs, the GPU tier; no first blocks)
+/// and its predicted epoch.
+fn tiered_info<B: Backend>(
+    b: &B,
+    ds: &Dataset,
+    plan: &TrainPlan,
+    rates: Option<(Rates, PathBuf)>,
+) -> anyhow::Result<TieredInfo> {
+    let tc: TieredConfig = match crate::train::mode_of::<B>(plan, None, None, None) {
+        Mode::Tiered(tc) => tc,
+        _ => anyhow::bail!("the plan is the tiered executor's: give --parts, without mini-batch settings"),
+    };
+    let mut ex = Executor::plan_only(b, ds, &plan.config.model, &tc)?;
+    if let Some((r, p)) = &rates {
+        if r.tf32 != plan.tf32 {
+            tracing::warn!(
+                "the rates in {} were measured with TF32 {}, the plan computes with it {}",
+                p.display(),
+                if r.tf32 { "on" } else { "off" },
+                if plan.tf32 { "on" } else { "off" }
+            );
+        }
+    }
+    Ok(TieredInfo {
+        parts: tc.parts,
+        fused: ex.fused(),
+        plan: ex.plan.clone(),
+        blocks: ex.block_groups(),
+        prediction: ex.predict_epoch(rates.as_ref().map(|r| &r.0)),
+        rates: rates.map(|r| r.1),
+    })
+}
+
+/// A block group's name, for people.
+fn block_name(g: &BlockGroup) -> String {
+    match g.kind {
+        BlockKind::Act if g.layer == 0 => "features".to_string(),
+        BlockKind::Act => format!("layer {}'s input", g.layer),
+        BlockKind::Grad => format!("layer {}'s input gradient", g.layer),
+        BlockKind::Pre => "Â·x (layer 0)".to_string(),
+        BlockKind::Xw => format!("x·Wᵀ of layer {}", g.layer),
+        BlockKind::GradXw => format!("x·Wᵀ's gradient, layer {}", g.layer),
+    }
+}
+
+fn print_tiered(t: &TieredInfo) {
+    let p = &t.plan;
+    let fused = if t.fused { "; layer 0 runs inside layer 1's transform" } else { "" };
+    println!("plan           {} partitions{fused}", t.parts);
+    match p.cache_bytes {
+        Some(c) => println!(
+            "host plan      {} resident, a {} working set, a {} margin; {} host cache ({})",
+            gib(p.resident_bytes),
+            gib(p.working_bytes),
+            gib(p.margin_bytes),
+            gib(c),
+            p.mode
+        ),
+        None => {
+            println!("host plan      {} resident; no host budget: every block in RAM", gib(p.resident_bytes))
+        }
+    }
+    if let Some(d) = &p.device {
+        println!(
+            "GPU tier       {} blocks ({}) of {} for blocks, beside {} resident, a {} working set, a {} margin",
+            d.blocks,
+            gib(d.placed_bytes),
+            gib(d.cache_bytes),
+            gib(d.resident_bytes),
+            gib(d.working_bytes),
+            gib(d.margin_bytes)
+        );
+    }
+    println!("blocks         {} in all", gib(t.blocks.iter().map(|g| g.bytes).sum()));
+    for g in &t.blocks {
+        let rest = g.blocks - g.on_device;
+        let host = if p.cache_bytes.is_some() { "in the host cache and storage" } else { "in host memory" };
+        println!(
+            "  {:<30} {:>3} blocks, {:>10}: {} on the GPU, {rest} {host}",
+            block_name(g),
+            g.blocks,
+            gib(g.bytes),
+            g.on_device
+        );
+    }
+    let Some(pr) = &t.prediction else { return };
+    let tr = &pr.traffic;
+    println!(
+        "per epoch      to the device {}, back {}; host cache copies {}; storage read {}, written {}",
+        gib(tr.upload_bytes),
+        gib(tr.download_bytes),
+        gib(tr.host_copy_bytes),
+        gib(tr.storage_read_bytes),
+        gib(tr.storage_write_bytes)
+    );
+    println!(
+        "               {:.2} TFLOP in dense products, {:.2} T entry-columns in sparse ones, {} element-wise",
+        pr.gemm_flops as f64 / 1e12,
+        pr.sparse_entry_columns as f64 / 1e12,
+        gib(pr.elementwise_bytes)
+    );
+    match (&pr.seconds, &t.rates) {
+        (Some(s), Some(r)) => println!(
+            "predicted      {:.3} s per epoch: compute {:.3} s, bus {:.3} s, host copies {:.3} s, storage {:.3} s (rates: {})",
+            s.epoch_s,
+            s.compute_s,
+            s.transfer_s,
+            s.host_copy_s,
+            s.storage_s,
+            r.display()
+        ),
+        _ => println!("predicted      no rates: `grinnder bench rates [--device cuda] [--storage-dir DIR]` measures them"),
+    }
+}
+
+/// A byte count in the largest binary unit that keeps it at or above 1.
+pub(crate) fn gib(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = b as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < units.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{x:.2} {}", units[u])
+    }
+}

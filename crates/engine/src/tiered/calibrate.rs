@@ -1,0 +1,135 @@
+//! The cost model's compute, measured: one partition's layers run on the backend as the
+//! schedule runs them (the same model calls, on the partition's own graph), with inputs of
+//! the right shapes in place of gathered blocks, each phase timed between synchronisations so
+//! that making its inputs does not count. Counting operations alone fell 30–34 % short on an
+//! H200 (products-like GCN-256, 2026-12-04: 0.043 s predicted against 0.061–0.065 s), where
+//! kernel choices, launches and the element-wise kernels' real speed are not in the rates.
+
+use super::*;
+
+/// `f` timed between synchronisations of `b`, added to `secs`.
+fn timed<B: Backend, R>(b: &B, secs: &mut f64, f: impl FnOnce() -> R) -> R {
+    b.synchronize();
+    let t = Instant::now();
+    let r = f();
+    b.synchronize();
+    *secs += t.elapsed().as_secs_f64();
+    r
+}
+
+impl<B: Backend> Executor<'_, B> {
+    /// Seconds of partition `q`'s training compute in one epoch (see the module): its layers
+    /// forward, then backward, as [`Executor::forward_backward_pass`] runs them. Gradients
+    /// accumulate into the model's (the next pass zeroes them first).
+    pub(super) fn time_compute(&mut self, q: usize) -> f64 {
+        let b = self.b;
+        let layers = self.model.layers();
+        let (pre, fused) = (self.pre, self.fused);
+        let part = &self.parts[q];
+        let (own, cols, g) = (part.own, part.graph.cols, &part.graph);
+        let (labels, train_rows) = (&part.labels, &part.split_rows[0]);
+        let model = &mut self.model;
+        let d: Vec<usize> = (0..=layers).map(|l| model.dim(l)).collect();
+        let input = |rows: usize, w: usize| {
+            let v = (0..rows * w).map(|i| B::T::of((i % 97) as f64 * 0.01 - 0.4)).collect();
+            b.upload(&Mat::from_vec(rows, w, v))
+        };
+        let beside = model.reads_input_beside_pre();
+        // a layer's inputs: on `Â x`, its own rows (and the input's where read beside it);
+        // otherwise the columns' rows
+        let inputs = |l: usize| -> (Option<B::Mat>, Option<B::Mat>) {
+            if l == 0 && pre {
+                (beside.then(|| input(own, d[0])), Some(input(own, d[0])))
+            } else {
+                (Some(input(cols, d[l])), None)
+            }
+        };
+        // the loss's gradient of the logits (the top layer), or an output gradient
+        let output_grad = |y: &B::Mat, top: bool, rows: usize, w: usize| {
+            if top {
+                let mut dy = b.zeros(rows, w);
+                b.cross_entropy(y, labels, train_rows, 1.0, &mut dy);
+                dy
+            } else {
+                input(rows, w)
+            }
+        };
+        let mut secs = 0.0;
+        for l in 0..layers {
+            let top = l + 1 == layers;
+            if l == 0 && fused {
+                continue;
+            }
+            if model.split(l, l == 0 && pre) {
+                let x = if l == 1 && fused {
+                    let (x, p) = inputs(0);
+                    let x = x.as_ref().or(p.as_ref()).expect("an input");
+                    timed(b, &mut secs, || model.layer_forward(b, g, 0, x, p.as_ref(), true, 0).0)
+                } else {
+                    input(own, d[l])
+                };
+                timed(b, &mut secs, || drop(model.split_transform(b, l, &x)));
+                if top {
+                    break;
+                }
+                let (h, x_own) =
+                    (input(cols, d[l + 1]), model.split_reads_own_input(l).then(|| input(own, d[l])));
+                timed(b, &mut secs, || drop(model.split_forward(b, g, l, &h, x_own.as_ref(), true, 0)));
+            } else if !top {
+                let (x, p) = inputs(l);
+                let x = x.as_ref().or(p.as_ref()).expect("an input");
+                timed(b, &mut secs, || drop(model.layer_forward(b, g, l, x, p.as_ref(), true, 0)));
+            }
+        }
+        for l in (0..layers).rev() {
+            let top = l + 1 == layers;
+            if l == 0 && fused {
+                continue;
+            }
+            if model.split(l, l == 0 && pre) {
+                let (h, x_own) =
+                    (input(cols, d[l + 1]), model.split_reads_own_input(l).then(|| input(own, d[l])));
+                let (y, tape) =
+                    timed(b, &mut secs, || model.split_forward(b, g, l, &h, x_own.as_ref(), true, 0));
+                let dy = output_grad(&y, top, own, d[l + 1]);
+                drop(y);
+                timed(b, &mut secs, || drop(model.split_backward(b, g, l, x_own.as_ref(), tape, &dy, l > 0)));
+                drop((h, dy));
+                let dh = input(own, d[l + 1]);
+                if l == 1 && fused {
+                    let (x, p) = inputs(0);
+                    let x = x.as_ref().or(p.as_ref()).expect("an input");
+                    timed(b, &mut secs, || {
+                        let (x1, tape) = model.layer_forward(b, g, 0, x, p.as_ref(), true, 0);
+                        let dx1 =
+                            model.split_transform_backward(b, 1, &x1, &dh, true).expect("an input gradient");
+                        drop(x1);
+                        model.layer_backward(b, g, 0, x, p.as_ref(), tape, &dx1, false, None)
+                    });
+                } else {
+                    let x = input(own, d[l]);
+                    timed(b, &mut secs, || drop(model.split_transform_backward(b, l, &x, &dh, l > 0)));
+                }
+                continue;
+            }
+            let on_pre = l == 0 && pre;
+            let (x, p) = inputs(l);
+            let x = x.as_ref().or(p.as_ref()).expect("an input");
+            if model.backward_from_output(l, on_pre) {
+                let (out, dy) = (input(own, d[l + 1]), input(own, d[l + 1]));
+                let tape = model.tape_from_output(l, on_pre, 0).expect("allowed");
+                timed(b, &mut secs, || {
+                    drop(model.layer_backward(b, g, l, x, p.as_ref(), tape, &dy, l > 0, Some(&out)))
+                });
+            } else {
+                let (y, tape) = timed(b, &mut secs, || model.layer_forward(b, g, l, x, p.as_ref(), true, 0));
+                let dy = output_grad(&y, top, own, d[l + 1]);
+                drop(y);
+                timed(b, &mut secs, || {
+                    drop(model.layer_backward(b, g, l, x, p.as_ref(), tape, &dy, l > 0, None))
+                });
+            }
+        }
+        secs
+    }
+}

@@ -1,0 +1,724 @@
+//! The cost model: what an epoch moves between the tiers and what it computes, from the plan
+//! (which blocks live where, the host cache's budget and mode) and the schedule, before any
+//! epoch runs; with measured rates ([`Rates`]), a predicted epoch time.
+//!
+//! The traffic comes from walking the pass as [`Executor::forward_backward_pass`] runs it —
+//! every gather, own-row read, put, write-back and removal — over a ledger of the store (sizes,
+//! recency, dirty and on-disk flags, the cache modes' eviction), two epochs after the first
+//! blocks, the second one reported (the first also writes the fixed blocks the cache evicts).
+//! The arithmetic is each layer's count in `grinnder_nn::work`. The time is the sum of every
+//! term at its measured rate: the model assumes no overlap of transfers and compute, which
+//! the executor only partly has. Not modelled: the GPU tier's blocks added after the first
+//! epoch ([`Executor::refine_placement`]), reads ahead that the cache drops before use, ranks.
+
+use std::collections::HashMap;
+
+use grinnder_nn::memory::Shape;
+use grinnder_nn::work::{Passes, Work};
+use serde::Deserialize;
+
+use super::files::{ALIGN, SUM_CHUNK};
+use super::*;
+
+/// Bytes an epoch moves.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Traffic {
+    /// Host rows handed to the backend, and results taken back (on a GPU: the bus).
+    pub upload_bytes: u64,
+    /// Of them, whole blocks of the backend's page-locked host memory (one copy each, no
+    /// staging).
+    pub pinned_upload_bytes: u64,
+    pub download_bytes: u64,
+    /// Rows copied out of and added into the host cache.
+    pub host_copy_bytes: u64,
+    pub storage_read_bytes: u64,
+    pub storage_write_bytes: u64,
+}
+
+/// An epoch predicted: its traffic and arithmetic, and with rates each term's seconds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Prediction {
+    pub traffic: Traffic,
+    pub gemm_flops: u64,
+    /// Sparse products' entries times columns.
+    pub sparse_entry_columns: u64,
+    pub elementwise_bytes: u64,
+    /// Seconds of each term at the rates given (`None` without rates).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<Seconds>,
+}
+
+/// A predicted epoch's seconds by term; `epoch_s` is their sum.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Seconds {
+    pub compute_s: f64,
+    pub transfer_s: f64,
+    pub host_copy_s: f64,
+    pub storage_s: f64,
+    pub epoch_s: f64,
+}
+
+/// What the ledger knows of a stored block.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    bytes: u64,
+    rows: u64,
+    in_ram: bool,
+    dirty: bool,
+    on_disk: bool,
+    last_use: u64,
+}
+
+/// The store as the cost model sees it: sizes and flags, the eviction of [`Store`].
+struct Ledger {
+    budget: Option<u64>,
+    mode: CacheMode,
+    entries: HashMap<BlockId, Entry>,
+    held: u64,
+    tick: u64,
+    traffic: Traffic,
+    /// Blocks read ahead and not yet used: held, not evictable, dropped first when room is short.
+    ahead: std::collections::HashSet<BlockId>,
+}
+
+/// Bytes of a block file holding `payload` bytes (header page, padded payload).
+fn file_len(payload: u64) -> u64 {
+    ALIGN as u64 + payload.div_ceil(ALIGN as u64) * ALIGN as u64
+}
+
+impl Ledger {
+    fn touch(&mut self, id: BlockId) {
+        self.tick += 1;
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.last_use = self.tick;
+        }
+    }
+
+    fn put(&mut self, id: BlockId, rows: u64, bytes: u64) {
+        self.remove(id);
+        self.tick += 1;
+        let e = Entry { bytes, rows, in_ram: true, dirty: true, on_disk: false, last_use: self.tick };
+        self.entries.insert(id, e);
+        self.held += bytes;
+        self.traffic.host_copy_bytes += bytes;
+        self.make_room(Some(id), 0);
+    }
+
+    /// Whether block `id` came from storage.
+    fn load(&mut self, id: BlockId) -> bool {
+        self.touch(id);
+        let Some(e) = self.entries.get(&id).copied() else { return false };
+        if self.ahead.remove(&id) {
+            return true;
+        }
+        if e.in_ram {
+            return false;
+        }
+        self.make_room(Some(id), e.bytes);
+        self.traffic.storage_read_bytes += file_len(e.bytes);
+        let e = self.entries.get_mut(&id).expect("present");
+        e.in_ram = true;
+        e.dirty = false;
+        self.held += e.bytes;
+        self.make_room(Some(id), 0);
+        true
+    }
+
+    /// Rows `idx` of block `id` (`None`: all of them), `row_bytes` each.
+    fn read_rows(&mut self, id: BlockId, idx: Option<&[u32]>, row_bytes: u64) {
+        let Some(e) = self.entries.get(&id).copied() else { return };
+        let n = idx.map_or(e.rows, |i| i.len() as u64);
+        self.traffic.host_copy_bytes += n * row_bytes;
+        match idx {
+            Some(idx) if self.mode == CacheMode::PartitionLru && !e.in_ram && e.on_disk => {
+                self.touch(id);
+                self.traffic.storage_read_bytes += partial_read_bytes(idx, row_bytes, e.bytes);
+            }
+            _ => {
+                self.load(id);
+            }
+        }
+    }
+
+    fn add_rows(&mut self, id: BlockId, rows: u64, row_bytes: u64, added: u64) {
+        if !self.entries.contains_key(&id) {
+            self.put(id, rows, rows * row_bytes);
+        }
+        self.load(id);
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.dirty = true;
+        }
+        self.traffic.host_copy_bytes += added * row_bytes;
+    }
+
+    /// [`Store::prefetch`]: blocks on disk only read ahead while the budget has room.
+    fn prefetch(&mut self, ids: &[BlockId]) {
+        let Some(budget) = self.budget else { return };
+        for id in ids {
+            let Some(e) = self.entries.get(id).copied() else { continue };
+            if e.in_ram || !e.on_disk {
+                continue;
+            }
+            let bytes = file_len(e.bytes);
+            if bytes > budget {
+                continue;
+            }
+            self.evict_down_to(budget - bytes, None);
+            if self.held + bytes > budget {
+                break;
+            }
+            self.traffic.storage_read_bytes += bytes;
+            self.ahead.insert(*id);
+            let e = self.entries.get_mut(id).expect("present");
+            e.in_ram = true;
+            e.dirty = false;
+            self.held += e.bytes;
+        }
+    }
+
+    fn remove(&mut self, id: BlockId) {
+        self.ahead.remove(&id);
+        if let Some(e) = self.entries.remove(&id) {
+            if e.in_ram {
+                self.held -= e.bytes;
+            }
+        }
+    }
+
+    fn evict(&mut self, id: BlockId) {
+        let e = self.entries.get_mut(&id).expect("a victim is present");
+        if e.dirty || !e.on_disk {
+            self.traffic.storage_write_bytes += file_len(e.bytes);
+        }
+        e.on_disk = true;
+        e.dirty = false;
+        e.in_ram = false;
+        self.held -= e.bytes;
+    }
+
+    /// [`Store`]'s `make_room_for`: victims under the cache mode until `extra` more bytes
+    /// fit, then blocks read ahead give way.
+    fn make_room(&mut self, keep: Option<BlockId>, extra: u64) {
+        let Some(budget) = self.budget.map(|b| b.saturating_sub(extra)) else { return };
+        self.evict_down_to(budget, keep);
+        if self.held > budget {
+            for id in std::mem::take(&mut self.ahead) {
+                if let Some(e) = self.entries.get_mut(&id) {
+                    e.in_ram = false;
+                    self.held -= e.bytes;
+                }
+            }
+        }
+    }
+
+    /// [`Store`]'s `evict_down_to`.
+    fn evict_down_to(&mut self, target: u64, keep: Option<BlockId>) {
+        while self.held > target {
+            let evictable = || {
+                self.entries
+                    .iter()
+                    .filter(|(id, e)| e.in_ram && Some(**id) != keep && !self.ahead.contains(id))
+            };
+            let victims: Vec<BlockId> = match self.mode {
+                CacheMode::PartitionLru => evictable()
+                    .min_by_key(|(id, e)| (e.last_use, **id))
+                    .map(|(id, _)| *id)
+                    .into_iter()
+                    .collect(),
+                _ => {
+                    let mut recency: HashMap<(BlockKind, usize), u64> = HashMap::new();
+                    for (id, e) in evictable() {
+                        let r = recency.entry((id.kind, id.layer)).or_insert(0);
+                        *r = (*r).max(e.last_use);
+                    }
+                    let Some((&group, _)) = recency.iter().min_by_key(|(k, r)| (**r, **k)) else { break };
+                    let mut ids: Vec<BlockId> = evictable()
+                        .filter(|(id, _)| (id.kind, id.layer) == group)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    ids.sort();
+                    ids
+                }
+            };
+            if victims.is_empty() {
+                break;
+            }
+            for v in victims {
+                self.evict(v);
+                if self.mode == CacheMode::PartitionLru && self.held <= target {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Bytes a partial read of rows `idx` (`row_bytes` each) of a `payload`-byte block transfers:
+/// the [`SUM_CHUNK`] chunks that hold them, each run of chunks padded to whole pages.
+fn partial_read_bytes(idx: &[u32], row_bytes: u64, payload: u64) -> u64 {
+    let chunk = SUM_CHUNK as u64;
+    let chunks = payload.div_ceil(chunk) as usize;
+    let mut wanted = vec![false; chunks];
+    for &r in idx {
+        let (from, to) = (r as u64 * row_bytes, (r as u64 + 1) * row_bytes);
+        if to > from {
+            for w in &mut wanted[(from / chunk) as usize..=((to - 1) / chunk) as usize] {
+                *w = true;
+            }
+        }
+    }
+    let mut bytes = 0;
+    let mut c = 0;
+    while c < chunks {
+        if !wanted[c] {
+            c += 1;
+            continue;
+        }
+        let start = c;
+        while c < chunks && wanted[c] {
+            c += 1;
+        }
+        let len = (c as u64 * chunk).min(payload) - start as u64 * chunk;
+        bytes += len.div_ceil(ALIGN as u64) * ALIGN as u64;
+    }
+    bytes
+}
+
+/// The walk's state: the ledger, the executor's placement, and the epoch's arithmetic.
+struct Walk<'e, 'a, B: Backend> {
+    ex: &'e Executor<'a, B>,
+    ledger: Ledger,
+    /// Each partition's arithmetic.
+    work: Vec<Work>,
+    /// Bytes of a backend element, and of a stored one.
+    elem: u64,
+    tier_elem: u64,
+    pin_fixed: bool,
+}
+
+impl<B: Backend> Walk<'_, '_, B> {
+    fn width(&self, kind: BlockKind, l: usize) -> u64 {
+        self.ex.width(kind, l) as u64
+    }
+
+    fn pinned(&self, id: BlockId) -> bool {
+        self.pin_fixed && Executor::<B>::fixed(id)
+    }
+
+    /// [`Executor::gather_kind`].
+    fn gather(&mut self, kind: BlockKind, l: usize, q: usize, halo: bool) {
+        let d = self.width(kind, l);
+        let id = |p: usize| BlockId { kind, layer: l, part: p };
+        let part = &self.ex.parts[q];
+        let own: Option<&[u32]> = None;
+        let sources = std::iter::once((q, own, part.own as u64))
+            .chain(part.fetch.iter().filter(|_| halo).map(|(s, idx)| (*s, Some(&idx[..]), idx.len() as u64)));
+        for (s, idx, n) in sources {
+            if self.ex.tiers.on_device(id(s)) {
+                continue;
+            }
+            self.ledger.traffic.upload_bytes += n * d * self.elem;
+            if self.pinned(id(s)) {
+                self.ledger.traffic.pinned_upload_bytes += n * d * self.elem;
+            } else {
+                self.ledger.read_rows(id(s), idx, d * self.tier_elem);
+            }
+        }
+    }
+
+    /// [`Executor::own`].
+    fn own(&mut self, kind: BlockKind, l: usize, q: usize) {
+        self.gather(kind, l, q, false);
+    }
+
+    /// [`Executor::inputs`].
+    fn inputs(&mut self, l: usize, q: usize) {
+        if l == 0 && self.ex.pre {
+            self.own(BlockKind::Pre, 0, q);
+            if self.ex.model.reads_input_beside_pre() {
+                self.own(BlockKind::Act, 0, q);
+            }
+        } else {
+            self.gather(BlockKind::Act, l, q, true);
+        }
+    }
+
+    /// [`Executor::put`].
+    fn put(&mut self, kind: BlockKind, l: usize, q: usize) {
+        let id = BlockId { kind, layer: l, part: q };
+        if self.ex.tiers.on_device(id) {
+            return;
+        }
+        let rows = self.ex.parts[q].own as u64;
+        let d = self.width(kind, l);
+        self.ledger.traffic.download_bytes += rows * d * self.elem;
+        if !self.pinned(id) {
+            self.ledger.put(id, rows, rows * d * self.tier_elem);
+        }
+    }
+
+    /// [`Executor::write_back`] of a gradient of `rows` rows (own, then halo).
+    fn write_back(&mut self, kind: BlockKind, l: usize, q: usize, rows: u64) {
+        let d = self.width(kind, l);
+        let id = |p: usize| BlockId { kind, layer: l, part: p };
+        let part = &self.ex.parts[q];
+        let own = part.own as u64;
+        let targets: Vec<(usize, u64)> = std::iter::once((q, own))
+            .chain(part.fetch.iter().take_while(|_| rows > own).map(|(s, idx)| (*s, idx.len() as u64)))
+            .collect();
+        let mut host = false;
+        for (p, n) in targets {
+            if self.ex.tiers.on_device(id(p)) {
+                continue;
+            }
+            host = true;
+            let block_rows = self.ex.parts[p].own as u64;
+            self.ledger.add_rows(id(p), block_rows, d * self.tier_elem, n);
+        }
+        if host {
+            self.ledger.traffic.download_bytes += rows * d * self.elem;
+        }
+    }
+
+    /// [`Executor::prefetch`]: what partition `q` will read of the `kind` blocks of layer `l`
+    /// (halo blocks too with `halo`, unless the cache keeps no layer), and its `extra` blocks.
+    fn prefetch(&mut self, kind: BlockKind, l: usize, q: usize, halo: bool, extra: &[BlockKind]) {
+        if !self.ex.local.contains(&q) {
+            return;
+        }
+        let part = &self.ex.parts[q];
+        let id = |p: usize| BlockId { kind, layer: l, part: p };
+        let mut ids = vec![id(q)];
+        if kind == BlockKind::Act && l == 0 && self.ex.pre && !halo {
+            ids.push(BlockId { kind: BlockKind::Pre, layer: 0, part: q });
+        }
+        if halo && self.ledger.mode != CacheMode::PartitionLru {
+            ids.extend(part.fetch.iter().map(|(s, _)| id(*s)));
+        }
+        ids.extend(extra.iter().map(|&k| {
+            let layer = if k == BlockKind::GradXw { l } else { l + 1 };
+            BlockId { kind: k, layer, part: q }
+        }));
+        ids.retain(|i| !self.ex.tiers.on_device(*i) && !self.pinned(*i));
+        self.ledger.prefetch(&ids);
+    }
+
+    fn remove(&mut self, kind: BlockKind, l: usize) {
+        for part in 0..self.ex.parts.len() {
+            self.ledger.remove(BlockId { kind, layer: l, part });
+        }
+    }
+
+    fn shape(&self, q: usize) -> Shape {
+        let p = &self.ex.parts[q];
+        Shape { rows: p.own as u64, cols: p.graph.cols as u64, nnz: p.graph.nnz() as u64 }
+    }
+
+    fn own_shape(&self, q: usize) -> Shape {
+        Shape { cols: self.ex.parts[q].own as u64, ..self.shape(q) }
+    }
+
+    fn compute(&mut self, q: usize, w: Work) {
+        self.work[q] = std::mem::take(&mut self.work[q]).and(w);
+    }
+
+    /// Layer `l`'s work on partition `q` (on `Â x` where layer 0 reads it).
+    fn layer_work(&self, l: usize, q: usize) -> Passes {
+        let on_pre = l == 0 && self.ex.pre;
+        let s = if on_pre { self.own_shape(q) } else { self.shape(q) };
+        self.ex.model.layer_work(l, s, on_pre)
+    }
+
+    /// The first blocks ([`Executor::load_features`]): what the store holds before epoch 0.
+    fn first_blocks(&mut self) {
+        let local = self.ex.local.clone();
+        if self.ex.pre && !self.ex.keeps_features() {
+            for q in local {
+                self.put(BlockKind::Pre, 0, q);
+            }
+        } else {
+            for q in local.clone() {
+                self.put(BlockKind::Act, 0, q);
+            }
+            if self.ex.pre {
+                for q in local {
+                    self.gather(BlockKind::Act, 0, q, true);
+                    self.put(BlockKind::Pre, 0, q);
+                }
+            }
+        }
+    }
+
+    /// [`Executor::forward_to`] of every layer.
+    fn forward(&mut self) {
+        let layers = self.ex.model.layers();
+        let fused = self.ex.fused;
+        for l in 0..layers {
+            let top = l + 1 == layers;
+            if l == 0 && fused {
+                continue;
+            }
+            if self.ex.split(l) {
+                for q in self.ex.local.clone() {
+                    if l == 1 && fused {
+                        self.inputs(0, q);
+                        self.prefetch(BlockKind::Act, 0, q + 1, false, &[]);
+                        let w = self.layer_work(0, q).forward;
+                        self.compute(q, w);
+                    } else {
+                        self.own(BlockKind::Act, l, q);
+                        self.prefetch(BlockKind::Act, l, q + 1, false, &[]);
+                    }
+                    let w = self.ex.model.split_work(l, self.shape(q)).transform;
+                    self.compute(q, w);
+                    self.put(BlockKind::Xw, l, q);
+                }
+                if top {
+                    break;
+                }
+                for q in self.ex.local.clone() {
+                    self.gather(BlockKind::Xw, l, q, true);
+                    if self.ex.model.split_reads_own_input(l) {
+                        self.own(BlockKind::Act, l, q);
+                    }
+                    self.prefetch(BlockKind::Xw, l, q + 1, true, &[]);
+                    let w = self.ex.model.split_work(l, self.shape(q)).aggregate;
+                    self.compute(q, w);
+                    self.put(BlockKind::Act, l + 1, q);
+                }
+                continue;
+            }
+            if top {
+                break;
+            }
+            for q in self.ex.local.clone() {
+                self.inputs(l, q);
+                self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.ex.pre), &[]);
+                let w = self.layer_work(l, q).forward;
+                self.compute(q, w);
+                self.put(BlockKind::Act, l + 1, q);
+            }
+        }
+    }
+
+    /// [`Executor::forward_backward_pass`]'s backward.
+    fn backward(&mut self) {
+        let layers = self.ex.model.layers();
+        let fused = self.ex.fused;
+        for l in (0..layers).rev() {
+            let top = l + 1 == layers;
+            let next_grad: &[BlockKind] = if top { &[] } else { &[BlockKind::Grad] };
+            if l == 0 && fused {
+                continue;
+            }
+            if self.ex.split(l) {
+                let root = self.ex.model.split_reads_own_input(l);
+                for q in self.ex.local.clone() {
+                    self.gather(BlockKind::Xw, l, q, true);
+                    if root {
+                        self.own(BlockKind::Act, l, q);
+                    }
+                    self.prefetch(BlockKind::Xw, l, q + 1, true, next_grad);
+                    if !top {
+                        self.own(BlockKind::Grad, l + 1, q);
+                    }
+                    let s = self.ex.model.split_work(l, self.shape(q));
+                    self.compute(q, s.aggregate.and(s.aggregate_back));
+                    self.write_back(BlockKind::GradXw, l, q, self.shape(q).cols);
+                    if root && l > 0 {
+                        self.write_back(BlockKind::Grad, l, q, self.shape(q).rows);
+                    }
+                }
+                for q in self.ex.local.clone() {
+                    let w = self.ex.model.split_work(l, self.shape(q)).transform_back;
+                    if l == 1 && fused {
+                        self.inputs(0, q);
+                        self.own(BlockKind::GradXw, 1, q);
+                        self.prefetch(BlockKind::Act, 0, q + 1, false, &[]);
+                        self.prefetch(BlockKind::GradXw, 1, q + 1, false, &[]);
+                        let layer0 = self.layer_work(0, q);
+                        self.compute(q, layer0.forward.and(w).and(layer0.backward));
+                        continue;
+                    }
+                    self.own(BlockKind::Act, l, q);
+                    self.own(BlockKind::GradXw, l, q);
+                    self.prefetch(BlockKind::Act, l, q + 1, false, &[BlockKind::GradXw]);
+                    self.compute(q, w);
+                    if l > 0 {
+                        self.write_back(BlockKind::Grad, l, q, self.shape(q).rows);
+                    }
+                }
+                self.remove(BlockKind::Xw, l);
+                self.remove(BlockKind::GradXw, l);
+            } else {
+                let on_pre = l == 0 && self.ex.pre;
+                let from_output = self.ex.model.backward_from_output(l, on_pre);
+                let next: &[BlockKind] =
+                    if from_output { &[BlockKind::Act, BlockKind::Grad] } else { next_grad };
+                for q in self.ex.local.clone() {
+                    self.inputs(l, q);
+                    self.prefetch(BlockKind::Act, l, q + 1, !on_pre, next);
+                    let w = self.layer_work(l, q);
+                    if from_output {
+                        self.own(BlockKind::Act, l + 1, q);
+                        self.own(BlockKind::Grad, l + 1, q);
+                        self.compute(q, w.backward);
+                    } else {
+                        if !top {
+                            self.own(BlockKind::Grad, l + 1, q);
+                        }
+                        self.compute(q, w.forward.and(w.backward));
+                    }
+                    if l > 0 {
+                        let rows = if on_pre { self.shape(q).rows } else { self.shape(q).cols };
+                        self.write_back(BlockKind::Grad, l, q, rows);
+                    }
+                }
+            }
+            self.remove(BlockKind::Grad, l + 1);
+            if !top {
+                self.remove(BlockKind::Act, l + 1);
+            }
+        }
+    }
+}
+
+/// The blocks of one kind and layer, and how many of them the GPU tier holds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BlockGroup {
+    pub kind: BlockKind,
+    pub layer: usize,
+    pub blocks: usize,
+    pub bytes: u64,
+    pub on_device: usize,
+    pub on_device_bytes: u64,
+}
+
+impl<B: Backend> Executor<'_, B> {
+    /// The blocks an epoch makes by kind and layer, with the GPU tier's share (the rest live in
+    /// the host cache, spilling to storage beyond its budget), in the order of placement.
+    pub fn block_groups(&self) -> Vec<BlockGroup> {
+        let mut out: Vec<BlockGroup> = Vec::new();
+        for (id, bytes) in self.block_list() {
+            if out.last().is_none_or(|g| (g.kind, g.layer) != (id.kind, id.layer)) {
+                let g = BlockGroup {
+                    kind: id.kind,
+                    layer: id.layer,
+                    blocks: 0,
+                    bytes: 0,
+                    on_device: 0,
+                    on_device_bytes: 0,
+                };
+                out.push(g);
+            }
+            let g = out.last_mut().expect("pushed");
+            g.blocks += 1;
+            g.bytes += bytes;
+            if self.tiers.on_device(id) {
+                g.on_device += 1;
+                g.on_device_bytes += bytes;
+            }
+        }
+        out
+    }
+}
+
+impl<B: Backend> Executor<'_, B> {
+    /// The predicted training epoch (see the module): a steady epoch's traffic and arithmetic,
+    /// and with `rates` its seconds — the compute measured on the partition whose modelled
+    /// compute is largest ([`Executor::time_compute`]) and scaled to the others by the model.
+    /// Before the first epoch (`grinnder info`), with `--gpu-mem`, the GPU tier is refined as
+    /// the first epoch will refine it, from the peak that partition's run reached. `None` for a
+    /// rank of a partition-parallel run.
+    pub fn predict_epoch(&mut self, rates: Option<&Rates>) -> Option<Prediction> {
+        if self.dist.is_some() {
+            return None;
+        }
+        let elem = std::mem::size_of::<B::T>() as u64;
+        // the arithmetic does not depend on where blocks live
+        let (_, work) = self.walk();
+        // the partition whose compute is measured: the largest by the model's time, or by rows
+        // and entries without rates
+        let size = |q: usize| match rates {
+            Some(r) => r.compute_seconds(&work[q], elem),
+            None => (self.parts[q].own + self.parts[q].graph.nnz()) as f64,
+        };
+        let q = self.local.clone().max_by(|&a, &b| size(a).total_cmp(&size(b))).unwrap_or(0);
+        let refine = self.gpu_mem.is_some() && !self.calibrated && self.plan.device.is_some();
+        let mut measured = None;
+        if rates.is_some() || refine {
+            // the second run: the first makes what kernels make once (a shape's first sparse
+            // product is timed against the alternatives on CUDA; buffers, page faults)
+            self.time_compute(q);
+            self.b.reset_memory_peak();
+            measured = Some(self.time_compute(q));
+        }
+        if refine {
+            // the GPU tier's refinement after the first epoch ([`Executor::refine_placement`]),
+            // from the peak the measured partition reached beside the blocks already placed
+            let placed = self.plan.device.as_ref().map_or(0, |d| d.placed_bytes);
+            if let Some(m) = self.b.device_memory() {
+                let margin = self.plan.device.as_ref().map_or(0, |d| d.margin_bytes);
+                let room = self.gpu_mem.unwrap_or(0).saturating_sub(margin).saturating_sub(m.peak + placed);
+                if let Ok(moved) = self.place_within(room) {
+                    tracing::debug!(
+                        "predicted: after the first epoch the GPU tier takes {} more blocks ({:.2} GiB)",
+                        moved.0,
+                        moved.1 as f64 / GIB
+                    );
+                }
+                self.calibrated = true;
+            }
+        }
+        let (traffic, work) = self.walk();
+        let all: Work = work.iter().cloned().sum();
+        let sparse_entry_columns = all.sparse.iter().map(|s| s.entries * s.width).sum();
+        let elementwise_bytes = all.elementwise * elem;
+        let seconds = rates.zip(measured).map(|(r, measured)| {
+            let modelled: Vec<f64> = work.iter().map(|w| r.compute_seconds(w, elem)).collect();
+            let largest = modelled[q];
+            let compute_s =
+                if largest > 0.0 { measured * modelled.iter().sum::<f64>() / largest } else { measured };
+            r.seconds(&traffic, compute_s)
+        });
+        Some(Prediction {
+            traffic,
+            gemm_flops: all.gemm_flops,
+            sparse_entry_columns,
+            elementwise_bytes,
+            seconds,
+        })
+    }
+
+    /// Two epochs walked after the first blocks: the second one's traffic and each partition's
+    /// arithmetic.
+    fn walk(&self) -> (Traffic, Vec<Work>) {
+        let elem = std::mem::size_of::<B::T>() as u64;
+        let tier_elem = match self.tiers.store.tier_dtype() {
+            TierDtype::F32 => elem,
+            TierDtype::Bf16 => 2,
+        };
+        let ledger = Ledger {
+            budget: self.plan.cache_bytes,
+            mode: self.plan.mode,
+            entries: HashMap::new(),
+            held: 0,
+            tick: 0,
+            traffic: Traffic::default(),
+            ahead: Default::default(),
+        };
+        let pin_fixed = self.plan.cache_bytes.is_none()
+            && self.tiers.store.tier_dtype() == TierDtype::F32
+            && self.pin_fixed;
+        let parts = self.parts.len();
+        let mut w = Walk { ex: self, ledger, work: vec![Work::default(); parts], elem, tier_elem, pin_fixed };
+        w.first_blocks();
+        for _ in 0..2 {
+            w.ledger.traffic = Traffic::default();
+            w.work = vec![Work::default(); parts];
+            w.forward();
+            w.backward();
+        }
+        (w.ledger.traffic, w.work)
+    }
+}
