@@ -2,6 +2,8 @@
 //! holds the commands; this file starts the process: logging, threads, the allocator, and the
 //! exit code).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use clap::Parser;
 use grinnder_cli::{args, commands};
 
@@ -80,6 +82,13 @@ fn main() -> std::process::ExitCode {
         }
     }));
     let result = std::panic::catch_unwind(|| commands::run(cli.command));
+    if result.as_ref().map_or(true, |r| r.is_err()) && INTERRUPTED.load(Ordering::SeqCst) {
+        // the run failed because the signal thread removed its storage under it (a block file
+        // gone mid-read): that thread ends the process with the signal's code, not this error
+        loop {
+            std::thread::park();
+        }
+    }
     match result {
         Ok(Ok(())) => std::process::ExitCode::SUCCESS,
         // the reader of our output went away (`grinnder partition … | head -1`): it has what
@@ -102,6 +111,10 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Set once SIGINT or SIGTERM arrived: the signal thread is removing the storage directories
+/// and will end the process (CI saw a run fail on a removed block file and exit 1 first).
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
 /// At SIGINT (Ctrl-C) or SIGTERM (a batch system's cancel), removes the runs' storage
 /// directories before the process ends: killed that way, a run leaves nothing behind.
 fn remove_storage_on_signals() {
@@ -115,6 +128,7 @@ fn remove_storage_on_signals() {
     };
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
+            INTERRUPTED.store(true, Ordering::SeqCst);
             for p in grinnder_engine::scratch::remove_live() {
                 eprintln!("removed the storage directory {}", p.display());
             }
