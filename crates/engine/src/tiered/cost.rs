@@ -694,10 +694,7 @@ impl<B: Backend> Executor<'_, B> {
     /// arithmetic.
     fn walk(&self) -> (Traffic, Vec<Work>) {
         let elem = std::mem::size_of::<B::T>() as u64;
-        let tier_elem = match self.tiers.store.tier_dtype() {
-            TierDtype::F32 => elem,
-            TierDtype::Bf16 => 2,
-        };
+        let tier_elem = self.tiers.store.elem_bytes() as u64;
         let ledger = Ledger {
             budget: self.plan.cache_bytes,
             mode: self.plan.mode,
@@ -707,10 +704,8 @@ impl<B: Backend> Executor<'_, B> {
             traffic: Traffic::default(),
             ahead: Default::default(),
         };
-        let pin_fixed = self.plan.cache_bytes.is_none()
-            && self.tiers.store.tier_dtype() == TierDtype::F32
-            && self.pin_fixed;
         let parts = self.parts.len();
+        let pin_fixed = self.pin_fixed;
         let mut w = Walk { ex: self, ledger, work: vec![Work::default(); parts], elem, tier_elem, pin_fixed };
         w.first_blocks();
         for _ in 0..2 {

@@ -423,10 +423,6 @@ impl<T: Scalar> Store<T> {
         Ok(())
     }
 
-    pub fn tier_dtype(&self) -> TierDtype {
-        self.cfg.dtype
-    }
-
     pub fn mode(&self) -> CacheMode {
         self.cfg.mode
     }
@@ -549,7 +545,8 @@ impl<T: Scalar> Store<T> {
         Ok(())
     }
 
-    fn elem_bytes(&self) -> usize {
+    /// Bytes of a stored element (f32 or bf16 blocks).
+    pub(super) fn elem_bytes(&self) -> usize {
         match self.cfg.dtype {
             TierDtype::F32 => std::mem::size_of::<T>(),
             TierDtype::Bf16 => 2,
