@@ -103,7 +103,8 @@ pub enum BenchWhat {
         #[arg(long, default_value_t = 2_449_029)]
         table_rows: usize,
     },
-    /// Host ↔ GPU copy bandwidth from pageable and pinned memory.
+    /// Host ↔ GPU copy bandwidth from pageable and pinned memory, and the time to page-lock
+    /// host memory (cuMemHostAlloc against faulting in on every core, then cuMemHostRegister).
     Transfer {
         /// Bytes per copy, e.g. 1GiB.
         #[arg(long, value_parser = parse_bytes, default_value = "1GiB")]

@@ -5,7 +5,7 @@ use grinnder_tensor::ops::*;
 use std::time::Instant;
 
 use anyhow::Context;
-use grinnder_cuda::{Cuda, SpmmKernel};
+use grinnder_cuda::{Cuda, PageLock, SpmmKernel};
 use grinnder_graph::norm;
 use grinnder_graph::rng::{hash_key, unit_f64, Stream};
 use grinnder_tensor::{Mat, Rows, SparseMatrix, Unary};
@@ -302,7 +302,8 @@ fn launches(g: &Cuda, reps: usize, ops: usize) -> anyhow::Result<serde_json::Val
     }))
 }
 
-/// Copies of `bytes` each way, from pageable and from pinned host memory.
+/// Copies of `bytes` each way, from pageable and from pinned host memory; page-locking `bytes`
+/// each way [`PageLock`] knows.
 fn transfer(g: &Cuda, reps: usize, bytes: u64) -> anyhow::Result<serde_json::Value> {
     let n = (bytes / 4).max(1) as usize;
     let (rows, cols) = (n / 256 + 1, 256);
@@ -320,10 +321,38 @@ fn transfer(g: &Cuda, reps: usize, bytes: u64) -> anyhow::Result<serde_json::Val
         g.synchronize();
     });
     let d2h_pageable = median_of(reps, bytes, || drop(g.download(&dev)));
+    drop(pinned);
+    // making page-locked memory (host blocks): each way, a new table each time, then a
+    // download into it (what the first blocks do), and the table freed
+    let mut page_lock = serde_json::Map::new();
+    for (name, how) in [("alloc", PageLock::Alloc), ("register", PageLock::Register)] {
+        let (mut make, mut fill, mut free) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..reps {
+            let t = Instant::now();
+            let mut h = g.host_table_by(rows, cols, how)?;
+            make.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            g.download_table(&dev, &mut h);
+            fill.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            drop(h);
+            free.push(t.elapsed().as_secs_f64());
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            let s = v[v.len() / 2];
+            json!({ "s": s, "gb_per_s": bytes as f64 / s / 1e9 })
+        };
+        page_lock.insert(
+            name.into(),
+            json!({ "make": median(&mut make), "download_into": median(&mut fill), "free": median(&mut free) }),
+        );
+    }
     Ok(json!({
         "bench": "transfer", "bytes": bytes,
         "h2d_pinned": h2d_pinned, "d2h_pinned": d2h_pinned,
         "h2d_pageable": h2d_pageable, "d2h_pageable": d2h_pageable,
+        "page_lock": page_lock, "page_lock_chosen": format!("{:?}", PageLock::chosen()),
     }))
 }
 

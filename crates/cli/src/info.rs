@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use grinnder_engine::tiered::{BlockGroup, BlockKind, Executor, Plan, Prediction, Rates};
+use grinnder_engine::tiered::{BlockGroup, BlockKind, Executor, FirstBlocks, Plan, Prediction, Rates};
 use grinnder_engine::{Mode, TieredConfig};
 use grinnder_graph::{stats, Dataset};
 use grinnder_tensor::{Backend, Cpu};
@@ -56,6 +56,11 @@ struct TieredInfo {
     plan: Plan,
     blocks: Vec<BlockGroup>,
     prediction: Option<Prediction>,
+    /// The setup phases this command ran, as a run would (seconds; the partitioning's from its
+    /// cache where it was there), and the first blocks' predicted time: the rest of a run's
+    /// setup.
+    setup: Vec<(String, f64)>,
+    first_blocks: Option<FirstBlocks>,
     /// Where the rates came from.
     rates: Option<PathBuf>,
 }
@@ -177,12 +182,16 @@ fn tiered_info<B: Backend>(
             );
         }
     }
+    let setup = grinnder_graph::progress::phase_times();
+    let first_blocks = ex.predict_first_blocks(ds, plan.config.feature_norm, rates.as_ref().map(|r| &r.0));
     Ok(TieredInfo {
         parts: tc.parts,
         fused: ex.fused(),
         plan: ex.plan.clone(),
         blocks: ex.block_groups(),
         prediction: ex.predict_epoch(rates.as_ref().map(|r| &r.0)),
+        setup,
+        first_blocks,
         rates: rates.map(|r| r.1),
     })
 }
@@ -239,6 +248,7 @@ fn print_tiered(t: &TieredInfo) {
             g.on_device
         );
     }
+    print_setup(t);
     let Some(pr) = &t.prediction else { return };
     let tr = &pr.traffic;
     println!(
@@ -266,6 +276,44 @@ fn print_tiered(t: &TieredInfo) {
             r.display()
         ),
         _ => println!("predicted      no rates: `grinnder bench rates [--device cuda] [--storage-dir DIR]` measures them"),
+    }
+}
+
+/// The setup phases `info` ran and the first blocks' prediction: a run's setup.
+fn print_setup(t: &TieredInfo) {
+    let ran: Vec<String> = t.setup.iter().map(|(name, s)| format!("{name} {s:.1} s")).collect();
+    println!("setup ran      {}", ran.join(", "));
+    let Some(f) = &t.first_blocks else { return };
+    let kept = format!(
+        "kept: {} on the GPU, {} page-locked, {} in the store",
+        gib(f.device_bytes),
+        gib(f.pinned_bytes),
+        gib(f.stored_bytes)
+    );
+    let rate = f.read_bytes_per_s / 1e9;
+    match &f.seconds {
+        Some(s) => {
+            let ran: f64 = t.setup.iter().map(|(_, s)| s).sum();
+            println!(
+                "first blocks   predicted {:.1} s: reading {} at {rate:.2} GB/s {:.1} s; uploading {} {:.1} s, aggregating {:.1} s, keeping {:.1} s ({kept})",
+                s.total_s,
+                gib(f.read_bytes),
+                s.read_s,
+                gib(f.upload_bytes),
+                s.upload_s,
+                s.aggregate_s,
+                s.keep_s
+            );
+            println!(
+                "setup          predicted {:.1} s: the phases above and the first blocks",
+                ran + s.total_s
+            );
+        }
+        None => println!(
+            "first blocks   read {} (at {rate:.2} GB/s here now), upload {}; {kept}; no rates for their time",
+            gib(f.read_bytes),
+            gib(f.upload_bytes)
+        ),
     }
 }
 

@@ -905,8 +905,53 @@ fn info_with_parts_plans_the_run_and_predicts_its_epoch() {
     assert!(traffic["storage_read_bytes"].as_u64().unwrap() > 0, "{traffic}");
     let s = &t["prediction"]["seconds"];
     assert!(s["epoch_s"].as_f64().unwrap() > 0.0 && s["storage_s"].as_f64().unwrap() > 0.0, "{s}");
+    // the setup: the phases info ran, and the first blocks (the features read and kept)
+    let phases: Vec<&str> = t["setup"].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
+    assert!(phases.contains(&"partitioning (4 parts)") && phases.contains(&"partition graphs"), "{phases:?}");
+    let features = (v["nodes"].as_u64().unwrap() * v["features"].as_u64().unwrap() * 4) as f64;
+    let fb = &t["first_blocks"];
+    assert_eq!(fb["read_bytes"].as_f64().unwrap(), features, "{fb}");
+    let kept =
+        ["device_bytes", "pinned_bytes", "stored_bytes"].map(|k| fb[k].as_f64().unwrap()).iter().sum::<f64>();
+    assert_eq!(kept, features, "the feature blocks: {fb}");
+    let fs = &fb["seconds"];
+    assert!(
+        fs["total_s"].as_f64().unwrap() >= fs["read_s"].as_f64().unwrap()
+            && fs["read_s"].as_f64().unwrap() > 0.0
+    );
     let o = grinnder(&[&["info"][..], &flags].concat());
-    assert!(stdout(&o).contains("predicted      "), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("predicted      ") && stdout(&o).contains("first blocks   predicted"),
+        "{}",
+        stdout(&o)
+    );
+    // layer 0 from `Â·x` (no input dropout): every partition's own and halo rows are read once
+    let o = grinnder(&[&["info", "--json", "--input-dropout", "0"][..], &flags].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let w: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let o = grinnder(&["-q", "partition", "--parts", "4", "--json", "--cache-dir", &p("cache")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let halo = serde_json::from_str::<serde_json::Value>(stdout(&o).trim()).unwrap()["halo_volume"]
+        .as_f64()
+        .unwrap();
+    let fb = &w["tiered"]["first_blocks"];
+    let row = (v["features"].as_u64().unwrap() * 4) as f64;
+    assert_eq!(fb["read_bytes"].as_f64().unwrap(), features + halo * row, "{fb}");
+    assert!(fb["aggregate_entry_columns"].as_u64().unwrap() > 0, "{fb}");
+    let pre: u64 = w["tiered"]["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["kind"] == "Pre")
+        .map(|g| g["bytes"].as_u64().unwrap())
+        .sum();
+    let kept =
+        ["device_bytes", "pinned_bytes", "stored_bytes"].map(|k| fb[k].as_u64().unwrap()).iter().sum::<u64>();
+    assert_eq!(
+        (kept, pre),
+        (features as u64, features as u64),
+        "`Â·x` is kept, as wide as the features: {fb}"
+    );
     let o = grinnder(&[&["-v", "train", "--epochs", "2"][..], &flags].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);

@@ -12,11 +12,12 @@ use cudarc::driver::{
 use grinnder_tensor::{Mat, Rows};
 
 use crate::clock::EventClock;
+use crate::pinned::{PageLock, PageLocked};
 use crate::{err, Arriving, Cuda, CudaError, DMat};
 
 /// A `rows × cols` row-major `f32` table in page-locked host memory, mapped into the device.
 pub struct HostTable {
-    buf: PinnedHostSlice<f32>,
+    buf: PageLocked,
     /// The table's address in the device's address space.
     dptr: u64,
     /// Per stream (its handle), recorded after the last copy queued there from the table: the
@@ -36,13 +37,13 @@ impl Drop for HostTable {
 
 impl HostTable {
     pub fn as_slice(&self) -> &[f32] {
-        self.buf.as_slice().expect("pinned host memory")
+        self.buf.as_slice()
     }
 
     /// The elements, for writing, once the copies reading them have finished.
     pub fn as_mut_slice(&mut self) -> &mut [f32] {
         self.settle();
-        self.buf.as_mut_slice().expect("pinned host memory")
+        self.buf.as_mut_slice()
     }
 
     /// Waits for the copies queued from the table (before anything writes it).
@@ -60,7 +61,7 @@ impl HostTable {
             return;
         }
         // no host write is in progress (writes take the table mutably)
-        let src = self.buf.as_ptr().expect("pinned host memory");
+        let src = self.buf.as_slice().as_ptr();
         {
             let (d, _record) = dst.device_ptr_mut(stream);
             // SAFETY: `n` floats from a live page-locked buffer into a device allocation of at
@@ -128,7 +129,12 @@ impl Cuda {
 
     /// A zeroed, mapped, page-locked host table (not counted in `--gpu-mem`: it is host memory).
     pub fn host_table(&self, rows: usize, cols: usize) -> Result<HostTable, CudaError> {
-        let (buf, dptr) = self.mapped::<f32>(rows * cols)?;
+        self.host_table_by(rows, cols, PageLock::chosen())
+    }
+
+    /// [`Cuda::host_table`] page-locked by `how`.
+    pub fn host_table_by(&self, rows: usize, cols: usize, how: PageLock) -> Result<HostTable, CudaError> {
+        let (buf, dptr) = PageLocked::new(&self.ctx, rows * cols, how)?;
         Ok(HostTable { buf, dptr, copies: Default::default(), rows, cols })
     }
 
@@ -180,7 +186,9 @@ impl Cuda {
         t.settle();
         let n = m.rows * m.cols;
         if n > 0 {
-            self.stream.memcpy_dtoh(&m.data.slice(0..n), &mut t.buf).expect("CUDA download");
+            self.stream
+                .memcpy_dtoh(&m.data.slice(0..n), &mut t.buf.as_mut_slice()[..n])
+                .expect("CUDA download");
             self.stream.synchronize().expect("CUDA synchronize");
         }
     }
@@ -359,14 +367,6 @@ impl Staging {
     pub(crate) fn release(&self) {
         for s in &self.slots {
             s.lock().unwrap_or_else(|e| e.into_inner()).0 = None;
-        }
-    }
-
-    /// Grows both buffers to `n` floats at once, so that a phase of uploads up to that size
-    /// does not grow them step by step (each step page-locks a new buffer).
-    pub(crate) fn reserve(&self, ctx: &Arc<CudaContext>, n: usize) {
-        for s in &self.slots {
-            s.lock().unwrap_or_else(|e| e.into_inner()).get(ctx, n);
         }
     }
 

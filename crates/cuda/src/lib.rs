@@ -13,7 +13,7 @@
 //! pool and `--gpu-mem`), `profile`, `upload` (host arrays and structures onto the device),
 //! `spmm` (which SpMM runs), `gather` (row-copy kernels), the Backend families in `transfers`
 //! ([`Memory`], [`Transfers`], [`HandOffs`]), `compute` ([`DenseOps`], [`TrainOps`]) and `graph`
-//! ([`GraphOps`]); `host` (page-locked memory), `handoff` (work crossing streams), `cusparse`,
+//! ([`GraphOps`]); `host` (page-locked memory; `pinned` makes it), `handoff` (work crossing streams), `cusparse`,
 //! `nccl`, `clock` and `timeline`. This file holds the types they share.
 
 use std::sync::Arc;
@@ -36,6 +36,7 @@ mod graph;
 mod handoff;
 mod host;
 mod nccl;
+mod pinned;
 mod pool;
 mod profile;
 mod spmm;
@@ -46,6 +47,7 @@ mod upload;
 pub use handoff::Arriving;
 pub use host::{CudaLoss, DeviceIndex, HostLabels, HostTable, Leaving, StreamHold};
 pub use nccl::{nccl_present, Nccl};
+pub use pinned::PageLock;
 pub use spmm::{SpmmKernel, SpmmShapeInfo};
 
 use device::Kernels;

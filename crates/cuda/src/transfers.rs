@@ -73,9 +73,6 @@ impl Transfers for Cuda {
     fn release_staging(&self) {
         self.staging.release();
     }
-    fn reserve_staging(&self, elems: usize) {
-        self.staging.reserve(&self.ctx, elems);
-    }
     fn host_block(&self, m: Mat<f32>) -> Result<host::HostTable, Mat<f32>> {
         self.table_of(m)
     }

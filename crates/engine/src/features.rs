@@ -138,7 +138,14 @@ pub fn feature_rows_into<T: Scalar>(
             slices.push((i, j, a));
             rest = b;
         }
+        // rows kept as stored are read straight into `out` (no copy through a buffer: on a
+        // GPU `out` is page-locked memory the rows are uploaded from)
+        let as_stored =
+            norm == FeatureNorm::None && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
         slices.into_par_iter().try_for_each_init(Vec::new, |buf: &mut Vec<f32>, (i, j, o)| {
+            if as_stored {
+                return src.read_into(ids[i] as usize * d, bytemuck::cast_slice_mut(o));
+            }
             buf.resize((j - i) * d, 0f32);
             src.read_into(ids[i] as usize * d, buf)?;
             for (ro, r) in o.chunks_exact_mut(d).zip(buf.chunks_exact(d)) {

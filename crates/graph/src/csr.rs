@@ -233,10 +233,42 @@ impl Csr {
 
     /// A copy with one self loop on every node.
     pub fn with_self_loops(&self) -> Csr {
-        let opts = BuildOptions { symmetrise: false, dedup: true, self_loops: SelfLoops::Add };
-        let (src, dst) = self.to_coo();
-        Csr::from_edges(self.num_nodes() as u64, &src, &dst, opts)
-            .expect("a valid CSR rebuilds without error")
+        // rows are strictly ascending: each row of the result is the row with `v` merged in
+        // where it is missing, written on every core (before: the edge list rebuilt and sorted
+        // again, 2–3 s of a 10 M-node setup on 16 cores)
+        let n = self.num_nodes();
+        let has_loop = |v: usize| self.row(v).binary_search(&(v as u32)).is_ok();
+        let mut row_ptr = vec![0u64; n + 1];
+        row_ptr[1..]
+            .par_iter_mut()
+            .enumerate()
+            .for_each(|(v, len)| *len = self.row(v).len() as u64 + u64::from(!has_loop(v)));
+        for v in 0..n {
+            row_ptr[v + 1] += row_ptr[v];
+        }
+        let mut col_idx = vec![0u32; row_ptr[n] as usize];
+        let mut pieces = Vec::new();
+        let mut rest = &mut col_idx[..];
+        for rows in balanced_ranges(&row_ptr, rayon::current_num_threads() * 8) {
+            let (piece, tail) =
+                std::mem::take(&mut rest).split_at_mut((row_ptr[rows.end] - row_ptr[rows.start]) as usize);
+            pieces.push((rows, piece));
+            rest = tail;
+        }
+        pieces.into_par_iter().for_each(|(rows, out)| {
+            let mut at = 0;
+            for v in rows {
+                let row = self.row(v);
+                let below = row.partition_point(|&c| (c as usize) < v);
+                let above = if row.get(below) == Some(&(v as u32)) { below + 1 } else { below };
+                out[at..at + below].copy_from_slice(&row[..below]);
+                out[at + below] = v as u32;
+                at += below + 1;
+                out[at..at + row.len() - above].copy_from_slice(&row[above..]);
+                at += row.len() - above;
+            }
+        });
+        Csr { row_ptr: row_ptr.into(), col_idx: col_idx.into() }
     }
 
     /// The edge list `(src, dst)` in row order.
@@ -311,6 +343,26 @@ mod tests {
                 proptest::prop_assert!(csr.is_symmetric());
                 proptest::prop_assert!(Csr::from_parts(csr.row_ptr.clone(), csr.col_idx.clone()).is_ok());
             }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn self_loops_merged_in_equal_the_rebuilt_edge_list(
+            n in 1usize..40,
+            raw in proptest::collection::vec((0u32..40, 0u32..40), 0..200),
+            loops in 0u8..2,
+        ) {
+            let edges: Vec<(u32, u32)> = raw.into_iter().map(|(a, b)| (a % n as u32, b % n as u32)).collect();
+            let self_loops = [SelfLoops::Drop, SelfLoops::Keep][loops as usize];
+            let opts = BuildOptions { symmetrise: false, dedup: true, self_loops };
+            let (s, d): (Vec<u32>, Vec<u32>) = edges.iter().copied().unzip();
+            let csr = Csr::from_edges(n as u64, &s, &d, opts).unwrap();
+            // what with_self_loops built before: the edge list again, with self loops added
+            let add = BuildOptions { self_loops: SelfLoops::Add, ..opts };
+            let (src, dst) = csr.to_coo();
+            let want = Csr::from_edges(n as u64, &src, &dst, add).unwrap();
+            proptest::prop_assert_eq!(csr.with_self_loops(), want);
         }
     }
 

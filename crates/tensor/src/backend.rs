@@ -185,9 +185,6 @@ pub trait Transfers: Memory {
     /// grew to (after a phase of transfers larger than later ones: it is kept otherwise); the
     /// next staged transfer allocates again.
     fn release_staging(&self) {}
-    /// Grows the staging memory of [`Transfers::upload_with`] to `elems` elements ahead of a
-    /// phase of uploads up to that size.
-    fn reserve_staging(&self, _elems: usize) {}
     /// [`Transfers::download`] of a matrix the caller gives up.
     fn download_owned(&self, m: Self::Mat) -> Mat<Self::T> {
         self.download(&m)

@@ -62,6 +62,7 @@ mod rates;
 mod rows;
 mod schedule;
 mod setup;
+mod setup_cost;
 pub mod store;
 mod tiers;
 
@@ -86,6 +87,7 @@ use plan::*;
 pub use plan::{DevicePlan, Plan};
 pub use predict::Emit;
 pub use rates::{measure_rates, Rates, SparseRate};
+pub use setup_cost::{FirstBlocks, FirstBlocksSeconds};
 pub use store::{BlockId, BlockKind, CacheMode, Store, StoreConfig, TierDtype, TierStats};
 use tiers::Tiers;
 

@@ -141,7 +141,6 @@ pub(super) fn make_plan<B: Backend>(
     elem: usize,
     pre: bool,
     mapped_bytes: u64,
-    staged: bool,
 ) -> Plan {
     let elem_tier = match tc.tier_dtype {
         TierDtype::F32 => elem,
@@ -172,18 +171,15 @@ pub(super) fn make_plan<B: Backend>(
             // making `Â x`: the output and the input rows of its columns — one piece of them
             // beside the pieces' entries (row, column, value: 16 bytes each, and one piece's
             // CSR copy), or all at once: then the host holds this partition's input rows and
-            // the next's (read meanwhile) and, where uploads are staged, two staging buffers
-            // grown to 1.5 times the largest
+            // the next's (read meanwhile; on a GPU both in page-locked blocks sized for the
+            // largest)
             let (setup, device_setup, pieces) = match &p.input_adjacency {
                 Some(a) => {
                     let rows = super::input::piece_rows(pre_width as usize, elem) as u64;
                     let setup = (own + cols.min(rows)) * pre_width;
                     (setup, setup, 28 * a.col_idx.len() as u64)
                 }
-                None => {
-                    let inputs = if staged { 5 } else { 2 };
-                    ((inputs * cols + own) * pre_width, (cols + own) * pre_width, 0)
-                }
+                None => ((2 * cols + own) * pre_width, (cols + own) * pre_width, 0),
             };
             let layer = |l: usize| {
                 let (i, o) = (model.dim(l) as u64, model.dim(l + 1) as u64);

@@ -35,6 +35,10 @@ pub struct Rates {
     pub download_bytes_per_s: f64,
     /// Host memory copies on every core.
     pub host_copy_bytes_per_s: f64,
+    /// Host blocks made (page-locked on a GPU), bytes per second; absent from rates measured
+    /// before 2026-12-04.
+    #[serde(default)]
+    pub page_lock_bytes_per_s: Option<f64>,
     /// The store's block files (O_DIRECT through io_uring where available, checksums and
     /// decoding included), where a storage directory was measured.
     pub storage_read_bytes_per_s: Option<f64>,
@@ -202,8 +206,11 @@ pub fn measure_rates<B: Backend>(
     });
     b.release_staging();
     let host_bytes = (host.len() * std::mem::size_of::<B::T>()) as f64;
-    // whole page-locked blocks, as the fixed blocks go when no host budget is set
-    let pinned_upload_s = match b.new_host_block(rows, 256) {
+    // whole page-locked blocks, as the fixed blocks go when no host budget is set; the time
+    // to make one (page-locking it) too
+    let t = Instant::now();
+    let (made, page_lock_s) = (b.new_host_block(rows, 256), t.elapsed().as_secs_f64());
+    let pinned_upload_s = match made {
         Some(mut h) => {
             b.host_block_mut(&mut h).copy_from_slice(&host);
             median_secs(reps, || {
@@ -232,6 +239,7 @@ pub fn measure_rates<B: Backend>(
         pinned_upload_bytes_per_s: host_bytes / pinned_upload_s,
         download_bytes_per_s: host_bytes / download_s,
         host_copy_bytes_per_s: host_bytes / host_copy_s,
+        page_lock_bytes_per_s: Some(host_bytes / page_lock_s),
         storage_read_bytes_per_s,
         storage_write_bytes_per_s,
     })

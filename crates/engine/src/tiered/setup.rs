@@ -1,6 +1,8 @@
 //! Setting the executor up: partitioning, the partition graphs, the memory plan, the first
 //! blocks (features and layer 0's aggregation).
 
+use rayon::prelude::*;
+
 use super::*;
 
 impl<'a, B: Backend> Executor<'a, B> {
@@ -130,9 +132,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let phase = grinnder_graph::progress::phase("partition blocks");
         let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key, in_pieces);
         drop(phase);
-        let staged = b.device_memory().is_some();
-        let plan =
-            make_plan(&model, &parts, tc, elem as usize, pre, crate::process::mapped_bytes(ds), staged);
+        let plan = make_plan(&model, &parts, tc, elem as usize, pre, crate::process::mapped_bytes(ds));
         check_budget(&plan, tc)?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
@@ -215,7 +215,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
             }
             self.aggregate_whole(ds, norm, min, &whole)?;
-            // the staging grew to a partition's input rows, wider than any epoch's transfer
+            // (pieces of input rows may have grown the staging wider than an epoch's transfers)
             self.b.release_staging();
         } else {
             for (q, ids) in blocks {
@@ -238,8 +238,11 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// `Â x` of each partition `(q, ids)` whose input rows (dataset nodes `ids`: own, then
     /// halo) are read at once: a thread reads partition q+1's rows on every core while this
-    /// one uploads q's (through the backend's page-locked staging on a GPU), aggregates them
-    /// and puts the result. Two partitions' rows are held at a time (the plan counts them).
+    /// one uploads q's, aggregates them and puts the result. Two partitions' rows are held at
+    /// a time (the plan counts them). On a GPU they are read straight into two page-locked
+    /// host blocks, uploaded from there by DMA on the second stream (before: into a vector,
+    /// copied into the backend's staging, uploaded from there — a second pass over every byte
+    /// on the host; BENCHMARKS, the time to the first epoch).
     fn aggregate_whole(
         &mut self,
         ds: &Dataset,
@@ -247,48 +250,66 @@ impl<'a, B: Backend> Executor<'a, B> {
         min: f64,
         order: &[(usize, Vec<u32>)],
     ) -> Result<(), TrainError> {
-        let d = ds.features.dim;
-        // a GPU copies from its own staging memory: the rows are copied there and their buffer
-        // is read into again; elsewhere the rows become the matrix
-        let staged = self.b.device_memory().is_some();
-        type Read<T> = std::io::Result<(usize, usize, Vec<T>, f64)>;
+        let (b, d) = (self.b, ds.features.dim);
+        let most = order.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
+        let pinned: Vec<B::HostBlock> = match b.device_memory() {
+            Some(_) => (0..2).map_while(|_| b.new_host_block(most, d)).collect(),
+            None => Vec::new(),
+        };
+        // without two page-locked blocks the rows travel as vectors
+        let pinned = if pinned.len() == 2 { pinned } else { Vec::new() };
+        let reuse_blocks = !pinned.is_empty();
+        type Read<M> = std::io::Result<(usize, usize, M, f64)>;
         std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Read<B::T>>(0);
-            let (back, reuse) = std::sync::mpsc::channel::<Vec<B::T>>();
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Read<InputRows<B>>>(0);
+            let (back, reuse) = std::sync::mpsc::channel::<InputRows<B>>();
+            for h in pinned {
+                back.send(InputRows::Pinned(h)).expect("the receiver lives");
+            }
             s.spawn(move || {
                 for (q, ids) in order {
                     let t = Instant::now();
-                    let mut buf = reuse.try_recv().unwrap_or_default();
-                    buf.resize(ids.len() * d, B::T::default());
-                    let r = feature_rows_into(ds, norm, min, ids, &mut buf);
-                    if tx.send(r.map(|()| (*q, ids.len(), buf, t.elapsed().as_secs_f64()))).is_err() {
-                        return; // the consumer stopped on an error
+                    let mut rows = if reuse_blocks {
+                        match reuse.recv() {
+                            Ok(r) => r,
+                            Err(_) => return, // the consumer stopped on an error
+                        }
+                    } else {
+                        InputRows::Owned(Vec::new())
+                    };
+                    let n = ids.len() * d;
+                    let out = match &mut rows {
+                        // (waits for the upload still reading the block)
+                        InputRows::Pinned(h) => &mut b.host_block_mut(h)[..n],
+                        InputRows::Owned(v) => {
+                            v.resize(n, B::T::default());
+                            &mut v[..]
+                        }
+                    };
+                    let r = feature_rows_into(ds, norm, min, ids, out);
+                    if tx.send(r.map(|()| (*q, ids.len(), rows, t.elapsed().as_secs_f64()))).is_err() {
+                        return;
                     }
                 }
             });
-            if staged {
-                // while the reader reads the first partition: grown in steps instead, the
-                // buffers took the first ~7 partitions' uploads 0.6–1.4 s each on an H200
-                // (igb-medium-like, 64 parts)
-                self.b.reserve_staging(order.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0) * d);
-            }
             for _ in order {
                 let t = Instant::now();
                 let (q, n, rows, gathered) =
                     rx.recv().expect("the reader sends every partition").map_err(io_err)?;
                 let waited = t.elapsed().as_secs_f64();
-                let x = if staged {
-                    let x = self.b.upload_with(n, d, &mut |buf: &mut [B::T]| par_copy(&rows, buf));
-                    let _ = back.send(rows);
-                    x
-                } else {
-                    self.b.upload_owned(Mat::from_vec(n, d, rows))
+                let x = match rows {
+                    InputRows::Pinned(h) => {
+                        let x = b.arrived(b.upload_host_rows(&h, n));
+                        let _ = back.send(InputRows::Pinned(h));
+                        x
+                    }
+                    InputRows::Owned(v) => b.upload_owned(Mat::from_vec(n, d, v)),
                 };
                 let uploaded = t.elapsed().as_secs_f64();
                 self.put_aggregate(q, x)?;
                 // (where the first blocks' time goes)
                 tracing::debug!(
-                    "first blocks, partition {q}: {n} rows ({} own) read in {gathered:.3} s (waited for {waited:.3} s), uploaded in {:.3} s, aggregated and put in {:.3} s",
+                    "first blocks, partition {q}: {n} rows ({} own) read in {gathered:.3} s (waited for {waited:.3} s), upload queued in {:.3} s, aggregated and put in {:.3} s",
                     self.parts[q].own,
                     uploaded - waited,
                     t.elapsed().as_secs_f64() - uploaded
@@ -305,6 +326,13 @@ impl<'a, B: Backend> Executor<'a, B> {
         drop(x);
         self.put(BlockKind::Pre, 0, q, agg)
     }
+}
+
+/// A partition's input rows on their way from the reader to the backend.
+enum InputRows<B: Backend> {
+    /// In a page-locked block the reader gets back once its upload is queued.
+    Pinned(B::HostBlock),
+    Owned(Vec<B::T>),
 }
 
 /// The features' shift: `fixed`, else [`feature_shift`] — for row normalisation a pass over the
@@ -353,7 +381,10 @@ fn mirror_rows(
 
 /// The executor's partitions: the local ones with their graphs on the backend (columns keyed by
 /// `key`: the whole graph's ids), labels and split rows, and with `in_pieces` their adjacency
-/// on the host too; another rank's as the count of its rows mirrored here.
+/// on the host too; another rank's as the count of its rows mirrored here. The host side of
+/// each (ids, labels, the structure's transpose) is made on every core, a partition per core
+/// at a time, then moved to the backend in order (before: one partition after another, 4–6 s
+/// of a 10 M-node setup on an H200 host's 16 cores).
 #[allow(clippy::too_many_arguments)]
 fn build_parts<B: Backend>(
     b: &B,
@@ -363,7 +394,7 @@ fn build_parts<B: Backend>(
     mirrors: &std::collections::BTreeMap<usize, Vec<u32>>,
     local: &std::ops::Range<usize>,
     aggregation: grinnder_nn::Aggregation,
-    key: impl Fn(u32) -> u32,
+    key: impl Fn(u32) -> u32 + Sync,
     in_pieces: bool,
 ) -> Vec<Part<B>> {
     let mut splits_local: Vec<[Vec<u32>; 3]> = vec![Default::default(); pg.partitions.len()];
@@ -375,48 +406,112 @@ fn build_parts<B: Backend>(
         }
     }
     let mut parts = Vec::with_capacity(pg.partitions.len());
-    for (q, (g, split_rows)) in pg.partitions.into_iter().zip(splits_local).enumerate() {
-        if !local.contains(&q) {
-            // another rank's: only the rows mirrored here, as a block of that many rows
-            let own = mirrors.get(&q).map_or(0, Vec::len);
-            let graph = Graph { rows: 0, cols: 0, adjacencies: Vec::new(), ids: None };
-            parts.push(Part {
-                graph,
-                own,
-                fetch: Vec::new(),
-                labels: Vec::new(),
-                split_rows: Default::default(),
-                input_adjacency: None,
-            });
-            continue;
+    let mut todo = pg.partitions.into_iter().zip(splits_local).enumerate();
+    loop {
+        let some: Vec<_> = todo.by_ref().take(rayon::current_num_threads()).collect();
+        if some.is_empty() {
+            return parts;
         }
-        let mut split_rows = split_rows;
-        for s in &mut split_rows {
-            s.sort_unstable();
-        }
-        let first = partitioning.ptr[q] as usize;
-        let own_ids: Vec<u32> = partitioning.inv_perm[first..first + g.own].to_vec();
-        let labels: Vec<i32> = own_ids.iter().map(|&v| ds.labels[v as usize]).collect();
-        let own_ids: Vec<u32> = own_ids.into_iter().map(&key).collect();
-        let col_ids: Vec<u32> = own_ids
-            .iter()
-            .copied()
-            .chain(g.halo.iter().map(|&h| key(partitioning.inv_perm[h as usize])))
+        let made: Vec<HostPart> = some
+            .into_par_iter()
+            .map(|(q, (g, split_rows))| {
+                host_part(ds, partitioning, q, g, split_rows, mirrors, local, &key, in_pieces)
+            })
             .collect();
-        let cols = g.columns();
-        let input_adjacency = in_pieces.then(|| input::HostAdjacency {
-            row_ptr: g.row_ptr.clone(),
-            col_idx: g.col_idx.clone(),
-            vals: g.values[0].clone(),
-            cols,
-        });
-        let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids.clone());
-        let adj = Adjacency::new(b, &sm, &g.values[0]);
-        drop(sm);
-        let graph = Graph::single(g.own, cols, aggregation, adj, Some(col_ids));
-        parts.push(Part { graph, own: g.own, fetch: g.fetch, labels, split_rows, input_adjacency });
+        for h in made {
+            parts.push(match h {
+                HostPart::Remote { own } => {
+                    let graph = Graph { rows: 0, cols: 0, adjacencies: Vec::new(), ids: None };
+                    let split_rows = Default::default();
+                    Part {
+                        graph,
+                        own,
+                        fetch: Vec::new(),
+                        labels: Vec::new(),
+                        split_rows,
+                        input_adjacency: None,
+                    }
+                }
+                HostPart::Local(l) => {
+                    let LocalPart { sm, vals, own, fetch, labels, split_rows, input_adjacency } = *l;
+                    let (cols, col_ids) = (sm.cols, sm.col_ids.clone());
+                    let adj = Adjacency::new(b, &sm, &vals);
+                    drop((sm, vals));
+                    let graph = Graph::single(own, cols, aggregation, adj, col_ids);
+                    Part { graph, own, fetch, labels, split_rows, input_adjacency }
+                }
+            });
+        }
     }
-    parts
+}
+
+/// A partition made on the host, for [`build_parts`] to move to the backend.
+enum HostPart {
+    /// Another rank's: the count of its rows mirrored here (a block of that many rows).
+    Remote {
+        own: usize,
+    },
+    Local(Box<LocalPart>),
+}
+
+/// One of this rank's partitions made on the host.
+struct LocalPart {
+    /// The structure with its transpose and ids.
+    sm: SparseMatrix,
+    vals: Vec<f64>,
+    own: usize,
+    fetch: Vec<(usize, Vec<u32>)>,
+    labels: Vec<i32>,
+    split_rows: [Vec<u32>; 3],
+    input_adjacency: Option<input::HostAdjacency>,
+}
+
+/// Partition `q`'s host side (see [`build_parts`]).
+#[allow(clippy::too_many_arguments)]
+fn host_part(
+    ds: &Dataset,
+    partitioning: &Partitioning,
+    q: usize,
+    g: grinnder_partition::PartitionGraph,
+    mut split_rows: [Vec<u32>; 3],
+    mirrors: &std::collections::BTreeMap<usize, Vec<u32>>,
+    local: &std::ops::Range<usize>,
+    key: &(impl Fn(u32) -> u32 + Sync),
+    in_pieces: bool,
+) -> HostPart {
+    if !local.contains(&q) {
+        return HostPart::Remote { own: mirrors.get(&q).map_or(0, Vec::len) };
+    }
+    for s in &mut split_rows {
+        s.sort_unstable();
+    }
+    let first = partitioning.ptr[q] as usize;
+    let own_ids: Vec<u32> = partitioning.inv_perm[first..first + g.own].to_vec();
+    let labels: Vec<i32> = own_ids.iter().map(|&v| ds.labels[v as usize]).collect();
+    let own_ids: Vec<u32> = own_ids.into_iter().map(key).collect();
+    let col_ids: Vec<u32> = own_ids
+        .iter()
+        .copied()
+        .chain(g.halo.iter().map(|&h| key(partitioning.inv_perm[h as usize])))
+        .collect();
+    let cols = g.columns();
+    let input_adjacency = in_pieces.then(|| input::HostAdjacency {
+        row_ptr: g.row_ptr.clone(),
+        col_idx: g.col_idx.clone(),
+        vals: g.values[0].clone(),
+        cols,
+    });
+    let mut values = g.values;
+    let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids);
+    HostPart::Local(Box::new(LocalPart {
+        sm,
+        vals: values.swap_remove(0),
+        own: g.own,
+        fetch: g.fetch,
+        labels,
+        split_rows,
+        input_adjacency,
+    }))
 }
 
 /// Refuses a plan the host budget or the storage directory cannot hold, with the minimum.
