@@ -81,9 +81,9 @@ struct Ledger {
     ahead: std::collections::HashSet<BlockId>,
 }
 
-/// Bytes of a block file holding `payload` bytes (header page, padded payload).
+/// Bytes of a block file holding `payload` bytes.
 fn file_len(payload: u64) -> u64 {
-    ALIGN as u64 + payload.div_ceil(ALIGN as u64) * ALIGN as u64
+    super::files::file_len_of(payload as usize) as u64
 }
 
 impl Ledger {
@@ -214,32 +214,13 @@ impl Ledger {
     /// [`Store`]'s `evict_down_to`.
     fn evict_down_to(&mut self, target: u64, keep: Option<BlockId>) {
         while self.held > target {
-            let evictable = || {
-                self.entries
-                    .iter()
-                    .filter(|(id, e)| e.in_ram && Some(**id) != keep && !self.ahead.contains(id))
-            };
-            let victims: Vec<BlockId> = match self.mode {
-                CacheMode::PartitionLru => evictable()
-                    .min_by_key(|(id, e)| (e.last_use, **id))
-                    .map(|(id, _)| *id)
-                    .into_iter()
-                    .collect(),
-                _ => {
-                    let mut recency: HashMap<(BlockKind, usize), u64> = HashMap::new();
-                    for (id, e) in evictable() {
-                        let r = recency.entry((id.kind, id.layer)).or_insert(0);
-                        *r = (*r).max(e.last_use);
-                    }
-                    let Some((&group, _)) = recency.iter().min_by_key(|(k, r)| (**r, **k)) else { break };
-                    let mut ids: Vec<BlockId> = evictable()
-                        .filter(|(id, _)| (id.kind, id.layer) == group)
-                        .map(|(id, _)| *id)
-                        .collect();
-                    ids.sort();
-                    ids
-                }
-            };
+            let evictable: Vec<(BlockId, u64)> = self
+                .entries
+                .iter()
+                .filter(|(id, e)| e.in_ram && Some(**id) != keep && !self.ahead.contains(id))
+                .map(|(id, e)| (*id, e.last_use))
+                .collect();
+            let victims = super::eviction::victims_of(self.mode, &evictable);
             if victims.is_empty() {
                 break;
             }
@@ -635,8 +616,9 @@ impl<B: Backend> Executor<'_, B> {
             return None;
         }
         let elem = std::mem::size_of::<B::T>() as u64;
-        // the arithmetic does not depend on where blocks live
-        let (_, work) = self.walk();
+        // walked again below where the GPU tier's refinement moves blocks (or ends layer 0's
+        // fusion)
+        let (mut traffic, mut work) = self.walk();
         // the partition whose compute is measured: the largest by the model's time, or by rows
         // and entries without rates
         let size = |q: usize| match rates {
@@ -645,15 +627,25 @@ impl<B: Backend> Executor<'_, B> {
         };
         let q = self.local.clone().max_by(|&a, &b| size(a).total_cmp(&size(b))).unwrap_or(0);
         let refine = self.gpu_mem.is_some() && !self.calibrated && self.plan.device.is_some();
+        // timing a partition needs its working set free beside the GPU tier: after epochs the
+        // tier holds what the epoch's peak left, and an allocation past `--gpu-mem` would end
+        // the run (then only the traffic is predicted)
+        let free = self.gpu_mem.zip(self.b.device_memory()).map(|(g, m)| g.saturating_sub(m.used));
+        let room = free.is_none_or(|f| f >= self.plan.device_working_bytes);
+        if !room {
+            tracing::debug!(
+                "the cost model times no partition: too little GPU memory is free beside the GPU tier"
+            );
+        }
         let mut measured = None;
-        if rates.is_some() || refine {
+        if (rates.is_some() || refine) && room {
             // the second run: the first makes what kernels make once (a shape's first sparse
             // product is timed against the alternatives on CUDA; buffers, page faults)
             self.time_compute(q);
             self.b.reset_memory_peak();
             measured = Some(self.time_compute(q));
         }
-        if refine {
+        if refine && measured.is_some() {
             // the GPU tier's refinement after the first epoch ([`Executor::refine_placement`]),
             // from the peak the measured partition reached beside the blocks already placed
             let placed = self.plan.device.as_ref().map_or(0, |d| d.placed_bytes);
@@ -661,6 +653,7 @@ impl<B: Backend> Executor<'_, B> {
                 let margin = self.plan.device.as_ref().map_or(0, |d| d.margin_bytes);
                 let room = self.gpu_mem.unwrap_or(0).saturating_sub(margin).saturating_sub(m.peak + placed);
                 if let Ok(moved) = self.place_within(room) {
+                    (traffic, work) = self.walk();
                     tracing::debug!(
                         "predicted: after the first epoch the GPU tier takes {} more blocks ({:.2} GiB)",
                         moved.0,
@@ -670,7 +663,6 @@ impl<B: Backend> Executor<'_, B> {
                 self.calibrated = true;
             }
         }
-        let (traffic, work) = self.walk();
         let all: Work = work.iter().cloned().sum();
         let sparse_entry_columns = all.sparse.iter().map(|s| s.entries * s.width).sum();
         let elementwise_bytes = all.elementwise * elem;

@@ -110,8 +110,14 @@ impl BlockHeader {
     }
     /// Bytes of the whole file (header page and padded payload).
     pub fn file_len(&self) -> usize {
-        ALIGN + self.payload_len().div_ceil(ALIGN) * ALIGN
+        file_len_of(self.payload_len())
     }
+}
+
+/// Bytes of a block file holding `payload` bytes: the header page and the payload padded to
+/// whole pages.
+pub fn file_len_of(payload: usize) -> usize {
+    ALIGN + payload.div_ceil(ALIGN) * ALIGN
 }
 
 /// The xxh3 sum of every [`SUM_CHUNK`]-byte chunk of `payload` (the last one short).

@@ -53,6 +53,7 @@
 mod calibrate;
 mod cost;
 mod dist;
+mod eviction;
 pub mod files;
 mod input;
 mod placement;

@@ -142,10 +142,7 @@ pub(super) fn make_plan<B: Backend>(
     pre: bool,
     mapped_bytes: u64,
 ) -> Plan {
-    let elem_tier = match tc.tier_dtype {
-        TierDtype::F32 => elem,
-        TierDtype::Bf16 => 2,
-    } as u64;
+    let elem_tier = tc.tier_dtype.bytes(elem) as u64;
     let layers = model.layers();
     // layer 0 on its precomputed aggregation reads own rows only: its input width counts over
     // the own rows, not over the columns

@@ -102,6 +102,16 @@ pub enum TierDtype {
     Bf16,
 }
 
+impl TierDtype {
+    /// Bytes of a stored element whose compute type has `compute` bytes.
+    pub fn bytes(self, compute: usize) -> usize {
+        match self {
+            TierDtype::F32 => compute,
+            TierDtype::Bf16 => 2,
+        }
+    }
+}
+
 /// Counters of one epoch (reset by [`Store::take_stats`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct TierStats {
@@ -547,10 +557,7 @@ impl<T: Scalar> Store<T> {
 
     /// Bytes of a stored element (f32 or bf16 blocks).
     pub(super) fn elem_bytes(&self) -> usize {
-        match self.cfg.dtype {
-            TierDtype::F32 => std::mem::size_of::<T>(),
-            TierDtype::Bf16 => 2,
-        }
+        self.cfg.dtype.bytes(std::mem::size_of::<T>())
     }
 
     /// Adds `src` (`k × cols`) into rows `idx` of block `id` (the first `k` rows when `None`),
@@ -786,32 +793,8 @@ impl<T: Scalar> Store<T> {
 
     /// The next blocks to leave RAM under the cache mode.
     fn victims(&self, keep: Option<BlockId>) -> Vec<BlockId> {
-        match self.cfg.mode {
-            CacheMode::LruLayer | CacheMode::Auto => {
-                // the (kind, layer) whose most recent use is oldest
-                let mut recency: HashMap<(BlockKind, usize), u64> = HashMap::new();
-                for (id, e) in self.evictable(keep) {
-                    let r = recency.entry((id.kind, id.layer)).or_insert(0);
-                    *r = (*r).max(e.last_use);
-                }
-                let Some((&layer, _)) = recency.iter().min_by_key(|(k, r)| (**r, **k)) else {
-                    return Vec::new();
-                };
-                let mut ids: Vec<BlockId> = self
-                    .evictable(keep)
-                    .map(|(id, _)| *id)
-                    .filter(|id| (id.kind, id.layer) == layer)
-                    .collect();
-                ids.sort();
-                ids
-            }
-            CacheMode::PartitionLru => self
-                .evictable(keep)
-                .min_by_key(|(id, e)| (e.last_use, **id))
-                .map(|(id, _)| *id)
-                .into_iter()
-                .collect(),
-        }
+        let evictable: Vec<(BlockId, u64)> = self.evictable(keep).map(|(id, e)| (*id, e.last_use)).collect();
+        super::eviction::victims_of(self.cfg.mode, &evictable)
     }
 
     fn evict(&mut self, id: BlockId) -> io::Result<()> {
