@@ -23,7 +23,7 @@ pub enum PageLock {
     /// `cuMemHostAlloc` (mapped, portable), then zeroed by one thread.
     Alloc,
     /// Anonymous memory faulted in by every core (zeroed by the kernel), then registered
-    /// (`cuMemHostRegister`, mapped, portable).
+    /// (`cuMemHostRegister`, mapped, portable); `Alloc` where the driver refuses (said once).
     Register,
 }
 
@@ -53,18 +53,31 @@ impl PageLocked {
         how: PageLock,
     ) -> Result<(PageLocked, u64), CudaError> {
         let n = n.max(1);
-        let mut m = match how {
-            PageLock::Alloc => {
-                let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-                // SAFETY: zeroed below before anything reads it.
-                let mut buf = unsafe { ctx.alloc_pinned_with_flags::<f32>(n, flags) }.map_err(err)?;
-                let host = buf.as_mut_ptr().map_err(err)?;
-                // SAFETY: `n` elements just allocated; all-zero bits are a valid f32.
-                unsafe { std::ptr::write_bytes(host, 0, n) };
-                PageLocked::Alloc(buf)
+        if how == PageLock::Register {
+            match Registered::new(ctx, n) {
+                Ok(r) => return Self::mapped(PageLocked::Registered(r)),
+                Err(e) => {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| {
+                        tracing::warn!(
+                            "{e}: host blocks are page-locked by cuMemHostAlloc instead (slower to make)"
+                        )
+                    });
+                }
             }
-            PageLock::Register => PageLocked::Registered(Registered::new(ctx, n)?),
-        };
+        }
+        // cuMemHostAlloc: asked for, or where the driver would not register the memory
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: zeroed below before anything reads it.
+        let mut buf = unsafe { ctx.alloc_pinned_with_flags::<f32>(n, flags) }.map_err(err)?;
+        let host = buf.as_mut_ptr().map_err(err)?;
+        // SAFETY: `n` elements just allocated; all-zero bits are a valid f32.
+        unsafe { std::ptr::write_bytes(host, 0, n) };
+        Self::mapped(PageLocked::Alloc(buf))
+    }
+
+    /// `m` and its address in the device's address space.
+    fn mapped(mut m: PageLocked) -> Result<(PageLocked, u64), CudaError> {
         let host = m.as_mut_slice().as_mut_ptr();
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `host` is page-locked memory mapped into this context's device.
