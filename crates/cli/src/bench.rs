@@ -341,7 +341,7 @@ fn transfer(g: &Cuda, reps: usize, bytes: u64) -> anyhow::Result<serde_json::Val
         let median = |v: &mut Vec<f64>| {
             v.sort_by(f64::total_cmp);
             let s = v[v.len() / 2];
-            json!({ "s": s, "gb_per_s": bytes as f64 / s / 1e9 })
+            Timing { s, gb_per_s: bytes as f64 / s / 1e9 }
         };
         page_lock.insert(
             name.into(),

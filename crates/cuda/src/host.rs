@@ -12,7 +12,7 @@ use cudarc::driver::{
 use grinnder_tensor::{Mat, Rows};
 
 use crate::clock::EventClock;
-use crate::pinned::{PageLock, PageLocked};
+use crate::pinned::{mapped_uninit, mapped_zeroed, PageLock, PageLocked};
 use crate::{err, Arriving, Cuda, CudaError, DMat};
 
 /// A `rows × cols` row-major `f32` table in page-locked host memory, mapped into the device.
@@ -112,21 +112,6 @@ impl HostLabels {
 }
 
 impl Cuda {
-    /// `n` zeroed elements of page-locked host memory mapped into the device, and their device
-    /// address.
-    fn mapped<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-        &self,
-        n: usize,
-    ) -> Result<(PinnedHostSlice<T>, u64), CudaError> {
-        let n = n.max(1);
-        // SAFETY: the memory is zeroed below before anything reads it.
-        let (mut buf, dptr) = unsafe { mapped_uninit::<T>(&self.ctx, n) }?;
-        let host = buf.as_mut_ptr().map_err(err)?;
-        // SAFETY: `host` points to `n` elements just allocated; all-zero bits are a valid `T`.
-        unsafe { std::ptr::write_bytes(host, 0, n) };
-        Ok((buf, dptr))
-    }
-
     /// A zeroed, mapped, page-locked host table (not counted in `--gpu-mem`: it is host memory).
     pub fn host_table(&self, rows: usize, cols: usize) -> Result<HostTable, CudaError> {
         self.host_table_by(rows, cols, PageLock::chosen())
@@ -140,7 +125,7 @@ impl Cuda {
 
     /// `labels` (one per node; -1: none) mapped for [`Cuda::cross_entropy_mapped`].
     pub fn host_labels(&self, labels: &[i32], classes: u32) -> Result<HostLabels, CudaError> {
-        let (mut buf, dptr) = self.mapped::<i32>(labels.len())?;
+        let (mut buf, dptr) = mapped_zeroed::<i32>(&self.ctx, labels.len())?;
         buf.as_mut_slice().map_err(err)?[..labels.len()].copy_from_slice(labels);
         Ok(HostLabels { buf, dptr, classes })
     }
@@ -433,27 +418,6 @@ impl CudaLoss {
         b.queued(stream);
         CudaLoss { buf: Some(b), rows }
     }
-}
-
-/// `n` elements of page-locked host memory mapped into the device, and their device address.
-///
-/// # Safety
-/// The memory is uninitialised: the caller writes what is read.
-unsafe fn mapped_uninit<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-    ctx: &Arc<CudaContext>,
-    n: usize,
-) -> Result<(PinnedHostSlice<T>, u64), CudaError> {
-    let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-    // SAFETY: the caller's promise.
-    let mut buf = unsafe { ctx.alloc_pinned_with_flags::<T>(n, flags) }.map_err(err)?;
-    let host = buf.as_mut_ptr().map_err(err)?;
-    let mut dptr: sys::CUdeviceptr = 0;
-    // SAFETY: `host` was allocated with DEVICEMAP in this context.
-    let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host as *mut std::ffi::c_void, 0) };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(CudaError::Driver(format!("cuMemHostGetDevicePointer: {r:?}")));
-    }
-    Ok((buf, dptr))
 }
 
 /// Byte offsets in a loss kernel's buffer over `n` rows ([`Cuda::loss_buffer`]): its per-row

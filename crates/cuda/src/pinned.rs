@@ -55,7 +55,10 @@ impl PageLocked {
         let n = n.max(1);
         if how == PageLock::Register {
             match Registered::new(ctx, n) {
-                Ok(r) => return Self::mapped(PageLocked::Registered(r)),
+                Ok(mut r) => {
+                    let dptr = device_pointer(r.map.as_mut_ptr() as *mut std::ffi::c_void)?;
+                    return Ok((PageLocked::Registered(r), dptr));
+                }
                 Err(e) => {
                     static SAID: std::sync::Once = std::sync::Once::new();
                     SAID.call_once(|| {
@@ -67,25 +70,8 @@ impl PageLocked {
             }
         }
         // cuMemHostAlloc: asked for, or where the driver would not register the memory
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: zeroed below before anything reads it.
-        let mut buf = unsafe { ctx.alloc_pinned_with_flags::<f32>(n, flags) }.map_err(err)?;
-        let host = buf.as_mut_ptr().map_err(err)?;
-        // SAFETY: `n` elements just allocated; all-zero bits are a valid f32.
-        unsafe { std::ptr::write_bytes(host, 0, n) };
-        Self::mapped(PageLocked::Alloc(buf))
-    }
-
-    /// `m` and its address in the device's address space.
-    fn mapped(mut m: PageLocked) -> Result<(PageLocked, u64), CudaError> {
-        let host = m.as_mut_slice().as_mut_ptr();
-        let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `host` is page-locked memory mapped into this context's device.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host as *mut std::ffi::c_void, 0) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(CudaError::Driver(format!("cuMemHostGetDevicePointer: {r:?}")));
-        }
-        Ok((m, dptr))
+        let (buf, dptr) = mapped_zeroed::<f32>(ctx, n)?;
+        Ok((PageLocked::Alloc(buf), dptr))
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -160,4 +146,47 @@ impl Drop for Registered {
         // SAFETY: registered in `new`, not yet unregistered
         unsafe { sys::cuMemHostUnregister(self.map.as_mut_ptr() as *mut std::ffi::c_void) };
     }
+}
+
+/// `n` elements of page-locked host memory mapped into the device, and their device address.
+///
+/// # Safety
+/// The memory is uninitialised: the caller writes what is read.
+pub(crate) unsafe fn mapped_uninit<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    ctx: &Arc<CudaContext>,
+    n: usize,
+) -> Result<(PinnedHostSlice<T>, u64), CudaError> {
+    let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+    // SAFETY: the caller's promise.
+    let mut buf = unsafe { ctx.alloc_pinned_with_flags::<T>(n, flags) }.map_err(err)?;
+    let host = buf.as_mut_ptr().map_err(err)?;
+    // (allocated with DEVICEMAP in this context)
+    Ok((buf, device_pointer(host as *mut std::ffi::c_void)?))
+}
+
+/// `n` (at least one) zeroed elements of page-locked host memory (`cuMemHostAlloc`) mapped into
+/// the device, and their device address.
+pub(crate) fn mapped_zeroed<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    ctx: &Arc<CudaContext>,
+    n: usize,
+) -> Result<(PinnedHostSlice<T>, u64), CudaError> {
+    let n = n.max(1);
+    // SAFETY: the memory is zeroed below before anything reads it.
+    let (mut buf, dptr) = unsafe { mapped_uninit::<T>(ctx, n) }?;
+    let host = buf.as_mut_ptr().map_err(err)?;
+    // SAFETY: `host` points to `n` elements just allocated; all-zero bits are a valid `T`.
+    unsafe { std::ptr::write_bytes(host, 0, n) };
+    Ok((buf, dptr))
+}
+
+/// The device's address of page-locked host memory mapped into it (allocated or registered
+/// with DEVICEMAP in the current context).
+pub(crate) fn device_pointer(host: *mut std::ffi::c_void) -> Result<u64, CudaError> {
+    let mut dptr: sys::CUdeviceptr = 0;
+    // SAFETY: the driver only looks the address up; it fails for memory it does not map
+    let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0) };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(CudaError::Driver(format!("cuMemHostGetDevicePointer: {r:?}")));
+    }
+    Ok(dptr)
 }

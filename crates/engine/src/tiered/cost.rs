@@ -631,21 +631,21 @@ impl<B: Backend> Executor<'_, B> {
         // tier holds what the epoch's peak left, and an allocation past `--gpu-mem` would end
         // the run (then only the traffic is predicted)
         let free = self.gpu_mem.zip(self.b.device_memory()).map(|(g, m)| g.saturating_sub(m.used));
-        let room = free.is_none_or(|f| f >= self.plan.device_working_bytes);
-        if !room {
+        let fits = free.is_none_or(|f| f >= self.plan.device_working_bytes);
+        if !fits {
             tracing::debug!(
                 "the cost model times no partition: too little GPU memory is free beside the GPU tier"
             );
         }
         let mut measured = None;
-        if (rates.is_some() || refine) && room {
+        if (rates.is_some() || refine) && fits {
             // the second run: the first makes what kernels make once (a shape's first sparse
             // product is timed against the alternatives on CUDA; buffers, page faults)
             self.time_compute(q);
             self.b.reset_memory_peak();
             measured = Some(self.time_compute(q));
         }
-        if refine && measured.is_some() {
+        if refine && fits {
             // the GPU tier's refinement after the first epoch ([`Executor::refine_placement`]),
             // from the peak the measured partition reached beside the blocks already placed
             let placed = self.plan.device.as_ref().map_or(0, |d| d.placed_bytes);

@@ -201,11 +201,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             let ids_of: HashMap<usize, Vec<u32>> = blocks.into_iter().collect();
             let mut whole = Vec::new();
             for q in self.local.clone() {
-                let part = &self.parts[q];
-                let mut ids = ids_of[&q].clone();
-                for (s, idx) in &part.fetch {
-                    ids.extend(idx.iter().map(|&i| ids_of[s][i as usize]));
-                }
+                let ids = input_ids(&ids_of[&q], &self.parts[q].fetch, |s| &ids_of[&s]);
                 match self.parts[q].input_adjacency.take() {
                     Some(adj) => {
                         let agg = self.aggregate_in_pieces(ds, norm, min, &ids, adj)?;
@@ -215,7 +211,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
             }
             self.aggregate_whole(ds, norm, min, &whole)?;
-            // (pieces of input rows may have grown the staging wider than an epoch's transfers)
+            // (blocks kept in the store came down through the staging, grown to the largest)
             self.b.release_staging();
         } else {
             for (q, ids) in blocks {
@@ -328,6 +324,21 @@ impl<'a, B: Backend> Executor<'a, B> {
     }
 }
 
+/// The dataset ids of a partition's input rows: its own rows (`own`), then its halo rows, row
+/// `i` of partition `s` being `rows_of(s)[i]`.
+pub(super) fn input_ids<'r>(
+    own: &[u32],
+    fetch: &[(usize, Vec<u32>)],
+    rows_of: impl Fn(usize) -> &'r [u32],
+) -> Vec<u32> {
+    let mut ids = own.to_vec();
+    for (s, idx) in fetch {
+        let theirs = rows_of(*s);
+        ids.extend(idx.iter().map(|&i| theirs[i as usize]));
+    }
+    ids
+}
+
 /// A partition's input rows on their way from the reader to the backend.
 enum InputRows<B: Backend> {
     /// In a page-locked block the reader gets back once its upload is queued.
@@ -412,63 +423,32 @@ fn build_parts<B: Backend>(
         if some.is_empty() {
             return parts;
         }
-        let made: Vec<HostPart> = some
+        let made: Vec<(Part<B>, Option<HostStructure>)> = some
             .into_par_iter()
             .map(|(q, (g, split_rows))| {
                 host_part(ds, partitioning, q, g, split_rows, mirrors, local, &key, in_pieces)
             })
             .collect();
-        for h in made {
-            parts.push(match h {
-                HostPart::Remote { own } => {
-                    let graph = Graph { rows: 0, cols: 0, adjacencies: Vec::new(), ids: None };
-                    let split_rows = Default::default();
-                    Part {
-                        graph,
-                        own,
-                        fetch: Vec::new(),
-                        labels: Vec::new(),
-                        split_rows,
-                        input_adjacency: None,
-                    }
-                }
-                HostPart::Local(l) => {
-                    let LocalPart { sm, vals, own, fetch, labels, split_rows, input_adjacency } = *l;
-                    let (cols, col_ids) = (sm.cols, sm.col_ids.clone());
-                    let adj = Adjacency::new(b, &sm, &vals);
-                    drop((sm, vals));
-                    let graph = Graph::single(own, cols, aggregation, adj, col_ids);
-                    Part { graph, own, fetch, labels, split_rows, input_adjacency }
-                }
-            });
+        for (mut part, structure) in made {
+            if let Some((sm, vals)) = structure {
+                let (cols, col_ids) = (sm.cols, sm.col_ids.clone());
+                let adj = Adjacency::new(b, &sm, &vals);
+                part.graph = Graph::single(part.own, cols, aggregation, adj, col_ids);
+            }
+            parts.push(part);
         }
     }
 }
 
-/// A partition made on the host, for [`build_parts`] to move to the backend.
-enum HostPart {
-    /// Another rank's: the count of its rows mirrored here (a block of that many rows).
-    Remote {
-        own: usize,
-    },
-    Local(Box<LocalPart>),
-}
+/// A partition's structure (with its transpose and ids) and values, made on the host for its
+/// graph on the backend.
+type HostStructure = (SparseMatrix, Vec<f64>);
 
-/// One of this rank's partitions made on the host.
-struct LocalPart {
-    /// The structure with its transpose and ids.
-    sm: SparseMatrix,
-    vals: Vec<f64>,
-    own: usize,
-    fetch: Vec<(usize, Vec<u32>)>,
-    labels: Vec<i32>,
-    split_rows: [Vec<u32>; 3],
-    input_adjacency: Option<input::HostAdjacency>,
-}
-
-/// Partition `q`'s host side (see [`build_parts`]).
+/// Partition `q` made on the host (see [`build_parts`]), its graph empty, with the structure
+/// (its transpose and ids) and values its graph is made from; another rank's as the count of
+/// its rows mirrored here, as a block of that many rows.
 #[allow(clippy::too_many_arguments)]
-fn host_part(
+fn host_part<B: Backend>(
     ds: &Dataset,
     partitioning: &Partitioning,
     q: usize,
@@ -478,9 +458,12 @@ fn host_part(
     local: &std::ops::Range<usize>,
     key: &(impl Fn(u32) -> u32 + Sync),
     in_pieces: bool,
-) -> HostPart {
+) -> (Part<B>, Option<HostStructure>) {
+    let graph = Graph { rows: 0, cols: 0, adjacencies: Vec::new(), ids: None };
     if !local.contains(&q) {
-        return HostPart::Remote { own: mirrors.get(&q).map_or(0, Vec::len) };
+        let own = mirrors.get(&q).map_or(0, Vec::len);
+        let (fetch, labels, split_rows) = (Vec::new(), Vec::new(), Default::default());
+        return (Part { graph, own, fetch, labels, split_rows, input_adjacency: None }, None);
     }
     for s in &mut split_rows {
         s.sort_unstable();
@@ -501,17 +484,10 @@ fn host_part(
         vals: g.values[0].clone(),
         cols,
     });
-    let mut values = g.values;
+    let vals = g.values.into_iter().next().expect("one value set");
     let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids);
-    HostPart::Local(Box::new(LocalPart {
-        sm,
-        vals: values.swap_remove(0),
-        own: g.own,
-        fetch: g.fetch,
-        labels,
-        split_rows,
-        input_adjacency,
-    }))
+    let part = Part { graph, own: g.own, fetch: g.fetch, labels, split_rows, input_adjacency };
+    (part, Some((sm, vals)))
 }
 
 /// Refuses a plan the host budget or the storage directory cannot hold, with the minimum.

@@ -41,6 +41,17 @@ pub struct FirstBlocksSeconds {
     pub total_s: f64,
 }
 
+/// One partition's share of [`FirstBlocks`]' bytes and entry-columns.
+#[derive(Default)]
+struct PartFirstBlocks {
+    read: u64,
+    upload: u64,
+    entry_columns: u64,
+    device: u64,
+    pinned: u64,
+    stored: u64,
+}
+
 /// The most a read sample holds.
 const SAMPLE_BYTES: u64 = 64 << 20;
 
@@ -61,45 +72,43 @@ impl<'a, B: Backend> Executor<'a, B> {
         let on_gpu = self.b.device_memory().is_some();
         // all input rows at once, or own rows kept as feature blocks and gathered from them
         let whole = self.pre && !self.keeps_features();
-        // per partition: bytes read, uploaded, entry-columns aggregated, and kept (GPU tier,
-        // page-locked, store)
-        let each: Vec<[u64; 6]> = self
+        let each: Vec<PartFirstBlocks> = self
             .local
             .clone()
             .map(|q| {
                 let p = &self.parts[q];
                 let (own, cols) = (p.own as u64, p.graph.cols as u64);
-                let mut e = [if whole { cols } else { own } * d * 4, 0, 0, 0, 0, 0];
+                let mut e =
+                    PartFirstBlocks { read: if whole { cols } else { own } * d * 4, ..Default::default() };
                 let mut keep = |id: BlockId, bytes: u64| {
-                    let at = if self.tiers.on_device(id) {
-                        3
+                    *if self.tiers.on_device(id) {
+                        &mut e.device
                     } else if self.pin_fixed {
-                        4
+                        &mut e.pinned
                     } else {
-                        5
-                    };
-                    e[at] += bytes;
+                        &mut e.stored
+                    } += bytes;
                 };
                 if !whole {
                     keep(act(0, q), own * d * elem);
                 }
                 if self.pre {
                     keep(BlockId { kind: BlockKind::Pre, layer: 0, part: q }, own * d * elem);
-                    e[1] = if on_gpu { cols * d * elem } else { 0 };
-                    e[2] = p.graph.nnz() as u64 * d;
+                    e.upload = if on_gpu { cols * d * elem } else { 0 };
+                    e.entry_columns = p.graph.nnz() as u64 * d;
                 }
                 e
             })
             .collect();
-        let sum = |i: usize| each.iter().map(|e| e[i]).sum::<u64>();
+        let sum = |f: fn(&PartFirstBlocks) -> u64| each.iter().map(f).sum::<u64>();
         let mut f = FirstBlocks {
-            read_bytes: sum(0),
+            read_bytes: sum(|e| e.read),
             read_bytes_per_s: self.sample_read_rate(ds, norm, whole),
-            upload_bytes: sum(1),
-            aggregate_entry_columns: sum(2),
-            device_bytes: sum(3),
-            pinned_bytes: sum(4),
-            stored_bytes: sum(5),
+            upload_bytes: sum(|e| e.upload),
+            aggregate_entry_columns: sum(|e| e.entry_columns),
+            device_bytes: sum(|e| e.device),
+            pinned_bytes: sum(|e| e.pinned),
+            stored_bytes: sum(|e| e.stored),
             seconds: None,
         };
         f.seconds = rates.map(|r| {
@@ -108,12 +117,13 @@ impl<'a, B: Backend> Executor<'a, B> {
             let bus = r.pinned_upload_bytes_per_s;
             let aggregate =
                 |ec: u64| r.compute_seconds(&grinnder_nn::work::Work::spmm(ec / d.max(1), d, false), elem);
-            let read: Vec<f64> = each.iter().map(|e| e[0] as f64 / f.read_bytes_per_s).collect();
+            let read: Vec<f64> = each.iter().map(|e| e.read as f64 / f.read_bytes_per_s).collect();
             let rest: Vec<[f64; 3]> = each
                 .iter()
                 .map(|e| {
-                    let keep = e[4] as f64 * (1.0 / lock + 1.0 / bus) + e[5] as f64 / r.host_copy_bytes_per_s;
-                    [e[1] as f64 / bus, aggregate(e[2]), keep]
+                    let keep = e.pinned as f64 * (1.0 / lock + 1.0 / bus)
+                        + e.stored as f64 / r.host_copy_bytes_per_s;
+                    [e.upload as f64 / bus, aggregate(e.entry_columns), keep]
                 })
                 .collect();
             let total_s = if on_gpu {
@@ -144,15 +154,11 @@ impl<'a, B: Backend> Executor<'a, B> {
     fn sample_read_rate(&self, ds: &Dataset, norm: FeatureNorm, whole: bool) -> f64 {
         let Some(q) = self.local.clone().next() else { return f64::INFINITY };
         let own = self.own_ids(q);
-        let mut halo = Vec::new();
-        if whole {
-            for (s, idx) in &self.parts[q].fetch {
-                let theirs = self.own_ids(*s);
-                halo.extend(idx.iter().map(|&i| theirs[i as usize]));
-            }
-        }
+        let fetch = if whole { &self.parts[q].fetch[..] } else { &[] };
+        let ids = super::setup::input_ids(own, fetch, |s| self.own_ids(s));
+        let (own, halo) = ids.split_at(own.len());
         let row = ds.features.dim as u64 * 4;
-        let share = (SAMPLE_BYTES as f64 / ((own.len() + halo.len()) as u64 * row).max(1) as f64).min(1.0);
+        let share = (SAMPLE_BYTES as f64 / (ids.len() as u64 * row).max(1) as f64).min(1.0);
         let take = |n: usize| ((n as f64 * share).ceil() as usize).min(n);
         let sample: Vec<u32> =
             own[..take(own.len())].iter().chain(&halo[..take(halo.len())]).copied().collect();
