@@ -334,6 +334,10 @@ pub struct ConvertArgs {
     /// Output .grnd file.
     #[arg(long, short)]
     pub out: PathBuf,
+    /// How the features are stored: f32, f16 or bf16 (values rounded to nearest; training
+    /// computes in f32 either way). Default: as the input stores them.
+    #[arg(long, value_parser = parse_feature_dtype)]
+    pub feature_dtype: Option<grinnder_graph::FeatureDtype>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -383,6 +387,15 @@ pub struct GenerateArgs {
     /// Output layout.
     #[arg(long, ignore_case = true, value_enum, default_value_t = GenFormat::Native)]
     pub format: GenFormat,
+    /// How the features are stored: f32, or f16 / bf16 (half the disk and reads; training
+    /// computes in f32 either way). The npy layout has f32 and f16.
+    #[arg(long, default_value = "f32", value_parser = parse_feature_dtype)]
+    pub feature_dtype: grinnder_graph::FeatureDtype,
+}
+
+/// `--feature-dtype`'s value.
+pub fn parse_feature_dtype(s: &str) -> Result<grinnder_graph::FeatureDtype, String> {
+    s.parse()
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]

@@ -69,7 +69,8 @@ fn clean(dir: &std::path::Path, dry_run: bool) -> anyhow::Result<()> {
 fn convert(a: ConvertArgs) -> anyhow::Result<()> {
     let (ds, secs) = load(&a.input)?;
     let t = Instant::now();
-    native::save(&ds, &a.out).with_context(|| format!("cannot write {}", a.out.display()))?;
+    native::save_as(&ds, &a.out, a.feature_dtype)
+        .with_context(|| format!("cannot write {}", a.out.display()))?;
     tracing::info!(
         "read {} in {secs:.2} s, wrote {} in {:.2} s ({} nodes, {} edges)",
         a.input.path()?.display(),
@@ -98,23 +99,32 @@ fn export(a: ExportArgs) -> anyhow::Result<()> {
 fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     let cfg = GenConfig::new(generate::preset(&a.preset)?, a.scale, a.seed);
     let (n, e) = cfg.sizes()?;
+    anyhow::ensure!(
+        !(a.format == GenFormat::Npy && a.feature_dtype == grinnder_graph::FeatureDtype::Bf16),
+        "--feature-dtype bf16: numpy (the npy layout) has no bfloat16; use f16, or --format native"
+    );
     tracing::info!(
-        "generating {} at scale {}: {n} nodes, {e} directed edges, seed {}",
+        "generating {} at scale {}: {n} nodes, {e} directed edges, {} features, seed {}",
         a.preset,
         a.scale,
+        a.feature_dtype,
         a.seed
     );
+    let dtype = Some(a.feature_dtype);
     let t0 = Instant::now();
     let context = || format!("cannot write {}", a.out.display());
     // columns stream straight to the output while rows are produced
     match a.format {
         GenFormat::Native => {
-            let mut w = native::NativeWriter::create(&a.out, cfg.preset.name, n).with_context(context)?;
+            let mut w = native::NativeWriter::create(&a.out, cfg.preset.name, n)
+                .with_context(context)?
+                .with_feature_dtype(dtype);
             let g = generate::generate_streaming(&cfg, &mut |c| w.push_cols(c)).with_context(context)?;
             w.finish(&g.row_ptr, &g.labels, g.num_classes, &g.splits, &g.features).with_context(context)?;
         }
         GenFormat::Npy => {
-            let mut w = exchange::ExchangeWriter::create(&a.out, e).with_context(context)?;
+            let mut w =
+                exchange::ExchangeWriter::create(&a.out, e).with_context(context)?.with_feature_dtype(dtype);
             let g = generate::generate_streaming(&cfg, &mut |c| w.push_cols(c)).with_context(context)?;
             w.finish(&g.row_ptr, &g.labels, &g.splits, &g.features).with_context(context)?;
         }

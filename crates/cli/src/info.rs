@@ -35,6 +35,8 @@ struct Info {
     isolated_nodes: usize,
     structure_bytes: u64,
     feature_bytes: u64,
+    /// How the features are stored (`f32`, `f16`, `bf16`).
+    feature_dtype: &'static str,
     hidden: usize,
     layers: usize,
     layer_bytes: u64,
@@ -115,7 +117,8 @@ pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
         degree_max: d.max,
         isolated_nodes: d.isolated,
         structure_bytes: stats::structure_bytes(&ds),
-        feature_bytes: ds.features.data.len() as u64 * 4,
+        feature_bytes: ds.features.data.bytes(),
+        feature_dtype: ds.features.dtype().name(),
         hidden,
         layers,
         layer_bytes: stats::layer_bytes(ds.num_nodes(), hidden),
@@ -132,7 +135,7 @@ pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
     println!("dataset        {}", i.name);
     println!("nodes          {}", i.nodes);
     println!("edges          {} directed (symmetrised, no self loops or duplicates)", i.directed_edges);
-    println!("features       {}", i.features);
+    println!("features       {} per node, stored as {}", i.features, i.feature_dtype);
     println!("classes        {}", i.classes);
     println!("split          train {} / valid {} / test {}", i.train, i.valid, i.test);
     println!(

@@ -585,7 +585,7 @@ fn models_give_the_cpu_gradients() {
     let c = Cpu::<f32>::new();
     let ds =
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
-    let x = Mat::from_vec(ds.num_nodes(), ds.features.dim, ds.features.data.to_vec());
+    let x = Mat::from_vec(ds.num_nodes(), ds.features.dim, ds.features.data.to_f32_vec());
     let n = ds.splits.train.len() as f64;
     for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
         let cfg = model_cfg(kind);

@@ -109,8 +109,9 @@ pub fn max_bytes(values: usize, epochs: usize) -> u64 {
 /// the features (hashing tens of GB of features at every start would cost more than it
 /// protects).
 pub fn dataset_fingerprint(ds: &Dataset) -> String {
-    let f: &[f32] = &ds.features.data;
-    let edge = 1 << 18;
+    // the features' bytes as stored (for float32 the same bytes as their values')
+    let f = ds.features.data.as_bytes();
+    let edge = 1 << 20;
     let parts: Vec<u64> = vec![
         xxh3_64(as_bytes(ds.graph.row_ptr())),
         xxh3_64(as_bytes(ds.graph.col_idx())),
@@ -118,8 +119,8 @@ pub fn dataset_fingerprint(ds: &Dataset) -> String {
         xxh3_64(as_bytes(&ds.splits.train[..])),
         xxh3_64(as_bytes(&ds.splits.valid[..])),
         xxh3_64(as_bytes(&ds.splits.test[..])),
-        xxh3_64(as_bytes(&f[..f.len().min(edge)])),
-        xxh3_64(as_bytes(&f[f.len().saturating_sub(edge)..])),
+        xxh3_64(&f[..f.len().min(edge)]),
+        xxh3_64(&f[f.len().saturating_sub(edge)..]),
         ds.features.dim as u64,
         ds.num_classes as u64,
     ];

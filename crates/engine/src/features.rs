@@ -1,7 +1,8 @@
 //! Input features as the trainers read them: preprocessed ([`FeatureNorm`]) whole or by rows,
 //! and the sources mini-batches gather their input rows from.
 
-use grinnder_graph::Dataset;
+use grinnder_graph::features::{FeatureDtype, FeatureElem};
+use grinnder_graph::{with_feature_buf, Buf, Dataset};
 use grinnder_tensor::{Backend, Mat, Rows, Scalar};
 use rayon::prelude::*;
 
@@ -53,17 +54,20 @@ pub fn feature_shift(ds: &Dataset, norm: FeatureNorm) -> f64 {
         FeatureNorm::Row => {
             // a piece at a time, each handed back once read: features mapped from a file larger
             // than the memory budget are never all resident
-            let data = &ds.features.data;
-            let piece = (FEATURE_PAGES_BYTES / 4).max(1);
-            (0..data.len())
-                .step_by(piece)
-                .map(|a| {
-                    let r = a..(a + piece).min(data.len());
-                    let min = data[r.clone()].par_iter().copied().reduce(|| f32::INFINITY, f32::min);
-                    data.release(r);
-                    min
-                })
-                .fold(f32::INFINITY, f32::min) as f64
+            fn min_of<E: FeatureElem>(data: &Buf<E>) -> f32 {
+                let piece = (FEATURE_PAGES_BYTES / std::mem::size_of::<E>()).max(1);
+                (0..data.len())
+                    .step_by(piece)
+                    .map(|a| {
+                        let r = a..(a + piece).min(data.len());
+                        let min =
+                            data[r.clone()].par_iter().map(|x| x.to_f32()).reduce(|| f32::INFINITY, f32::min);
+                        data.release(r);
+                        min
+                    })
+                    .fold(f32::INFINITY, f32::min)
+            }
+            with_feature_buf!(&ds.features.data, b => min_of(b)) as f64
         }
     }
 }
@@ -78,14 +82,35 @@ pub fn shift_of(ds: &Dataset, prep: FeaturePrep) -> f64 {
     prep.shift.unwrap_or_else(|| feature_shift(ds, prep.norm))
 }
 
-/// One feature row preprocessed (`shift` from [`feature_shift`]).
-pub fn normalized<T: Scalar>(r: &[f32], norm: FeatureNorm, shift: f64) -> impl Iterator<Item = T> + '_ {
+/// One feature row (stored as `E`: float32 or narrower) preprocessed (`shift` from
+/// [`feature_shift`]).
+pub fn normalized<T: Scalar, E: FeatureElem>(
+    r: &[E],
+    norm: FeatureNorm,
+    shift: f64,
+) -> impl Iterator<Item = T> + '_ {
     let sum = match norm {
         FeatureNorm::None => 1.0,
-        FeatureNorm::Row => r.iter().map(|&v| v as f64 - shift).sum::<f64>().max(1.0),
+        FeatureNorm::Row => r.iter().map(|&v| v.to_f32() as f64 - shift).sum::<f64>().max(1.0),
     };
     let shift = if norm == FeatureNorm::Row { shift } else { 0.0 };
-    r.iter().map(move |&v| T::of((v as f64 - shift) / sum))
+    r.iter().map(move |&v| T::of((v.to_f32() as f64 - shift) / sum))
+}
+
+/// A row as stored (`E`) into `out` as `T`, unchanged (a plain copy where both are float32).
+fn copy_row<T: Scalar, E: FeatureElem>(out: &mut [T], row: &[E]) {
+    match bytemuck_f32(row) {
+        Some(r) => T::copy_from_f32(out, r),
+        None => out.iter_mut().zip(row).for_each(|(o, x)| *o = T::of(x.to_f32() as f64)),
+    }
+}
+
+/// `row` as float32 values where `E` is float32.
+fn bytemuck_f32<E: FeatureElem>(row: &[E]) -> Option<&[f32]> {
+    // SAFETY: E is f32 exactly when its dtype is (the trait's implementors); the slice is then
+    // the same memory with the same type
+    (E::DTYPE == FeatureDtype::F32)
+        .then(|| unsafe { std::slice::from_raw_parts(row.as_ptr() as *const f32, row.len()) })
 }
 
 /// Features of `ids`, preprocessed (`shift` from [`feature_shift`]). Rows of a feature file
@@ -149,7 +174,7 @@ pub fn feature_rows_into<T: Scalar>(
             buf.resize((j - i) * d, 0f32);
             src.read_into(ids[i] as usize * d, buf)?;
             for (ro, r) in o.chunks_exact_mut(d).zip(buf.chunks_exact(d)) {
-                for (x, v) in ro.iter_mut().zip(normalized::<T>(r, norm, shift)) {
+                for (x, v) in ro.iter_mut().zip(normalized::<T, f32>(r, norm, shift)) {
                     *x = v;
                 }
             }
@@ -157,10 +182,24 @@ pub fn feature_rows_into<T: Scalar>(
         })?;
         return Ok(());
     }
+    with_feature_buf!(src, b => rows_mapped(b, d, norm, shift, ids, out));
+    Ok(())
+}
+
+/// [`feature_rows_into`]'s rows of features in memory or read through their mapping (stored as
+/// `E`), a piece at a time, each piece's pages handed back.
+fn rows_mapped<T: Scalar, E: FeatureElem>(
+    src: &Buf<E>,
+    d: usize,
+    norm: FeatureNorm,
+    shift: f64,
+    ids: &[u32],
+    out: &mut [T],
+) {
     // a row read keeps its pages — one more than it covers, where it straddles a boundary —
     // and the kernel maps the cached pages around a faulting one too (fault-around, 64 KiB by
     // default)
-    let row_pages = ((d * 4).div_ceil(4096) * 4096 + 4096).max(64 << 10);
+    let row_pages = ((d * std::mem::size_of::<E>()).div_ceil(4096) * 4096 + 4096).max(64 << 10);
     let piece = (FEATURE_PAGES_BYTES / row_pages).max(1);
     // every core copies a share of each piece; the piece's pages go back together, as before
     let share = piece.div_ceil(rayon::current_num_threads()).max(1);
@@ -169,7 +208,7 @@ pub fn feature_rows_into<T: Scalar>(
         ids.par_chunks(share).zip(out.par_chunks_mut(share * d)).for_each(|(ids, out)| {
             for (&v, row) in ids.iter().zip(out.chunks_exact_mut(d)) {
                 let r = &src[v as usize * d..(v as usize + 1) * d];
-                for (o, x) in row.iter_mut().zip(normalized::<T>(r, norm, shift)) {
+                for (o, x) in row.iter_mut().zip(normalized::<T, E>(r, norm, shift)) {
                     *o = x;
                 }
             }
@@ -178,7 +217,6 @@ pub fn feature_rows_into<T: Scalar>(
             src.release_all();
         }
     }
-    Ok(())
 }
 
 /// Where a batch's input rows come from.
@@ -255,8 +293,12 @@ impl<'a> HostFeatures<'a> {
 
     /// The preprocessed rows of `ids` (every node in order when `None`) into `out`, in parallel.
     pub fn write_rows<T: Scalar>(&self, ids: Option<&[u32]>, out: &mut [T]) {
+        with_feature_buf!(&self.ds.features.data, b => self.write_rows_of(b, ids, out))
+    }
+
+    /// [`HostFeatures::write_rows`] of features stored as `E`.
+    fn write_rows_of<T: Scalar, E: FeatureElem>(&self, src: &[E], ids: Option<&[u32]>, out: &mut [T]) {
         let d = self.dim();
-        let src: &[f32] = &self.ds.features.data;
         // rows as they are (an index_select) where nothing is normalised: a plain copy of each
         let plain = self.norm == FeatureNorm::None;
         out.par_chunks_mut(d.max(1)).with_min_len(64).enumerate().for_each(|(i, o)| {
@@ -264,13 +306,16 @@ impl<'a> HostFeatures<'a> {
             // rows lie anywhere in the table: the start of one some rows ahead is requested now
             if let Some(&w) = ids.and_then(|ids| ids.get(i + 8)) {
                 let w = w as usize;
-                src[w * d..(w + 1) * d].chunks(16).take(4).for_each(grinnder_graph::sample::prefetch);
+                grinnder_graph::buf::as_bytes(&src[w * d..(w + 1) * d])
+                    .chunks(64)
+                    .take(4)
+                    .for_each(grinnder_graph::sample::prefetch);
             }
             let row = &src[v * d..(v + 1) * d];
             if plain {
-                T::copy_from_f32(o, row);
+                copy_row(o, row);
             } else {
-                o.iter_mut().zip(normalized::<T>(row, self.norm, self.shift)).for_each(|(o, x)| *o = x);
+                o.iter_mut().zip(normalized::<T, E>(row, self.norm, self.shift)).for_each(|(o, x)| *o = x);
             }
         });
     }

@@ -24,9 +24,9 @@ pub fn mapped_bytes(ds: &grinnder_graph::Dataset) -> u64 {
     let s = &ds.splits;
     let f = &ds.features.data;
     let features = if f.is_file_view() {
-        (f.len() as u64 * 4).min(crate::features::FEATURE_PAGES_BYTES as u64)
+        f.bytes().min(crate::features::FEATURE_PAGES_BYTES as u64)
     } else {
-        size(f.is_mapped(), f.len() * 4)
+        size(f.is_mapped(), f.bytes() as usize)
     };
     features
         + size(g.is_mapped(), g.row_ptr().len() * 8 + g.col_idx().len() * 4)

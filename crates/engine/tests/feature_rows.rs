@@ -1,6 +1,7 @@
 //! Feature rows read by every core equal rows read by one, bit for bit, on each path: pread
 //! from a native file (runs of consecutive ids and scattered halo rows), a file mapping
-//! (pages handed back a piece at a time) and memory — and equal the row preprocessed by hand.
+//! (pages handed back a piece at a time) and memory, with features stored as float32 or
+//! float16 — and equal the row preprocessed by hand.
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use grinnder_engine::features::{feature_rows, feature_shift, normalized};
 use grinnder_engine::FeatureNorm;
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::io::native;
-use grinnder_graph::{Buf, Dataset};
+use grinnder_graph::{Buf, Dataset, FeatureDtype};
 
 fn on_threads<R: Send>(n: usize, f: impl FnOnce() -> R + Send) -> R {
     rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap().install(f)
@@ -32,9 +33,11 @@ fn check(ds: &Dataset, reference: &Dataset) {
             let many = on_threads(n, || feature_rows::<f32>(ds, norm, shift, &ids).unwrap());
             assert!(one == many, "{norm}: rows read on {n} threads differ from one thread's");
         }
-        let data = &reference.features.data;
-        let by_hand: Vec<f32> =
-            ids.iter().flat_map(|&v| normalized::<f32>(&data[v as usize * d..][..d], norm, shift)).collect();
+        let data = reference.features.data.to_f32_vec();
+        let by_hand: Vec<f32> = ids
+            .iter()
+            .flat_map(|&v| normalized::<f32, f32>(&data[v as usize * d..][..d], norm, shift))
+            .collect();
         assert!(one == by_hand, "{norm}: rows differ from the rows preprocessed by hand");
     }
 }
@@ -54,16 +57,26 @@ fn rows_read_on_every_core_equal_one_cores() {
 
     // a plain file mapping (pages handed back every piece)
     let raw = dir.path().join("x.f32");
-    let bytes: Vec<u8> = ds.features.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-    std::fs::write(&raw, bytes).unwrap();
+    std::fs::write(&raw, ds.features.data.as_bytes()).unwrap();
     let file = std::fs::File::open(&raw).unwrap();
     // SAFETY: a file this test wrote and nothing changes
     let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.unwrap());
     let mut mapped = ds.clone();
-    mapped.features.data = Buf::mapped(map, 0, ds.features.data.len()).unwrap();
+    mapped.features.data = Buf::<f32>::mapped(map, 0, ds.features.data.len()).unwrap().into();
     assert!(mapped.features.data.is_mapped() && !mapped.features.data.reads_through_file());
     check(&mapped, &ds);
 
     // memory
     check(&ds, &ds);
+
+    // float16: from the native file (widened as read) and in memory
+    let narrow = Dataset { features: ds.features.to_dtype(FeatureDtype::F16), ..ds.clone() };
+    let path16 = dir.path().join("g16.grnd");
+    native::save(&narrow, &path16).unwrap();
+    let from_file = native::open(&path16, native::Verify::Full).unwrap();
+    assert_eq!(from_file.features.dtype(), FeatureDtype::F16);
+    assert!(from_file.features.data.reads_through_file());
+    assert!(std::fs::metadata(&path16).unwrap().len() < std::fs::metadata(&path).unwrap().len());
+    check(&from_file, &narrow);
+    check(&narrow, &narrow);
 }

@@ -77,8 +77,9 @@ fn features_made_chunk_by_chunk_equal_the_whole_table() {
         let whole = features(&c, &ds, norm);
         assert_eq!((whole.rows, whole.cols), (ds.num_nodes(), ds.features.dim));
         // the first row preprocessed by hand: raw, or shifted by the minimum and summed to 1
-        let r0 = &ds.features.data[..ds.features.dim];
-        let min = ds.features.data.iter().copied().fold(f32::INFINITY, f32::min) as f64;
+        let all = ds.features.data.to_f32_vec();
+        let r0 = &all[..ds.features.dim];
+        let min = all.iter().copied().fold(f32::INFINITY, f32::min) as f64;
         let sum = r0.iter().map(|&v| v as f64 - min).sum::<f64>().max(1.0);
         for (j, &v) in r0.iter().enumerate() {
             let want = match norm {

@@ -297,7 +297,7 @@ fn a_model_file_runs_on_another_graph_of_the_same_width_and_refuses_one_of_anoth
     // another feature width
     let mut narrow = dataset(6);
     narrow.features.dim = 64;
-    narrow.features.data = narrow.features.data[..n * 64].to_vec().into();
+    narrow.features.data = narrow.features.data.to_f32_vec()[..n * 64].to_vec().into();
     let err = Trainer::for_model(&b, &narrow, &file, Mode::FullGraph).err().unwrap().to_string();
     assert!(err.contains("features per node") && err.contains("128") && err.contains("64"), "{err}");
 }

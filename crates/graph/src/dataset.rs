@@ -11,26 +11,11 @@ use rayon::prelude::*;
 use crate::buf::Buf;
 use crate::csr::Csr;
 use crate::error::{GraphError, Result};
+use crate::features::FeatureElem;
+pub use crate::features::Features;
 
 /// Label value of a node without a label (OGB writes these as `nan`).
 pub const NO_LABEL: i32 = -1;
-
-/// Row-major `num_nodes × dim` float features, owned or memory-mapped.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Features {
-    pub dim: usize,
-    pub data: Buf<f32>,
-}
-
-impl Features {
-    pub fn num_rows(&self) -> usize {
-        self.data.len().checked_div(self.dim).unwrap_or(0)
-    }
-
-    pub fn row(&self, v: usize) -> &[f32] {
-        &self.data[v * self.dim..(v + 1) * self.dim]
-    }
-}
 
 /// Train, validation and test node ids, each ascending.
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -186,25 +171,30 @@ pub enum NonFinite {
 }
 
 /// The first non-finite value in row-major features: `(row, column)`.
-pub fn find_non_finite(data: &[f32], dim: usize) -> Option<(usize, usize)> {
-    data.par_iter().position_first(|x| !x.is_finite()).map(|i| (i / dim, i % dim))
+pub fn find_non_finite<E: FeatureElem>(data: &[E], dim: usize) -> Option<(usize, usize)> {
+    data.par_iter().position_first(|x| !x.to_f32().is_finite()).map(|i| (i / dim, i % dim))
 }
 
 /// Applies the policy; `Report` logs the count and returns it.
-pub(crate) fn check_non_finite(origin: &Path, data: &[f32], dim: usize, policy: NonFinite) -> Result<usize> {
+pub(crate) fn check_non_finite<E: FeatureElem>(
+    origin: &Path,
+    data: &[E],
+    dim: usize,
+    policy: NonFinite,
+) -> Result<usize> {
     match policy {
         NonFinite::Refuse => match find_non_finite(data, dim) {
             Some((r, c)) => Err(GraphError::invalid(
                 origin,
                 format!(
                     "feature of node {r}, column {c} is {} (keep such values with --non-finite report, in Python non_finite=\"report\")",
-                    data[r * dim + c]
+                    data[r * dim + c].to_f32()
                 ),
             )),
             None => Ok(0),
         },
         NonFinite::Report => {
-            let count = data.par_iter().filter(|x| !x.is_finite()).count();
+            let count = data.par_iter().filter(|x| !x.to_f32().is_finite()).count();
             if count > 0 {
                 tracing::warn!("{}: {count} non-finite feature values kept", origin.display());
             }

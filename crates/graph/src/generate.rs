@@ -855,7 +855,7 @@ mod tests {
             let y = ds.labels[v as usize] as usize;
             count[y] += 1;
             for (m, x) in mean[y * d..(y + 1) * d].iter_mut().zip(ds.features.row(v as usize)) {
-                *m += *x as f64;
+                *m += x as f64;
             }
         }
         for y in 0..c {

@@ -14,6 +14,7 @@ pub mod buf;
 pub mod csr;
 pub mod dataset;
 pub mod error;
+pub mod features;
 pub mod generate;
 pub mod io;
 pub mod norm;
@@ -26,5 +27,6 @@ pub mod subgraph;
 
 pub use buf::Buf;
 pub use csr::{BuildOptions, Csr, SelfLoops, MAX_NODES};
-pub use dataset::{Dataset, Features, NonFinite, Splits, NO_LABEL};
+pub use dataset::{Dataset, NonFinite, Splits, NO_LABEL};
 pub use error::{GraphError, Result};
+pub use features::{FeatureData, FeatureDtype, Features};

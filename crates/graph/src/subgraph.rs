@@ -106,10 +106,14 @@ pub fn induced(ds: &Dataset, nodes: &[u32], keep: usize) -> SubDataset {
     let graph =
         Csr::from_parts(Buf::Owned(row_ptr), Buf::Owned(col_idx)).expect("an induced subgraph is a CSR");
     let d = ds.features.dim;
-    let feats: Vec<f32> = nodes
-        .iter()
-        .flat_map(|&v| ds.features.data[v as usize * d..(v as usize + 1) * d].iter().copied())
-        .collect();
+    // the rows as stored (narrow stays narrow)
+    fn rows_of<E: crate::features::FeatureElem>(b: &[E], nodes: &[u32], d: usize) -> Buf<E> {
+        Buf::Owned(
+            nodes.iter().flat_map(|&v| b[v as usize * d..(v as usize + 1) * d].iter().copied()).collect(),
+        )
+    }
+    let feats: crate::FeatureData =
+        crate::with_feature_buf!(&ds.features.data, b => rows_of(b, nodes, d).into());
     let split = |ids: &[u32]| -> Buf<u32> {
         let mut out: Vec<u32> =
             ids.iter().map(|&v| local[v as usize]).filter(|&l| (l as usize) < keep).collect();
@@ -120,7 +124,7 @@ pub fn induced(ds: &Dataset, nodes: &[u32], keep: usize) -> SubDataset {
     let sub = Dataset {
         name: format!("{} ({} of {} nodes)", ds.name, nodes.len(), g.num_nodes()),
         graph,
-        features: Features { dim: d, data: Buf::Owned(feats) },
+        features: Features { dim: d, data: feats },
         labels: Buf::Owned(nodes.iter().map(|&v| ds.labels[v as usize]).collect()),
         num_classes: ds.num_classes,
         splits: Splits {

@@ -60,7 +60,7 @@ fn round_trip_all(ds: &grinnder_graph::Dataset) {
         let opts = LoadOptions { igb_classes: classes, ..LoadOptions::default() };
         let c = io::open(&g, Format::Auto, &opts).unwrap();
         assert_eq!(c.graph, ds.graph);
-        assert_eq!(*c.features.data, *ds.features.data);
+        assert_eq!(c.features.data, ds.features.data);
         assert_eq!(*c.labels, *ds.labels);
     }
 }

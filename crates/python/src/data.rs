@@ -188,7 +188,7 @@ impl Dataset {
         let edges = ro.as_slice().map_err(|e| value_error(format!("edge_index: {e}")))?;
         let a = Arrays {
             edge_index: edges,
-            features,
+            features: features.into(),
             dim: shape[1],
             labels: labels.as_deref(),
             splits: [splits[0].as_deref(), splits[1].as_deref(), splits[2].as_deref()],
@@ -311,7 +311,7 @@ impl Dataset {
     /// The node features (float32 [N, F], a copy).
     fn features<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let f = &self.inner.features;
-        PyArray1::from_vec(py, f.data.to_vec()).reshape([self.inner.num_nodes(), f.dim])
+        PyArray1::from_vec(py, f.data.to_f32_vec()).reshape([self.inner.num_nodes(), f.dim])
     }
 
     /// The labels (int32, -1 where none) as a numpy array.

@@ -16,6 +16,7 @@ use crate::buf::Buf;
 use crate::csr::Csr;
 use crate::dataset::{check_non_finite, normalise_split, Dataset, Features, Splits};
 use crate::error::{GraphError, Result};
+use crate::features::FeatureData;
 
 /// Where each array came from, for messages (a file, or an argument's name).
 #[derive(Clone, Debug)]
@@ -46,8 +47,8 @@ pub struct Arrays<'a> {
     /// Sources then targets (`[2, E]` row-major, as PyG's `edge_index`): every directed edge
     /// messages use; symmetrised, deduplicated and freed of self loops as `opts.build` says.
     pub edge_index: &'a [i64],
-    /// `N × dim` row-major.
-    pub features: Buf<f32>,
+    /// `N × dim` row-major, float32 or narrower.
+    pub features: FeatureData,
     pub dim: usize,
     /// One per node, `-1` for none; `None`: no node has a label.
     pub labels: Option<&'a [i64]>,
@@ -72,7 +73,7 @@ pub fn dataset(name: &str, a: Arrays<'_>, o: &Origins, opts: &LoadOptions) -> Re
     }
     let n = (a.features.len() / dim) as u64;
     crate::csr::check_node_count(n)?;
-    check_non_finite(&o.features, &a.features, dim, opts.non_finite)?;
+    crate::with_feature_buf!(&a.features, f => check_non_finite(&o.features, f, dim, opts.non_finite))?;
     let labels = labels(a.labels, n as usize, &o.labels)?;
     let seen = (labels.iter().copied().max().unwrap_or(-1) + 1).max(0) as u32;
     let num_classes = match a.num_classes {

@@ -21,6 +21,7 @@ use super::LoadOptions;
 use crate::csr::Csr;
 use crate::dataset::{Dataset, Splits};
 use crate::error::{GraphError, Result};
+use crate::features::FeatureDtype;
 use crate::progress;
 
 /// True when `dir` holds any file of the layout (what is missing is named when loading).
@@ -126,7 +127,7 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
     if dim == 0 {
         return Err(GraphError::format(&o.features, 0, "zero feature columns"));
     }
-    let features = feats.to_f32()?;
+    let features = feats.to_features()?;
     let lab = Npy::open(&o.labels)?;
     let one_col = lab.shape.len() == 2 && lab.shape[1] == 1;
     if lab.shape.first() != Some(&n) || !(lab.shape.len() == 1 || one_col) {
@@ -162,6 +163,8 @@ pub struct ExchangeWriter {
     dir: std::path::PathBuf,
     edges: NpyWriter,
     written: u64,
+    /// How the features are stored (`None`: as the source stores them).
+    feature_dtype: Option<FeatureDtype>,
 }
 
 impl ExchangeWriter {
@@ -169,7 +172,14 @@ impl ExchangeWriter {
     pub fn create(dir: &Path, num_edges: u64) -> Result<ExchangeWriter> {
         std::fs::create_dir_all(dir).map_err(|e| GraphError::io(dir, e))?;
         let edges = NpyWriter::create(&dir.join("edge_index.npy"), DType::I64, &[2, num_edges])?;
-        Ok(ExchangeWriter { dir: dir.to_path_buf(), edges, written: 0 })
+        Ok(ExchangeWriter { dir: dir.to_path_buf(), edges, written: 0, feature_dtype: None })
+    }
+
+    /// Stores the features as `dtype` (float32 or float16: numpy has no bfloat16, whose values
+    /// are written as float32) instead of as the source stores them.
+    pub fn with_feature_dtype(mut self, dtype: Option<FeatureDtype>) -> ExchangeWriter {
+        self.feature_dtype = dtype;
+        self
     }
 
     /// Appends column indices (rows in order).
@@ -202,16 +212,23 @@ impl ExchangeWriter {
         self.edges.finish()?;
         let dir = &self.dir;
         let dim = features.dim();
-        let mut w = NpyWriter::create(&dir.join("node_feat.npy"), DType::F32, &[n as u64, dim as u64])?;
+        // numpy has float16 but no bfloat16: bfloat16 values are written as float32
+        let narrow = self.feature_dtype.unwrap_or(features.stored_dtype()) == FeatureDtype::F16;
+        let (dtype, size) = if narrow { (DType::F16, 2) } else { (DType::F32, 4) };
+        let mut w = NpyWriter::create(&dir.join("node_feat.npy"), dtype, &[n as u64, dim as u64])?;
         let rows_per = ((32 << 20) / (dim * 4)).max(1);
-        let pb = progress::bar((n * dim * 4) as u64, "features", true);
+        let pb = progress::bar((n * dim * size) as u64, "features", true);
         let mut buf = Vec::new();
         for r0 in (0..n).step_by(rows_per) {
             let k = rows_per.min(n - r0);
             buf.resize(k * dim, 0f32);
             features.fill(r0, &mut buf)?;
-            w.write(&buf)?;
-            pb.inc((k * dim * 4) as u64);
+            if narrow {
+                w.write(&buf.par_iter().map(|&x| half::f16::from_f32(x)).collect::<Vec<_>>())?;
+            } else {
+                w.write(&buf)?;
+            }
+            pb.inc((k * dim * size) as u64);
         }
         pb.finish_and_clear();
         w.finish()?;

@@ -88,8 +88,8 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
         ));
     }
     let dim = feats.shape[1] as usize;
-    let data = feats.to_f32()?;
-    check_non_finite(&feat_path, &data, dim, opts.non_finite)?;
+    let data = feats.to_features()?;
+    crate::with_feature_buf!(&data, f => check_non_finite(&feat_path, f, dim, opts.non_finite))?;
 
     let edge_path = dir.join("processed/paper__cites__paper/edge_index.npy");
     let edges = Npy::open(&edge_path)?;
@@ -131,11 +131,17 @@ pub fn write(ds: &Dataset, dir: &Path, raw: bool) -> Result<()> {
     let n = ds.num_nodes() as u64;
     let feat_path = paper.join("node_feat.npy");
     if raw {
-        std::fs::write(&feat_path, crate::buf::as_bytes(&ds.features.data))
-            .map_err(|e| GraphError::io(&feat_path, e))?;
+        // IGB's headerless layout is float32
+        let data = ds.features.data.to_dtype(crate::FeatureDtype::F32);
+        std::fs::write(&feat_path, data.as_bytes()).map_err(|e| GraphError::io(&feat_path, e))?;
     } else {
-        let mut w = NpyWriter::create(&feat_path, DType::F32, &[n, ds.features.dim as u64])?;
-        w.write(&ds.features.data)?;
+        let f = &ds.features;
+        let dtype = if f.dtype() == crate::FeatureDtype::F16 { DType::F16 } else { DType::F32 };
+        let mut w = NpyWriter::create(&feat_path, dtype, &[n, f.dim as u64])?;
+        match &f.data {
+            crate::FeatureData::F16(b) => w.write(b)?,
+            other => w.write(other.to_dtype(crate::FeatureDtype::F32).as_bytes())?,
+        }
         w.finish()?;
     }
     let labels: Vec<f32> =

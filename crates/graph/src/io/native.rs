@@ -2,8 +2,11 @@
 //!
 //! Layout (little-endian): a 4096-byte header, then sections each starting on a 4096-byte
 //! boundary: `row_ptr` u64[N+1], `col_idx` u32[E], `labels` i32[N], `train`/`valid`/`test`
-//! u32[..], `features` f32[N·F]. The header holds magic, format version, counts, the section
-//! table and its own checksum. Every section is checksummed as a tree: xxh3 of each chunk
+//! u32[..], `features` [N·F] of f32, f16 or bf16 (the features' entry in the section table
+//! names the type; version 1 files, all f32, hold 0 there, and a file with narrow features is
+//! version 2, so that a build that reads only version 1 refuses it instead of misreading
+//! it). The header holds magic, format version, counts, the section table and its own
+//! checksum. Every section is checksummed as a tree: xxh3 of each chunk
 //! (64 MiB, or a whole number of feature rows), then xxh3 of the chunk hashes; chunks verify in
 //! parallel. Opening maps the file and verifies; nothing is copied, so features larger than RAM
 //! are paged in on use. Files are written to a temporary name, synced, then renamed.
@@ -20,12 +23,16 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::buf::{as_bytes, Buf, Pod};
 use crate::csr::Csr;
-use crate::dataset::{Dataset, Features, Splits};
+use crate::dataset::{Dataset, Splits};
 use crate::error::{GraphError, Result};
+use crate::features::{FeatureData, FeatureDtype, FeatureElem, Features};
 use crate::progress;
 
 pub const MAGIC: &[u8; 8] = b"GRINNDER";
+/// The format version of files with float32 features (every version-1 reader reads them).
 pub const VERSION: u32 = 1;
+/// The format version of files with narrow (f16, bf16) features.
+pub const VERSION_NARROW: u32 = 2;
 const HEADER_BYTES: usize = 4096;
 const ALIGN: u64 = 4096;
 const CHUNK_BYTES: u64 = 64 << 20;
@@ -76,6 +83,8 @@ struct Section {
     bytes: u64,
     chunk_bytes: u64,
     checksum: u64,
+    /// The element type's code ([`FeatureDtype::code`]; 0 for every section but narrow features).
+    dtype: u32,
 }
 
 /// How much of the file to verify when opening.
@@ -93,6 +102,10 @@ pub enum Verify {
 pub trait FeatureSource: Sync {
     fn dim(&self) -> usize;
     fn rows(&self) -> usize;
+    /// How the source's values are stored: what a writer keeps unless told otherwise.
+    fn stored_dtype(&self) -> FeatureDtype {
+        FeatureDtype::F32
+    }
     /// Fills `out` (a whole number of rows) with rows starting at `row0`.
     fn fill(&self, row0: usize, out: &mut [f32]) -> Result<()>;
 }
@@ -104,9 +117,11 @@ impl FeatureSource for Features {
     fn rows(&self) -> usize {
         self.num_rows()
     }
+    fn stored_dtype(&self) -> FeatureDtype {
+        self.dtype()
+    }
     fn fill(&self, row0: usize, out: &mut [f32]) -> Result<()> {
-        out.copy_from_slice(&self.data[row0 * self.dim..row0 * self.dim + out.len()]);
-        Ok(())
+        self.data.read_into(row0 * self.dim, out).map_err(|e| crate::error::GraphError::io("features", e))
     }
 }
 
@@ -141,6 +156,7 @@ impl Out {
             bytes: bytes.len() as u64,
             chunk_bytes: CHUNK_BYTES,
             checksum: tree_hash(bytes, CHUNK_BYTES),
+            dtype: 0,
         };
         for piece in bytes.chunks(CHUNK_BYTES as usize) {
             self.write(piece)?;
@@ -196,6 +212,8 @@ pub struct NativeWriter {
     num_nodes: u64,
     col: Option<(u64, Leaves)>,
     written_cols: u64,
+    /// How the features are stored (`None`: as the source stores them).
+    feature_dtype: Option<FeatureDtype>,
 }
 
 impl NativeWriter {
@@ -221,7 +239,15 @@ impl NativeWriter {
             num_nodes,
             col,
             written_cols: 0,
+            feature_dtype: None,
         })
+    }
+
+    /// Stores the features as `dtype` (values rounded to nearest where narrower than the
+    /// source's) instead of as the source stores them.
+    pub fn with_feature_dtype(mut self, dtype: Option<FeatureDtype>) -> NativeWriter {
+        self.feature_dtype = dtype;
+        self
     }
 
     /// Appends column indices (rows in order).
@@ -231,6 +257,21 @@ impl NativeWriter {
         leaves.update(b);
         self.written_cols += cols.len() as u64;
         self.out.write(b)
+    }
+
+    /// Writes `graph`'s columns, then [`NativeWriter::finish`]es with the rest.
+    pub fn finish_graph(
+        mut self,
+        graph: &Csr,
+        labels: &[i32],
+        num_classes: u32,
+        splits: &Splits,
+        features: &dyn FeatureSource,
+    ) -> Result<()> {
+        for piece in graph.col_idx().chunks(CHUNK_BYTES as usize / 4) {
+            self.push_cols(piece)?;
+        }
+        self.finish(graph.row_ptr(), labels, num_classes, splits, features)
     }
 
     /// Writes the remaining sections and the header, syncs, and renames into place.
@@ -254,6 +295,7 @@ impl NativeWriter {
             bytes: self.written_cols * 4,
             chunk_bytes: CHUNK_BYTES,
             checksum: leaves.finish(),
+            dtype: 0,
         };
         let out = &mut self.out;
         let mut sections = vec![out.section(Kind::RowPtr, row_ptr)?, col, out.section(Kind::Labels, labels)?];
@@ -262,7 +304,12 @@ impl NativeWriter {
         {
             sections.push(out.section(kind, ids)?);
         }
-        sections.push(write_features(out, features)?);
+        let dtype = self.feature_dtype.unwrap_or(features.stored_dtype());
+        sections.push(match dtype {
+            FeatureDtype::F32 => write_features::<f32>(out, features)?,
+            FeatureDtype::F16 => write_features::<half::f16>(out, features)?,
+            FeatureDtype::Bf16 => write_features::<half::bf16>(out, features)?,
+        });
         let tmp = out.path.clone();
         out.w.flush().map_err(|e| GraphError::io(&tmp, e))?;
         let mut file = self.out.w.into_inner().map_err(|e| GraphError::io(&tmp, e.into_error()))?;
@@ -291,17 +338,21 @@ pub fn write(
     splits: &Splits,
     features: &dyn FeatureSource,
 ) -> Result<()> {
-    let mut w = NativeWriter::create(path, name, graph.num_nodes() as u64)?;
-    for piece in graph.col_idx().chunks(CHUNK_BYTES as usize / 4) {
-        w.push_cols(piece)?;
-    }
-    w.finish(graph.row_ptr(), labels, num_classes, splits, features)
+    NativeWriter::create(path, name, graph.num_nodes() as u64)?.finish_graph(
+        graph,
+        labels,
+        num_classes,
+        splits,
+        features,
+    )
 }
 
-fn write_features(out: &mut Out, src: &dyn FeatureSource) -> Result<Section> {
+/// The features' section, its values stored as `E` (converted from the source's float32 rows
+/// as they are filled, on every core).
+fn write_features<E: FeatureElem>(out: &mut Out, src: &dyn FeatureSource) -> Result<Section> {
     out.pad()?;
     let dim = src.dim();
-    let row_bytes = (dim * 4) as u64;
+    let row_bytes = (dim * std::mem::size_of::<E>()) as u64;
     let rows_per_chunk = (CHUNK_BYTES / row_bytes).max(1) as usize;
     let chunk_bytes = rows_per_chunk as u64 * row_bytes;
     let n = src.rows();
@@ -313,24 +364,26 @@ fn write_features(out: &mut Out, src: &dyn FeatureSource) -> Result<Section> {
     let pb = progress::bar(n as u64 * row_bytes, "features", true);
     let mut leaves = Vec::with_capacity(chunks.len());
     // the writer thread drains filled batches while the next batch is produced
-    let (tx, rx) = sync_channel::<Vec<Vec<f32>>>(1);
+    let (tx, rx) = sync_channel::<Vec<Vec<E>>>(1);
     std::thread::scope(|s| -> Result<()> {
         let writer = s.spawn(move || -> Result<()> {
             for bufs in rx {
                 for b in bufs {
                     out.write(as_bytes(&b))?;
-                    pb.inc(b.len() as u64 * 4);
+                    pb.inc(std::mem::size_of_val(b.as_slice()) as u64);
                 }
             }
             pb.finish_and_clear();
             Ok(())
         });
         for group in chunks.chunks(batch) {
-            let filled: Vec<Result<(Vec<f32>, u64)>> = group
+            let filled: Vec<Result<(Vec<E>, u64)>> = group
                 .par_iter()
                 .map(|r| {
                     let mut buf = vec![0f32; r.len() * dim];
                     src.fill(r.start, &mut buf)?;
+                    // (for f32 the identity, collected in place)
+                    let buf: Vec<E> = buf.into_iter().map(E::from_f32).collect();
                     let h = xxh3_64(as_bytes(&buf));
                     Ok((buf, h))
                 })
@@ -354,13 +407,15 @@ fn write_features(out: &mut Out, src: &dyn FeatureSource) -> Result<Section> {
         bytes: n as u64 * row_bytes,
         chunk_bytes,
         checksum: xxh3_64(as_bytes(&leaves)),
+        dtype: E::DTYPE.code(),
     })
 }
 
 fn encode_header(name: &str, n: u64, e: u64, dim: u64, classes: u32, sections: &[Section]) -> Vec<u8> {
     let mut h = vec![0u8; HEADER_BYTES];
     h[..8].copy_from_slice(MAGIC);
-    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    let narrow = sections.iter().any(|s| s.dtype != 0);
+    h[8..12].copy_from_slice(&if narrow { VERSION_NARROW } else { VERSION }.to_le_bytes());
     h[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
     h[16..24].copy_from_slice(&n.to_le_bytes());
     h[24..32].copy_from_slice(&e.to_le_bytes());
@@ -373,6 +428,7 @@ fn encode_header(name: &str, n: u64, e: u64, dim: u64, classes: u32, sections: &
     for (i, s) in sections.iter().enumerate() {
         let at = TABLE_AT + i * SECTION_ENTRY;
         h[at..at + 4].copy_from_slice(&(s.kind as u32).to_le_bytes());
+        h[at + 4..at + 8].copy_from_slice(&s.dtype.to_le_bytes());
         h[at + 8..at + 16].copy_from_slice(&s.offset.to_le_bytes());
         h[at + 16..at + 24].copy_from_slice(&s.bytes.to_le_bytes());
         h[at + 24..at + 32].copy_from_slice(&s.chunk_bytes.to_le_bytes());
@@ -391,6 +447,8 @@ pub struct Header {
     pub num_edges: u64,
     pub feat_dim: u64,
     pub num_classes: u32,
+    /// How the features are stored.
+    pub feature_dtype: FeatureDtype,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -412,8 +470,11 @@ fn decode_header(path: &Path, b: &[u8], file_len: u64) -> Result<(Header, Vec<Se
         return Err(err(0, "not a grinnder dataset (bad magic)".into()));
     }
     let version = u32_at(b, 8);
-    if version != VERSION {
-        return Err(err(8, format!("format version {version}, this build reads version {VERSION}")));
+    if version != VERSION && version != VERSION_NARROW {
+        return Err(err(
+            8,
+            format!("format version {version}, this build reads versions {VERSION} and {VERSION_NARROW}"),
+        ));
     }
     let sum = u64_at(b, HEADER_BYTES - 8);
     if xxh3_64(&b[..HEADER_BYTES - 8]) != sum {
@@ -427,7 +488,9 @@ fn decode_header(path: &Path, b: &[u8], file_len: u64) -> Result<(Header, Vec<Se
         num_edges: u64_at(b, 24),
         feat_dim: u64_at(b, 32),
         num_classes: u32_at(b, 40),
+        feature_dtype: FeatureDtype::F32,
     };
+    let mut header = header;
     crate::csr::check_node_count(header.num_nodes)?;
     let count = u32_at(b, 44) as usize;
     if count != KINDS.len() {
@@ -442,22 +505,42 @@ fn decode_header(path: &Path, b: &[u8], file_len: u64) -> Result<(Header, Vec<Se
             bytes: u64_at(b, at + 16),
             chunk_bytes: u64_at(b, at + 24),
             checksum: u64_at(b, at + 32),
+            dtype: u32_at(b, at + 4),
         };
         if u32_at(b, at) != kind as u32 {
             return Err(err(at, format!("section {i} should be {}", kind.name())));
         }
+        // an element type only where the version has one: the features of a version-2 file
+        let dtype = match (kind, version) {
+            (Kind::Features, VERSION_NARROW) => {
+                FeatureDtype::from_code(s.dtype).filter(|d| *d != FeatureDtype::F32)
+            }
+            _ => (s.dtype == 0).then_some(FeatureDtype::F32),
+        };
+        let Some(dtype) = dtype else {
+            return Err(err(
+                at + 4,
+                format!("section {} has element type {}, not one this version has", kind.name(), s.dtype),
+            ));
+        };
+        if kind == Kind::Features {
+            header.feature_dtype = dtype;
+        }
+        let elem_bytes = if kind == Kind::Features { dtype.bytes() as u64 } else { kind.elem_bytes() };
         let expected = match kind {
             Kind::RowPtr => Some((header.num_nodes + 1) * 8),
             Kind::ColIdx => Some(header.num_edges * 4),
             Kind::Labels => Some(header.num_nodes * 4),
-            Kind::Features => header.num_nodes.checked_mul(header.feat_dim).and_then(|x| x.checked_mul(4)),
+            Kind::Features => {
+                header.num_nodes.checked_mul(header.feat_dim).and_then(|x| x.checked_mul(elem_bytes))
+            }
             _ => None,
         };
         let in_file = s.offset.checked_add(s.bytes).is_some_and(|end| end <= file_len);
         if s.offset % ALIGN != 0
             || !in_file
             || s.chunk_bytes == 0
-            || s.bytes % kind.elem_bytes() != 0
+            || s.bytes % elem_bytes != 0
             || expected.is_some_and(|x| x != s.bytes)
         {
             return Err(err(
@@ -566,7 +649,11 @@ pub fn open(path: &Path, verify: Verify) -> Result<Dataset> {
         // feature rows are read with pread (a partition's rows at a time: never resident)
         features: Features {
             dim: header.feat_dim as usize,
-            data: buf(path, &map, view(6, 4))?.read_through(file),
+            data: match header.feature_dtype {
+                FeatureDtype::F32 => FeatureData::F32(buf(path, &map, view(6, 4))?.read_through(file)),
+                FeatureDtype::F16 => FeatureData::F16(buf(path, &map, view(6, 2))?.read_through(file)),
+                FeatureDtype::Bf16 => FeatureData::Bf16(buf(path, &map, view(6, 2))?.read_through(file)),
+            },
         },
         labels: buf(path, &map, view(2, 4))?,
         num_classes: header.num_classes,
@@ -580,7 +667,18 @@ pub fn open(path: &Path, verify: Verify) -> Result<Dataset> {
     Ok(ds)
 }
 
-/// Writes an in-memory dataset.
+/// Writes an in-memory dataset (its features stored as they are).
 pub fn save(ds: &Dataset, path: &Path) -> Result<()> {
-    write(path, &ds.name, &ds.graph, &ds.labels, ds.num_classes, &ds.splits, &ds.features)
+    save_as(ds, path, None)
+}
+
+/// [`save`] with the features stored as `dtype` (`None`: as they are).
+pub fn save_as(ds: &Dataset, path: &Path, dtype: Option<FeatureDtype>) -> Result<()> {
+    NativeWriter::create(path, &ds.name, ds.graph.num_nodes() as u64)?.with_feature_dtype(dtype).finish_graph(
+        &ds.graph,
+        &ds.labels,
+        ds.num_classes,
+        &ds.splits,
+        &ds.features,
+    )
 }

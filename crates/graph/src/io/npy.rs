@@ -13,8 +13,11 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use rayon::prelude::*;
 
+use half::f16;
+
 use crate::buf::{as_bytes, Buf, Pod};
 use crate::error::{GraphError, Result};
+use crate::features::FeatureData;
 
 const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
@@ -319,6 +322,22 @@ impl Npy {
                 format!("expected float32 or float64 features, found {other:?}"),
             )),
         }
+    }
+
+    /// Features as stored: float16 kept narrow (a zero-copy view where aligned and in C order,
+    /// read through the file as float32 arrays are), float32 as [`Npy::to_f32`], float64
+    /// converted to float32.
+    pub fn to_features(&self) -> Result<FeatureData> {
+        if self.dtype != DType::F16 {
+            return self.to_f32().map(FeatureData::F32);
+        }
+        let view = (!self.fortran)
+            .then(|| Buf::<f16>::mapped(self.map.clone(), self.data_offset, self.len()))
+            .flatten();
+        Ok(FeatureData::F16(match view {
+            Some(b) => b.read_through(self.file.clone()),
+            None => Buf::Owned((0..self.len()).into_par_iter().map(|i| self.elem::<f16>(i)).collect()),
+        }))
     }
 
     /// A column-major f32 matrix copied into row-major order, a band of rows at a time so that

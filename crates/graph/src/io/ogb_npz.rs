@@ -26,10 +26,11 @@ use std::path::Path;
 use super::npy::DType;
 use super::npz::{floats_into, Npz, NpzWriter};
 use super::LoadOptions;
-use crate::buf::as_bytes_mut;
+use crate::buf::{as_bytes, as_bytes_mut, Buf};
 use crate::csr::Csr;
 use crate::dataset::{check_non_finite, Dataset, Features, NonFinite, NO_LABEL};
 use crate::error::{GraphError, Result};
+use crate::features::{FeatureData, FeatureElem};
 
 /// What `raw/data.npz` must hold, for messages.
 const DATA_LAYOUT: &str = "OGB's binary layout: raw/data.npz with edge_index.npy [2, E], \
@@ -93,10 +94,11 @@ fn single(z: &mut Npz, name: &str) -> Result<i64> {
     Ok(value)
 }
 
-/// `node_feat`, decompressed straight into the feature array (converted to f32 unless it is
-/// f32 in C order, which is read into it as is).
+/// `node_feat`, decompressed straight into the feature array: float16 kept as float16 (as
+/// MAG240M ships its features), float32 and float64 as float32; read as is where the stored
+/// type is kept and in C order, converted (and transposed, where Fortran-ordered) otherwise.
 fn read_features(z: &mut Npz, n: u64, policy: NonFinite) -> Result<Features> {
-    let mut m = z.member("node_feat", DATA_LAYOUT)?;
+    let m = z.member("node_feat", DATA_LAYOUT)?;
     m.expect_shape(&["nodes", "features"])?;
     let (rows, dim) = (m.shape[0], m.shape[1] as usize);
     if rows != n {
@@ -110,22 +112,48 @@ fn read_features(z: &mut Npz, n: u64, policy: NonFinite) -> Result<Features> {
         return Err(m.invalid(format!("expected float16, float32 or float64 features, found {dtype:?}")));
     }
     let origin = m.origin().to_path_buf();
-    let mut data = vec![0f32; n as usize * dim];
+    let data: FeatureData = if dtype == DType::F16 {
+        let data: Vec<half::f16> = read_feature_values(m, n, dim, |b, out| {
+            for (o, b) in out.iter_mut().zip(b.chunks_exact(2)) {
+                *o = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+            }
+        })?;
+        check_non_finite(&origin, &data, dim, policy)?;
+        Buf::Owned(data).into()
+    } else {
+        let data: Vec<f32> = read_feature_values(m, n, dim, |b, out| floats_into(dtype, b, out))?;
+        check_non_finite(&origin, &data, dim, policy)?;
+        data.into()
+    };
+    Ok(Features { dim, data })
+}
+
+/// The member's `n × dim` values as `E`: its bytes read into them as they are where it stores
+/// `E` in C order, else each piece converted by `conv` (and put in row-major order where the
+/// member is Fortran-ordered).
+fn read_feature_values<E: FeatureElem + Default>(
+    mut m: super::npz::Member<'_>,
+    n: u64,
+    dim: usize,
+    conv: impl Fn(&[u8], &mut [E]),
+) -> Result<Vec<E>> {
+    let dtype = m.dtype;
+    let mut data = vec![E::default(); n as usize * dim];
     let pb = crate::progress::bar(m.len() * dtype.size() as u64, "features", true);
-    if dtype == DType::F32 && !m.fortran {
+    if dtype.size() == std::mem::size_of::<E>() && !m.fortran {
         m.read_all_into(as_bytes_mut(&mut data), &mut |k| pb.inc(k as u64))?;
     } else {
         // rows × columns stored column by column when Fortran-ordered
         let col_major = m.fortran.then_some((n, dim as u64));
-        let mut conv = Vec::new();
+        let mut piece = Vec::new();
         m.for_each_piece(&mut |first, bytes| {
             let k = bytes.len() / dtype.size();
             match col_major {
-                None => floats_into(dtype, bytes, &mut data[first as usize..first as usize + k]),
+                None => conv(bytes, &mut data[first as usize..first as usize + k]),
                 Some((r, c)) => {
-                    conv.resize(k, 0f32);
-                    floats_into(dtype, bytes, &mut conv);
-                    for (i, &x) in conv.iter().enumerate() {
+                    piece.resize(k, E::default());
+                    conv(bytes, &mut piece);
+                    for (i, &x) in piece.iter().enumerate() {
                         let s = first + i as u64;
                         data[((s % r) * c + s / r) as usize] = x;
                     }
@@ -137,8 +165,7 @@ fn read_features(z: &mut Npz, n: u64, policy: NonFinite) -> Result<Features> {
     }
     m.finish()?;
     pb.finish_and_clear();
-    check_non_finite(&origin, &data, dim, policy)?;
-    Ok(Features { dim, data: data.into() })
+    Ok(data)
 }
 
 /// `edge_index` as u32 sources and targets, each id checked in `0..n`.
@@ -235,9 +262,29 @@ pub fn write(ds: &Dataset, dir: &Path, split: &str) -> Result<()> {
         })?;
         w.write(&buf)?;
     }
-    w.begin("node_feat", DType::F32, &[n, dim as u64])?;
-    for rows in ds.features.data.chunks(((4 << 20) / dim.max(1)).max(1) * dim) {
-        w.write(rows)?;
+    // float16 as float16 (numpy has it), float32 as is, bfloat16 widened to float32
+    let f = &ds.features.data;
+    let kept = match f {
+        FeatureData::F16(b) => Some((DType::F16, as_bytes(b))),
+        FeatureData::F32(b) => Some((DType::F32, as_bytes(b))),
+        FeatureData::Bf16(_) => None,
+    };
+    w.begin("node_feat", kept.map_or(DType::F32, |k| k.0), &[n, dim as u64])?;
+    match kept {
+        Some((_, bytes)) => {
+            for piece in bytes.chunks(4 << 20) {
+                w.write(piece)?;
+            }
+        }
+        None => {
+            let per = ((1 << 20) / dim.max(1)).max(1) * dim;
+            let mut rows = Vec::with_capacity(per.min(f.len()));
+            for start in (0..f.len()).step_by(per) {
+                rows.resize(per.min(f.len() - start), 0f32);
+                f.read_into(start, &mut rows).map_err(|e| GraphError::io(&raw, e))?;
+                w.write(&rows)?;
+            }
+        }
     }
     w.array("num_nodes_list", DType::I64, &[1], &[n as i64])?;
     w.array("num_edges_list", DType::I64, &[1], &[e as i64])?;

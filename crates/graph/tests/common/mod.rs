@@ -53,7 +53,7 @@ pub fn assert_same(a: &Dataset, b: &Dataset) {
     assert_eq!(a.graph.col_idx(), b.graph.col_idx(), "col_idx");
     assert_eq!(a.features.dim, b.features.dim, "feature dim");
     assert!(
-        a.features.data.iter().zip(b.features.data.iter()).all(|(x, y)| x.to_bits() == y.to_bits()),
+        a.features.dtype() == b.features.dtype() && a.features.data.as_bytes() == b.features.data.as_bytes(),
         "features differ"
     );
     assert_eq!(a.features.data.len(), b.features.data.len());

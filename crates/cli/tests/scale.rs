@@ -1,0 +1,97 @@
+//! Training at the size of the machine: features stored narrow (float16, bfloat16) train as the
+//! same values stored as float32.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn grinnder(args: &[&str], cache: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_grinnder"))
+        .args(args)
+        .env("XDG_CACHE_HOME", cache)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .output()
+        .expect("the binary runs")
+}
+
+fn ok(o: Output, args: &[&str]) -> Output {
+    assert!(o.status.success(), "grinnder {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+/// The per-epoch training losses of a metrics file.
+fn losses(metrics: &Path) -> Vec<f64> {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|m| m.get("epoch").is_some().then(|| m["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn features_stored_narrow_train_as_the_same_values_stored_as_f32() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |s: &str| dir.path().join(s).to_string_lossy().into_owned();
+    let run = |args: &[&str]| ok(grinnder(args, dir.path()), args);
+    let gen = |dtype: &str, format: &str, out: &str| {
+        run(&[
+            "-q",
+            "generate",
+            "--preset",
+            "arxiv-like",
+            "--scale",
+            "0.01",
+            "--seed",
+            "5",
+            "--feature-dtype",
+            dtype,
+            "--format",
+            format,
+            "--out",
+            out,
+        ])
+    };
+    gen("f16", "native", &d("g16.grnd"));
+    gen("bf16", "native", &d("gb16.grnd"));
+    gen("f16", "npy", &d("g16_npy"));
+    gen("f32", "native", &d("g32.grnd"));
+    // the same (rounded) values widened to float32
+    run(&["-q", "convert", &d("g16.grnd"), "--feature-dtype", "f32", "--out", &d("g16_as_f32.grnd")]);
+    run(&["-q", "convert", &d("gb16.grnd"), "--feature-dtype", "f32", "--out", &d("gb16_as_f32.grnd")]);
+    let size = |p: &str| std::fs::metadata(p).unwrap().len();
+    let feature_bytes = 1693 * 128 * 2;
+    assert!(size(&d("g16.grnd")) + feature_bytes <= size(&d("g32.grnd")), "f16 features take half");
+    assert_eq!(size(&d("g16.grnd")), size(&d("gb16.grnd")));
+    let info = String::from_utf8_lossy(&run(&["info", &d("g16.grnd")]).stdout).into_owned();
+    assert!(info.contains("f16"), "info names the stored type:\n{info}");
+
+    let train = |data: &str, extra: &[&str], name: &str| {
+        let metrics = d(name);
+        let mut args =
+            vec!["-q", "train", data, "--epochs", "3", "--hidden", "32", "--metrics-out", &metrics];
+        args.extend_from_slice(extra);
+        run(&args);
+        losses(Path::new(&metrics))
+    };
+    let storage = d("blocks");
+    std::fs::create_dir(&storage).unwrap();
+    let tiered: &[&str] = &["--parts", "3", "--block-cache", "0", "--storage-dir", &storage];
+    for (narrow, wide) in
+        [("g16.grnd", "g16_as_f32.grnd"), ("gb16.grnd", "gb16_as_f32.grnd"), ("g16_npy", "g16_as_f32.grnd")]
+    {
+        for (extra, what) in
+            [(&[][..], "memory"), (tiered, "tiered"), (&["--feature-norm", "row"][..], "row")]
+        {
+            let a = train(&d(narrow), extra, &format!("{narrow}-{what}.jsonl"));
+            let b = train(&d(wide), extra, &format!("{wide}-{what}.jsonl"));
+            assert_eq!(a.len(), 3);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-6 * y.abs(), "{narrow} {what}: loss {x} against {y} from {wide}");
+            }
+        }
+    }
+    // rounding to f16 changes the values: the f32 graph trains otherwise (the test can fail)
+    let a = train(&d("g32.grnd"), &[], "g32.jsonl");
+    let b = train(&d("g16_as_f32.grnd"), &[], "g16w.jsonl");
+    assert!(a.iter().zip(&b).any(|(x, y)| x != y), "rounded features gave identical losses");
+}
