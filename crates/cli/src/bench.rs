@@ -315,7 +315,24 @@ fn transfer(g: &Cuda, reps: usize, bytes: u64) -> anyhow::Result<serde_json::Val
         g.upload_table(&pinned, &mut dev);
         g.synchronize();
     });
-    let d2h_pinned = median_of(reps, bytes, || g.download_table(&dev, &mut pinned));
+    let d2h_pinned = median_of(reps, bytes, || {
+        g.download_table(&dev, 0, &mut pinned);
+        g.synchronize();
+    });
+    // device threads adding rows into the page-locked table over the bus (a gradient's halo
+    // rows into their owners' host blocks): rows in a scattered order, each read and written
+    let order: Vec<u32> = (0..rows as u32).map(|i| (i as u64 * 2654435761 % rows as u64) as u32).collect();
+    let distinct = {
+        let mut o = order.clone();
+        o.sort_unstable();
+        o.dedup();
+        o.len() == rows
+    };
+    let scatter_rows = if distinct { Rows::Index(&order) } else { Rows::Range(0, rows) };
+    let add_pinned = median_of(reps, bytes, || {
+        g.scatter_add_table(&dev, 0, scatter_rows, &mut pinned);
+        g.synchronize();
+    });
     let h2d_pageable = median_of(reps, bytes, || {
         dev = g.upload(&pageable);
         g.synchronize();
@@ -332,7 +349,8 @@ fn transfer(g: &Cuda, reps: usize, bytes: u64) -> anyhow::Result<serde_json::Val
             let mut h = g.host_table_by(rows, cols, how)?;
             make.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
-            g.download_table(&dev, &mut h);
+            g.download_table(&dev, 0, &mut h);
+            g.synchronize();
             fill.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
             drop(h);
@@ -350,7 +368,7 @@ fn transfer(g: &Cuda, reps: usize, bytes: u64) -> anyhow::Result<serde_json::Val
     }
     Ok(json!({
         "bench": "transfer", "bytes": bytes,
-        "h2d_pinned": h2d_pinned, "d2h_pinned": d2h_pinned,
+        "h2d_pinned": h2d_pinned, "d2h_pinned": d2h_pinned, "scatter_add_pinned": add_pinned,
         "h2d_pageable": h2d_pageable, "d2h_pageable": d2h_pageable,
         "page_lock": page_lock, "page_lock_chosen": format!("{:?}", PageLock::chosen()),
     }))

@@ -11,7 +11,7 @@ pub(crate) struct Kernels {
     pub(crate) f: std::collections::HashMap<&'static str, CudaFunction>,
 }
 
-pub(crate) const KERNELS: [&str; 30] = [
+pub(crate) const KERNELS: [&str; 31] = [
     "iota_u32",
     "widen_offsets",
     "gather_rows2",
@@ -30,6 +30,7 @@ pub(crate) const KERNELS: [&str; 30] = [
     "head_dots_dz",
     "gather_rows",
     "scatter_add_rows",
+    "scatter_add_rows_host",
     "unary",
     "binary",
     "add_row",

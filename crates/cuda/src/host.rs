@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice, PushKernelArg,
 };
 use grinnder_tensor::{Mat, Rows};
 
@@ -21,35 +21,75 @@ pub struct HostTable {
     /// The table's address in the device's address space.
     dptr: u64,
     /// Per stream (its handle), recorded after the last copy queued there from the table: the
-    /// host's next write waits for them ([`HostTable::as_mut_slice`]). (Kernels reading the
-    /// table through `dptr` leave none: their callers order host writes after them.)
+    /// host's next write waits for them ([`HostTable::as_mut_slice`]), the main stream's next
+    /// write to it too ([`HostTable::before_device_write`]). (Gathers reading the table through
+    /// `dptr` on the main stream leave none: its later work is queued behind them.)
     copies: Mutex<Vec<(usize, CudaEvent)>>,
+    /// Recorded on the main stream after the last work queued there that writes the table
+    /// through the device (a download into it, an add, zeros) or reads it by `dptr` from
+    /// another table's point of view: copies and gathers on other streams wait for it, and the
+    /// host waits for it before it reads, writes or frees the table.
+    device_use: Mutex<Option<CudaEvent>>,
     pub rows: usize,
     pub cols: usize,
 }
 
 impl Drop for HostTable {
-    /// The page-locked memory is freed once the copies reading it have finished.
+    /// The page-locked memory is freed once the copies reading it, and the device work queued
+    /// on it, have finished.
     fn drop(&mut self) {
         self.settle();
     }
 }
 
 impl HostTable {
+    /// The elements, once the device work writing them has finished.
     pub fn as_slice(&self) -> &[f32] {
+        if let Some(e) = self.device_use.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            e.synchronize().expect("CUDA event");
+        }
         self.buf.as_slice()
     }
 
-    /// The elements, for writing, once the copies reading them have finished.
+    /// The elements, for writing, once the copies reading them and the device work on them
+    /// have finished.
     pub fn as_mut_slice(&mut self) -> &mut [f32] {
         self.settle();
         self.buf.as_mut_slice()
     }
 
-    /// Waits for the copies queued from the table (before anything writes it).
+    /// Waits for the copies queued from the table and the device work queued on it (before the
+    /// host touches it).
     fn settle(&mut self) {
         for (_, e) in self.copies.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
             e.synchronize().expect("CUDA event");
+        }
+        if let Some(e) = self.device_use.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            e.synchronize().expect("CUDA event");
+        }
+    }
+
+    /// Makes `stream`'s next work (a write through the device) wait for the copies queued
+    /// from the table on other streams; the host does not wait.
+    fn before_device_write(&self, stream: &CudaStream) {
+        let key = stream.cu_stream() as usize;
+        for (s, e) in self.copies.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if *s != key {
+                stream.wait(e).expect("CUDA stream wait");
+            }
+        }
+    }
+
+    /// Records that work touching the table was queued on `stream` (the main one).
+    fn used_on(&self, stream: &CudaStream) {
+        let e = stream.record_event(None).expect("CUDA event");
+        *self.device_use.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    }
+
+    /// Makes `stream` (another than the main one) wait for the device work queued on the table.
+    fn after_device_use(&self, stream: &CudaStream) {
+        if let Some(e) = self.device_use.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            stream.wait(e).expect("CUDA stream wait");
         }
     }
 
@@ -120,7 +160,7 @@ impl Cuda {
     /// [`Cuda::host_table`] page-locked by `how`.
     pub fn host_table_by(&self, rows: usize, cols: usize, how: PageLock) -> Result<HostTable, CudaError> {
         let (buf, dptr) = PageLocked::new(&self.ctx, rows * cols, how)?;
-        Ok(HostTable { buf, dptr, copies: Default::default(), rows, cols })
+        Ok(HostTable { buf, dptr, copies: Default::default(), device_use: Default::default(), rows, cols })
     }
 
     /// `labels` (one per node; -1: none) mapped for [`Cuda::cross_entropy_mapped`].
@@ -163,19 +203,68 @@ impl Cuda {
         let dst = out.data.slice_mut(at * d..(at + n) * d);
         let (name, cfg) = self.host_gather_kernel(n, d);
         self.launch_rows(name, t.dptr, rows, d, dst, cfg);
+        t.used_on(&self.stream);
     }
 
-    /// `t = m` over the bus into page-locked memory (waits for the copy).
-    pub fn download_table(&self, m: &DMat, t: &mut HostTable) {
-        assert_eq!((m.rows, m.cols), (t.rows, t.cols), "download: shapes");
-        t.settle();
-        let n = m.rows * m.cols;
-        if n > 0 {
-            self.stream
-                .memcpy_dtoh(&m.data.slice(0..n), &mut t.buf.as_mut_slice()[..n])
-                .expect("CUDA download");
-            self.stream.synchronize().expect("CUDA synchronize");
+    /// `t` = rows `from..from + t.rows` of `m`, over the bus into page-locked memory, queued on
+    /// the main stream behind the work that makes `m` (the host does not wait: it waits where it
+    /// reads or writes the table itself).
+    pub fn download_table(&self, m: &DMat, from: usize, t: &mut HostTable) {
+        assert!(m.cols == t.cols && from + t.rows <= m.rows, "download: shapes");
+        let n = t.rows * t.cols;
+        if n == 0 {
+            return;
         }
+        t.before_device_write(&self.stream);
+        let view = m.data.slice(from * t.cols..from * t.cols + n);
+        let (src, _sync) = view.device_ptr(&self.stream);
+        // SAFETY: `n` floats of a live device allocation into the table's `n` page-locked floats;
+        // the table is not freed, read or written by the host before `used_on`'s event completes
+        // (`settle`), and other streams' copies from it were waited for above.
+        unsafe { dtoh(&self.stream, t.buf.as_mut_slice().as_mut_ptr() as *mut u8, src, n * 4) };
+        t.used_on(&self.stream);
+    }
+
+    /// `t[rows[i]] += m[from + i]` (distinct rows), by device threads reading and writing the
+    /// table's rows over the bus; queued as [`Cuda::download_table`] is.
+    pub fn scatter_add_table(&self, m: &DMat, from: usize, rows: Rows<'_>, t: &mut HostTable) {
+        let (d, n) = (t.cols, rows.len());
+        assert!(m.cols == d && from + n <= m.rows && rows.end() <= t.rows, "scatter-add: shapes");
+        if n == 0 || d == 0 {
+            return;
+        }
+        t.before_device_write(&self.stream);
+        let view = m.data.slice(from * d..(from + n) * d);
+        let (src, _sync) = view.device_ptr(&self.stream);
+        let (idx, start) = match rows {
+            Rows::Index(i) => (Some(self.row_lists.get(self, i)), 0i64),
+            Rows::Range(s, _) => (None, s as i64),
+        };
+        let (n64, d32, null) = (n as i64, d as i32, 0u64);
+        let mut l = self.stream.launch_builder(self.func("scatter_add_rows_host"));
+        l.arg(&src);
+        match idx.as_deref() {
+            Some(i) => l.arg(i),
+            None => l.arg(&null),
+        };
+        l.arg(&start).arg(&n64).arg(&d32).arg(&t.dptr);
+        // SAFETY: every row number was checked against both matrices above; the table's
+        // mapped memory lives until `used_on`'s event completes (`settle` at drop).
+        unsafe { l.launch(crate::warps(n)) }.expect("scatter_add_rows_host");
+        t.used_on(&self.stream);
+    }
+
+    /// `t = 0`, written by the device over the bus; queued as [`Cuda::download_table`] is.
+    pub fn zero_table(&self, t: &mut HostTable) {
+        let n = t.rows * t.cols;
+        if n == 0 {
+            return;
+        }
+        t.before_device_write(&self.stream);
+        // SAFETY: the table's `n` mapped floats, alive until `used_on`'s event completes.
+        let r = unsafe { sys::cuMemsetD32Async(t.dptr, 0, n, self.stream.cu_stream()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA memset of a host table");
+        t.used_on(&self.stream);
     }
 
     /// Row indices in device memory, for gathers that reuse them.
@@ -202,6 +291,7 @@ impl Cuda {
         let (d, n) = (t.cols, ids.len());
         assert!(ids.iter().all(|&i| (i as usize) < t.rows), "gather: row out of range");
         let side = self.side_stream();
+        t.after_device_use(side);
         self.charge(n * d * 4);
         // the ids through page-locked memory (charged there): a pageable upload waits for its
         // stream to drain (the gather before), and meanwhile the other threads' copies wait
@@ -248,6 +338,7 @@ impl Cuda {
             }
         }
         self.charge(n * 4);
+        t.after_device_use(side);
         // SAFETY: the copy below writes every element before any use.
         let mut data = unsafe { side.alloc::<f32>(n.max(1)) }.expect("CUDA alloc");
         if n > 0 {

@@ -430,6 +430,41 @@ extern "C" __global__ void scatter_add_rows(const float* src, const u32* idx, i6
     else out[o] += src[t];
 }
 
+// out[idx ? idx[i] : start + i] += src[i] for n distinct rows of width d, where out is host
+// memory mapped into the device (a page-locked block): a warp per row, each lane's 16-byte
+// reads of out issued before its adds and writes (bus latency hiding); no atomics (the rows are
+// distinct, so every element has one writer and the result is the same every run).
+extern "C" __global__ void scatter_add_rows_host(const float* src, const u32* idx, i64 start, i64 n,
+                                                 int d, float* out) {
+    int lane = threadIdx.x % 32;
+    i64 warps = (i64)gridDim.x * blockDim.x / 32;
+    for (i64 w = global_thread() / 32; w < n; w += warps) {
+        u64 r = idx ? (u64)idx[w] : (u64)(start + w);
+        float* o = out + r * d;
+        const float* s = src + (u64)w * d;
+        if (d % 4 == 0) {
+            float4* o4 = (float4*)o;
+            const float4* s4 = (const float4*)s;
+            int m = d / 4;
+            for (int j = lane; j < m; j += 64) {
+                bool h = j + 32 < m;
+                float4 a = o4[j], b;
+                if (h) b = o4[j + 32];
+                float4 x = s4[j];
+                a.x += x.x; a.y += x.y; a.z += x.z; a.w += x.w;
+                o4[j] = a;
+                if (h) {
+                    float4 y = s4[j + 32];
+                    b.x += y.x; b.y += y.y; b.z += y.z; b.w += y.w;
+                    o4[j + 32] = b;
+                }
+            }
+        } else {
+            for (int j = lane; j < d; j += 32) o[j] += s[j];
+        }
+    }
+}
+
 // out[k] = v[perm[k]]: values into the transposed structure's order
 extern "C" __global__ void permute(const float* v, const u32* perm, i64 n, float* out) {
     i64 t = global_thread();

@@ -79,9 +79,17 @@ impl Transfers for Cuda {
     fn new_host_block(&self, rows: usize, cols: usize) -> Option<host::HostTable> {
         self.host_table(rows, cols).ok()
     }
-    fn download_into_host_block(&self, m: &DMat, h: &mut host::HostTable) {
+    fn download_into_host_block(&self, m: &DMat, from: usize, h: &mut host::HostTable) {
         let _p = self.span("download (host block)");
-        self.download_table(m, h)
+        self.download_table(m, from, h)
+    }
+    fn scatter_add_host_block(&self, m: &DMat, from: usize, rows: Rows<'_>, h: &mut host::HostTable) {
+        let _p = self.span("scatter-add (host block)");
+        self.scatter_add_table(m, from, rows, h)
+    }
+    fn zero_host_block(&self, h: &mut host::HostTable) {
+        let _p = self.span("zeros (host block)");
+        self.zero_table(h)
     }
     fn host_block_dims(&self, h: &host::HostTable) -> (usize, usize) {
         (h.rows, h.cols)

@@ -36,6 +36,7 @@ test_device!(
     transfers,
     downloads_ahead,
     host_blocks,
+    host_block_writes,
     gemm,
     gemm_split_k,
     spmm,
@@ -148,6 +149,45 @@ fn host_blocks<B: Backend<T = f32>>(b: &B) {
     }
     for i in 0..3 {
         assert_eq!(got.row(6 + i), want.row(290 + i), "gather_host_block, ranged row {i}");
+    }
+}
+
+/// A host block written by the backend: rows of a matrix downloaded into it, rows added into
+/// it (ranged and indexed, widths with and without 16-byte rows), zeroed; each write seen by
+/// the next upload (on a GPU: a copy on another stream, which must wait for it) and by the host.
+fn host_block_writes<B: Backend<T = f32>>(b: &B) {
+    for d in [37, 40] {
+        let x = random(50, d, 7);
+        let m = b.upload(&x);
+        let Some(mut h) = b.new_host_block(20, d) else { panic!("a host block") };
+        b.download_into_host_block(&m, 30, &mut h);
+        let mut want = Mat::from_vec(20, d, x.data[30 * d..].to_vec());
+        let seen = b.download(&b.arrived(b.upload_host_block(&h)));
+        assert_eq!(seen, want, "download_into_host_block, width {d}");
+        // rows 0..5 of m added to rows 10..15, then rows 5..9 of m to rows 19, 0, 7, 3
+        b.scatter_add_host_block(&m, 0, Rows::Range(10, 5), &mut h);
+        let idx = [19u32, 0, 7, 3];
+        b.scatter_add_host_block(&m, 5, Rows::Index(&idx), &mut h);
+        for i in 0..5 {
+            for j in 0..d {
+                want.data[(10 + i) * d + j] += x.data[i * d + j];
+            }
+        }
+        for (k, &r) in idx.iter().enumerate() {
+            for j in 0..d {
+                want.data[r as usize * d + j] += x.data[(5 + k) * d + j];
+            }
+        }
+        let seen = b.download(&b.arrived(b.upload_host_block(&h)));
+        assert_eq!(seen, want, "scatter_add_host_block, width {d}");
+        assert_eq!(b.host_block_mut(&mut h), &want.data[..], "the host reads the adds, width {d}");
+        b.zero_host_block(&mut h);
+        let seen = b.download(&b.arrived(b.upload_host_rows(&h, 20)));
+        assert!(seen.data.iter().all(|&v| v == 0.0), "zero_host_block, width {d}");
+        b.scatter_add_host_block(&m, 49, Rows::Index(&[4]), &mut h);
+        let host = b.host_block_mut(&mut h);
+        assert_eq!(&host[4 * d..5 * d], &x.data[49 * d..], "an add after zeros, width {d}");
+        assert!(host[..4 * d].iter().chain(&host[5 * d..]).all(|&v| v == 0.0));
     }
 }
 

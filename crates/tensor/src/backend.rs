@@ -197,11 +197,16 @@ pub trait Transfers: Memory {
     fn new_host_block(&self, rows: usize, cols: usize) -> Option<Self::HostBlock> {
         self.host_block(Mat::zeros(rows, cols)).ok()
     }
-    /// `h = m` (the same shape): on a GPU straight into the page-locked block, no staging copy.
-    fn download_into_host_block(&self, m: &Self::Mat, h: &mut Self::HostBlock) {
-        let m = self.download(m);
-        self.host_block_mut(h).copy_from_slice(&m.data);
-    }
+    /// `h` = rows `from..from + h.rows` of `m` (of `h`'s width): on a GPU straight into the
+    /// page-locked block, no staging copy, queued behind the work that makes `m` (the host waits
+    /// only where it reads the block: [`Transfers::host_block_mut`]).
+    fn download_into_host_block(&self, m: &Self::Mat, from: usize, h: &mut Self::HostBlock);
+    /// `h[rows[i]] += m[from + i]`, the rows distinct: on a GPU device threads read and write
+    /// the host block's rows over the bus (no staging, no host work), queued as
+    /// [`Transfers::download_into_host_block`] is.
+    fn scatter_add_host_block(&self, m: &Self::Mat, from: usize, rows: Rows<'_>, h: &mut Self::HostBlock);
+    /// `h = 0`, queued as [`Transfers::download_into_host_block`] is.
+    fn zero_host_block(&self, h: &mut Self::HostBlock);
     fn host_block_dims(&self, h: &Self::HostBlock) -> (usize, usize);
     /// A host block's elements, for writing; waits for copies still reading it.
     fn host_block_mut<'h>(&self, h: &'h mut Self::HostBlock) -> &'h mut [Self::T];

@@ -11,7 +11,7 @@
 //! the executor only partly has. Not modelled: the GPU tier's blocks added after the first
 //! epoch ([`Executor::refine_placement`]), reads ahead that the cache drops before use, ranks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use grinnder_nn::memory::Shape;
 use grinnder_nn::work::{Passes, Work};
@@ -274,7 +274,8 @@ struct Walk<'e, 'a, B: Backend> {
     /// Bytes of a backend element, and of a stored one.
     elem: u64,
     tier_elem: u64,
-    pin_fixed: bool,
+    /// Page-locked blocks written so far ([`Executor::add_pinned`] makes an absent one).
+    pinned_present: HashSet<BlockId>,
 }
 
 impl<B: Backend> Walk<'_, '_, B> {
@@ -283,7 +284,7 @@ impl<B: Backend> Walk<'_, '_, B> {
     }
 
     fn pinned(&self, id: BlockId) -> bool {
-        self.pin_fixed && Executor::<B>::fixed(id)
+        self.ex.pins(id)
     }
 
     /// [`Executor::gather_kind`].
@@ -333,7 +334,9 @@ impl<B: Backend> Walk<'_, '_, B> {
         let rows = self.ex.parts[q].own as u64;
         let d = self.width(kind, l);
         self.ledger.traffic.download_bytes += rows * d * self.elem;
-        if !self.pinned(id) {
+        if self.pinned(id) {
+            self.pinned_present.insert(id);
+        } else {
             self.ledger.put(id, rows, rows * d * self.tier_elem);
         }
     }
@@ -352,8 +355,24 @@ impl<B: Backend> Walk<'_, '_, B> {
             if self.ex.tiers.on_device(id(p)) {
                 continue;
             }
-            host = true;
             let block_rows = self.ex.parts[p].own as u64;
+            if self.pinned(id(p)) {
+                // [`Executor::add_pinned`]: the device reads and writes the host rows, a block's
+                // own rows first and whole are its copy, and an absent block is zeroed first
+                let t = &mut self.ledger.traffic;
+                if self.pinned_present.contains(&id(p)) {
+                    t.upload_bytes += n * d * self.elem;
+                    t.download_bytes += n * d * self.elem;
+                } else if p == q {
+                    t.download_bytes += n * d * self.elem;
+                } else {
+                    t.upload_bytes += n * d * self.elem;
+                    t.download_bytes += (block_rows + n) * d * self.elem;
+                }
+                self.pinned_present.insert(id(p));
+                continue;
+            }
+            host = true;
             self.ledger.add_rows(id(p), block_rows, d * self.tier_elem, n);
         }
         if host {
@@ -387,6 +406,7 @@ impl<B: Backend> Walk<'_, '_, B> {
     fn remove(&mut self, kind: BlockKind, l: usize) {
         for part in 0..self.ex.parts.len() {
             self.ledger.remove(BlockId { kind, layer: l, part });
+            self.pinned_present.remove(&BlockId { kind, layer: l, part });
         }
     }
 
@@ -697,8 +717,14 @@ impl<B: Backend> Executor<'_, B> {
             ahead: Default::default(),
         };
         let parts = self.parts.len();
-        let pin_fixed = self.pin_fixed;
-        let mut w = Walk { ex: self, ledger, work: vec![Work::default(); parts], elem, tier_elem, pin_fixed };
+        let mut w = Walk {
+            ex: self,
+            ledger,
+            work: vec![Work::default(); parts],
+            elem,
+            tier_elem,
+            pinned_present: HashSet::new(),
+        };
         w.first_blocks();
         for _ in 0..2 {
             w.ledger.traffic = Traffic::default();

@@ -223,11 +223,13 @@ pub struct Executor<'a, B: Backend> {
     /// mark, and the largest growth of a phase beyond the blocks it added.
     device_marked: (u64, u64),
     measured_device_working: Option<u64>,
-    /// Where each block lives: the GPU tier, the backend's page-locked host memory (fixed
-    /// blocks — features, layer 0's aggregation — when nothing bounds host memory:
-    /// `pin_fixed`), or the store.
+    /// Where each block lives: the GPU tier, the backend's page-locked host memory (when
+    /// nothing bounds host memory: fixed blocks — features, layer 0's aggregation — with
+    /// `pin_fixed`, and with `pin_all` every block, written and added to by the device over the
+    /// bus), or the store.
     tiers: Tiers<B>,
     pin_fixed: bool,
+    pin_all: bool,
     /// The first error of a pass. The blocks may be incomplete after one (a block lent to the
     /// computation is not back in the GPU tier, a write may be half done), so every later pass
     /// refuses with it ([`Executor::guarded`]).

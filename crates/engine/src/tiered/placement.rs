@@ -49,20 +49,69 @@ impl<'a, B: Backend> Executor<'a, B> {
         id.kind == BlockKind::Pre || (id.kind == BlockKind::Act && id.layer == 0)
     }
 
-    /// Block `id` (a fixed block, with `pin_fixed`) downloaded straight into a new page-locked
-    /// host block; `None` for other blocks, or when page-locked memory runs out (then the
-    /// remaining fixed blocks go to the store, as in [`Self::keep_host`]).
+    /// Whether block `id` lives in the backend's page-locked host memory when the GPU tier
+    /// does not hold it: every block with `pin_all`, the fixed ones with `pin_fixed`.
+    pub(super) fn pins(&self, id: BlockId) -> bool {
+        self.pin_fixed && (self.pin_all || Self::fixed(id))
+    }
+
+    /// A page-locked host block of `rows × cols` for block `id`: its own (written again), one a
+    /// removed block gave up, or a new one; `None` when page-locked memory runs out (then the
+    /// remaining blocks go to the store, as in [`Self::keep_host`]).
+    fn host_block_for(&mut self, id: BlockId, rows: usize, cols: usize) -> Option<B::HostBlock> {
+        let h = self.tiers.unpin(id).or_else(|| self.tiers.take_free((rows, cols)));
+        let h = h.or_else(|| self.b.new_host_block(rows, cols));
+        if h.is_none() {
+            self.stop_pinning();
+        }
+        h
+    }
+
+    /// Block `id` (one [`Executor::pins`] keeps) downloaded straight into a page-locked host
+    /// block; `None` for other blocks, or when page-locked memory runs out.
     pub(super) fn pinned_copy(&mut self, id: BlockId, m: &B::Mat) -> Option<B::HostBlock> {
-        if !(self.pin_fixed && Self::fixed(id)) {
+        if !self.pins(id) {
             return None;
         }
         let (rows, cols) = self.b.dims(m);
-        let Some(mut h) = self.b.new_host_block(rows, cols) else {
-            self.stop_pinning();
-            return None;
-        };
-        self.b.download_into_host_block(m, &mut h);
+        let mut h = self.host_block_for(id, rows, cols)?;
+        self.b.download_into_host_block(m, 0, &mut h);
         Some(h)
+    }
+
+    /// Adds rows `from..` of `dx` into rows `r` of the page-locked gradient block `id` (of
+    /// `rows × d`), made where absent: as the copy of its own rows when those come first and
+    /// whole, else at zero. The device writes (and reads) the host rows over the bus. `false`
+    /// when page-locked memory ran out (the caller adds through the store).
+    pub(super) fn add_pinned(
+        &mut self,
+        id: BlockId,
+        rows: usize,
+        dx: &B::Mat,
+        from: usize,
+        r: Rows<'_>,
+    ) -> bool {
+        let b = self.b;
+        let d = b.dims(dx).1;
+        let bytes = |n: usize| (n * d * std::mem::size_of::<B::T>()) as u64;
+        if let Some(h) = self.tiers.pinned_mut(id) {
+            b.scatter_add_host_block(dx, from, r, h);
+            self.stats.upload_bytes += bytes(r.len());
+            self.stats.download_bytes += bytes(r.len());
+            return true;
+        }
+        let Some(mut h) = self.host_block_for(id, rows, d) else { return false };
+        if matches!(r, Rows::Range(0, n) if n == rows) {
+            b.download_into_host_block(dx, from, &mut h);
+            self.stats.download_bytes += bytes(rows);
+        } else {
+            b.zero_host_block(&mut h);
+            b.scatter_add_host_block(dx, from, r, &mut h);
+            self.stats.upload_bytes += bytes(r.len());
+            self.stats.download_bytes += bytes(rows + r.len());
+        }
+        self.tiers.pin(id, h);
+        true
     }
 
     /// Page-locked memory ran out: the remaining fixed blocks go to the store.
@@ -236,10 +285,11 @@ impl<'a, B: Backend> Executor<'a, B> {
             return Ok(());
         }
         self.ahead.retain(|(a, _)| *a != id);
-        if self.tiers.is_pinned(id) {
-            // device threads may still be reading it (zero-copy gathers)
-            self.b.synchronize();
-            self.tiers.unpin(id);
+        if let Some(h) = self.tiers.pinned(id) {
+            // kept for the next block of its shape: the device work queued on it stays ordered
+            // before whatever the device writes there next (the backend orders it)
+            let dims = self.b.host_block_dims(h);
+            self.tiers.retire(id, dims);
             return Ok(());
         }
         self.tiers.store.remove(id).map_err(io_err)

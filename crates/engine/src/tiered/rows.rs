@@ -191,7 +191,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         if self.tiers.on_device(id) {
             self.tiers.device(id).is_some()
         } else {
-            self.tiers.store.shape(id).is_some()
+            self.tiers.is_pinned(id) || self.tiers.store.shape(id).is_some()
         }
     }
 
@@ -329,9 +329,12 @@ impl<'a, B: Backend> Executor<'a, B> {
             BlockId { kind: k, layer, part: q }
         }));
         // whole pinned blocks the next partition reads alone (layer 0's aggregation, own rows
-        // without halo): their copies start now, beside this partition's work
-        for a in ids.iter().filter(|a| a.part == q && (a.kind == BlockKind::Pre || (!halo && a.kind == kind)))
-        {
+        // of this layer's blocks without halo): their copies start now, beside this partition's
+        // work (the other blocks it reads alone, `extra`, are copied when read: at most two
+        // copies ahead are held, and a copy made ahead that gave way would cross the bus twice)
+        for a in ids.iter().filter(|a| {
+            a.part == q && (a.kind == BlockKind::Pre || (!halo && a.kind == kind && a.layer == l))
+        }) {
             if self.ahead.iter().any(|(x, _)| x == a) {
                 continue;
             }
@@ -347,8 +350,9 @@ impl<'a, B: Backend> Executor<'a, B> {
     }
 
     /// Own rows of `dx` into partition `q`'s `kind` block of layer `l`; rows past the own ones
-    /// (the halo) into their owners' blocks. Device blocks are added to on the device; `dx` is
-    /// downloaded once if any destination is a host block.
+    /// (the halo) into their owners' blocks. Device blocks are added to on the device,
+    /// page-locked host blocks by the device over the bus ([`Executor::add_pinned`]); `dx` is
+    /// downloaded once if any destination is in the store.
     pub(super) fn write_back(
         &mut self,
         kind: BlockKind,
@@ -356,18 +360,34 @@ impl<'a, B: Backend> Executor<'a, B> {
         q: usize,
         dx: B::Mat,
     ) -> Result<(), TrainError> {
+        // the halo lists are lent out while the blocks they name are written
+        let fetch = std::mem::take(&mut self.parts[q].fetch);
+        let r = self.write_back_to(kind, l, q, dx, &fetch);
+        self.parts[q].fetch = fetch;
+        r
+    }
+
+    /// [`Executor::write_back`] with partition `q`'s halo lists `fetch`.
+    fn write_back_to(
+        &mut self,
+        kind: BlockKind,
+        l: usize,
+        q: usize,
+        dx: B::Mat,
+        fetch: &[(usize, Vec<u32>)],
+    ) -> Result<(), TrainError> {
         let b = self.b;
         let (n, d) = b.dims(&dx);
-        let part = &self.parts[q];
+        let own_rows = self.parts[q].own;
         let id = |p: usize| BlockId { kind, layer: l, part: p };
-        if n == part.own && self.tiers.on_device(id(q)) && self.tiers.device(id(q)).is_none() {
+        if n == own_rows && self.tiers.on_device(id(q)) && self.tiers.device(id(q)).is_none() {
             // own rows only, into a device block nothing has added to yet: it becomes the block
             self.tiers.put_device(id(q), dx);
             return Ok(());
         }
-        let own = (q, Rows::Range(0, part.own));
+        let own = (q, Rows::Range(0, own_rows));
         let targets: Vec<(usize, Rows<'_>)> = std::iter::once(own)
-            .chain(part.fetch.iter().take_while(|_| n > part.own).map(|(s, idx)| (*s, Rows::Index(idx))))
+            .chain(fetch.iter().take_while(|_| n > own_rows).map(|(s, idx)| (*s, Rows::Index(idx))))
             .collect();
         let mut host_targets = Vec::new();
         let mut from = 0;
@@ -376,7 +396,9 @@ impl<'a, B: Backend> Executor<'a, B> {
             if self.tiers.on_device(id(p)) {
                 let block = self.tiers.device_or(id(p), || b.zeros(rows, d));
                 b.scatter_add_rows(&dx, from, r, block);
-            } else {
+            } else if !((self.tiers.is_pinned(id(p)) || self.pins(id(p)))
+                && self.add_pinned(id(p), rows, &dx, from, r))
+            {
                 host_targets.push((p, rows, from, r));
             }
             from += r.len();

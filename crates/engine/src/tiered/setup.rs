@@ -154,6 +154,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             tiers: Tiers::new(store),
             ahead: Vec::new(),
             pin_fixed: tc.host_mem.is_none() && tc.cache_bytes.is_none() && tc.tier_dtype == TierDtype::F32,
+            pin_all: false,
             stopped: None,
             fused: false,
             gpu_mem: tc.gpu_mem.filter(|_| tc.device_cache_bytes.is_none()),
@@ -170,6 +171,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         if let Some(d) = dist {
             ex.dist = Some(dist_state(d, ranks, owner, mirrors));
         }
+        // ranks exchange mirror blocks through the store's host rows: they keep the fixed
+        // blocks alone page-locked
+        ex.pin_all = ex.pin_fixed && ex.dist.is_none();
         ex.fused = ex.fusible();
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;

@@ -20,6 +20,9 @@ pub(super) struct Tiers<B: Backend> {
     /// Placed blocks lent to a computation, not yet given back.
     lent: HashSet<BlockId>,
     pinned: HashMap<BlockId, B::HostBlock>,
+    /// Page-locked host blocks given up by removed blocks, by shape `(rows, cols)`, for the next
+    /// block of that shape: page-locking is paid once a run, not once an epoch.
+    free: HashMap<(usize, usize), Vec<B::HostBlock>>,
     pub(super) store: Store<B::T>,
 }
 
@@ -30,6 +33,7 @@ impl<B: Backend> Tiers<B> {
             dev: HashMap::new(),
             lent: HashSet::new(),
             pinned: HashMap::new(),
+            free: HashMap::new(),
             store,
         }
     }
@@ -124,9 +128,28 @@ impl<B: Backend> Tiers<B> {
         self.check(id);
     }
 
+    /// The page-locked block `id`, for the device to write into.
+    pub(super) fn pinned_mut(&mut self, id: BlockId) -> Option<&mut B::HostBlock> {
+        self.pinned.get_mut(&id)
+    }
+
     /// Takes `id` out of page-locked host memory (to move it, or to drop it).
     pub(super) fn unpin(&mut self, id: BlockId) -> Option<B::HostBlock> {
         self.pinned.remove(&id)
+    }
+
+    /// Takes `id` (of shape `dims`) out of page-locked host memory and keeps its memory for
+    /// the next block of that shape ([`Tiers::take_free`]).
+    pub(super) fn retire(&mut self, id: BlockId, dims: (usize, usize)) {
+        if let Some(h) = self.pinned.remove(&id) {
+            self.free.entry(dims).or_default().push(h);
+        }
+    }
+
+    /// A page-locked block of shape `dims` a removed block gave up (its elements as that block
+    /// left them).
+    pub(super) fn take_free(&mut self, dims: (usize, usize)) -> Option<B::HostBlock> {
+        self.free.get_mut(&dims)?.pop()
     }
 
     /// Stores `id` in the host cache (and its file), the tier of everything else.

@@ -7,6 +7,8 @@ mod sparse;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use crate::backend::{
     Binary, DenseOps, GraphOps, HandOffs, MaskKey, Memory, Rows, StepRule, TrainOps, Transfers, Unary,
 };
@@ -73,8 +75,15 @@ impl<T: Scalar> Transfers for Cpu<T> {
     fn host_block(&self, m: Mat<T>) -> Result<Mat<T>, Mat<T>> {
         Ok(m)
     }
-    fn download_into_host_block(&self, m: &Mat<T>, h: &mut Mat<T>) {
-        h.data.copy_from_slice(&m.data);
+    fn download_into_host_block(&self, m: &Mat<T>, from: usize, h: &mut Mat<T>) {
+        assert!(m.cols == h.cols && from + h.rows <= m.rows, "download: shapes");
+        h.data.copy_from_slice(&m.data[from * m.cols..(from + h.rows) * m.cols]);
+    }
+    fn scatter_add_host_block(&self, m: &Mat<T>, from: usize, rows: Rows<'_>, h: &mut Mat<T>) {
+        dense::scatter_add_rows(m, from, rows, h)
+    }
+    fn zero_host_block(&self, h: &mut Mat<T>) {
+        h.data.par_iter_mut().for_each(|x| *x = T::of(0.0));
     }
     fn host_block_dims(&self, h: &Mat<T>) -> (usize, usize) {
         (h.rows, h.cols)
