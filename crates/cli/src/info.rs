@@ -47,6 +47,49 @@ struct Info {
     /// The tiered executor's plan and predicted epoch, where its settings were given.
     #[serde(skip_serializing_if = "Option::is_none")]
     tiered: Option<TieredInfo>,
+    /// What `train` with these settings would choose where the flags leave it open
+    /// ([`crate::budgets::settle`]), and why.
+    run_plan: RunPlan,
+}
+
+/// The choices of [`crate::budgets::settle`].
+#[derive(Serialize)]
+struct RunPlan {
+    /// Partitions of the tiered executor; `None`: the whole graph in memory.
+    parts: Option<usize>,
+    gpu_mem: Option<u64>,
+    /// The host memory the run may use before it keeps blocks under a budget.
+    host_mem_auto: Option<u64>,
+    reasons: Vec<String>,
+}
+
+/// What `train` would choose for `plan` (the flags as given) on this machine.
+fn run_plan(
+    plan: &TrainPlan,
+    ds: &Dataset,
+    host_mem: Option<u64>,
+    gpu_mem: Option<u64>,
+) -> anyhow::Result<RunPlan> {
+    let mut p = plan.clone();
+    p.gpu_mem = p.gpu_mem.or(gpu_mem);
+    if let (Some(h), None) = (host_mem, p.tiered.as_ref()) {
+        // a host budget alone makes a tiered run
+        let mut t = crate::plan::TieredPlan::with_parts(4);
+        t.host_mem = Some(h);
+        p.tiered = Some(t);
+    }
+    let free = match p.device {
+        Device::Cuda(n) => Some(crate::train::open_gpu(n, None, false, "plan")?.mem_info().0 as u64),
+        Device::Cpu => None,
+    };
+    let reasons = crate::budgets::settle(&mut p, ds, free)?;
+    let t = p.tiered.as_ref();
+    Ok(RunPlan {
+        parts: t.map(|t| t.parts),
+        gpu_mem: p.gpu_mem,
+        host_mem_auto: t.and_then(|t| t.host_auto.as_ref()).map(|h| h.bytes),
+        reasons,
+    })
 }
 
 /// What `info` shows of the tiered executor.
@@ -100,6 +143,7 @@ pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
             Some(tiered_info(&g, &ds, &plan, rates)?)
         }
     };
+    let run_plan = run_plan(&plan, &ds, host_mem, gpu_mem)?;
     let i = Info {
         name: ds.name.clone(),
         nodes: ds.num_nodes(),
@@ -127,6 +171,7 @@ pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
         fits_host: host_mem.map(|b| full <= b),
         load_seconds: secs,
         tiered,
+        run_plan,
     };
     if a.json {
         println!("{}", serde_json::to_string(&i)?);
@@ -154,6 +199,15 @@ pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
             let verdict = if f { "fits" } else { "does not fit: needs tiered (offloaded) execution" };
             println!("{what:<14} budget {}: {verdict}", gib(b));
         }
+    }
+    let r = &i.run_plan;
+    let chosen = match r.parts {
+        None => "the whole graph in memory".to_string(),
+        Some(p) => format!("{p} partitions"),
+    };
+    println!("train would    {chosen}; why:");
+    for reason in &r.reasons {
+        println!("               - {reason}");
     }
     if let Some(t) = &i.tiered {
         print_tiered(t);

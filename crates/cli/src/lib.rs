@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod budgets;
 pub mod bundled;
 pub mod commands;
 pub mod info;

@@ -84,6 +84,8 @@ impl Device {
 #[derive(Clone, Debug, PartialEq)]
 pub struct TieredPlan {
     pub parts: usize,
+    /// Whether `--parts` was given (otherwise [`crate::budgets::settle`] chooses).
+    pub parts_given: bool,
     pub partitioner: PartitionerArg,
     pub cache_mode: grinnder_engine::CacheMode,
     pub host_mem: Option<u64>,
@@ -93,6 +95,11 @@ pub struct TieredPlan {
     pub tier_dtype: grinnder_engine::TierDtype,
     pub keep_storage: bool,
     pub block_cache: Option<u64>,
+    /// With no `--host-mem`, the host memory chosen from the machine ([`crate::budgets`]).
+    pub host_auto: Option<grinnder_engine::tiered::HostAuto>,
+    /// The partitions and both budgets were chosen from the machine: the executor may take
+    /// more partitions where a working set does not fit.
+    pub auto_parts: bool,
 }
 
 impl TieredPlan {
@@ -100,6 +107,7 @@ impl TieredPlan {
     pub fn with_parts(parts: usize) -> TieredPlan {
         TieredPlan {
             parts,
+            parts_given: false,
             partitioner: PartitionerArg::default(),
             cache_mode: grinnder_engine::CacheMode::Auto,
             host_mem: None,
@@ -108,6 +116,8 @@ impl TieredPlan {
             tier_dtype: grinnder_engine::TierDtype::F32,
             keep_storage: false,
             block_cache: None,
+            host_auto: None,
+            auto_parts: false,
         }
     }
 }
@@ -257,6 +267,7 @@ fn tiered_plan(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<Option
     }
     Ok(Some(TieredPlan {
         parts,
+        parts_given: get!(parts).is_some(),
         partitioner: get!(partitioner).unwrap_or_default(),
         cache_mode: match get!(cache_mode).unwrap_or(CacheModeArg::Auto) {
             CacheModeArg::Auto => grinnder_engine::CacheMode::Auto,
@@ -272,6 +283,8 @@ fn tiered_plan(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<Option
         },
         keep_storage: get!(keep_storage).unwrap_or(false),
         block_cache,
+        host_auto: None,
+        auto_parts: false,
     }))
 }
 

@@ -162,7 +162,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     // the GPU and every output file are settled before the dataset loads: a machine without
     // the GPU, or a path that cannot be written, is refused at once, not after the load or the
     // run
-    let gpu = match plan.device {
+    let mut gpu = match plan.device {
         Device::Cuda(n) => Some(open_gpu(n, plan.gpu_mem, plan.tf32, "train")?),
         Device::Cpu => None,
     };
@@ -173,6 +173,9 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let path = a.input.path()?;
     let ds = crate::load::open(&path, &a.input)?;
     plan.settle_feature_norm(&ds.name);
+    if launch.is_none() {
+        settle_budgets(&mut plan, &ds, gpu.as_mut())?;
+    }
     let m = &plan.config.model;
     tracing::info!(
         "{}: {} nodes, {} edges; {} {} layers, hidden {}, dropout {}, {}, feature norm {}, {} epochs, {} threads",
@@ -244,6 +247,24 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         crate::plot::curves(p, &ds.name, &history).with_context(|| format!("cannot draw {}", p.display()))?;
     }
     report(&summary, &plan, host_mem);
+    Ok(())
+}
+
+/// What the flags leave open, chosen from the machine ([`crate::budgets::settle`]), each choice
+/// logged with its reason; the GPU's budget set where one was chosen.
+pub fn settle_budgets(
+    plan: &mut TrainPlan,
+    ds: &Dataset,
+    gpu: Option<&mut grinnder_cuda::Cuda>,
+) -> anyhow::Result<()> {
+    let given = plan.gpu_mem;
+    let free = gpu.as_ref().map(|g| g.mem_info().0 as u64);
+    for r in crate::budgets::settle(plan, ds, free)? {
+        tracing::info!("plan: {r}");
+    }
+    if let (Some(g), true) = (gpu, plan.gpu_mem != given) {
+        g.set_memory_budget(plan.gpu_mem)?;
+    }
     Ok(())
 }
 
@@ -568,6 +589,8 @@ pub fn mode_of<'a, B: Backend>(
                 cache_bytes: t.block_cache,
                 gpu_mem: plan.gpu_mem,
                 device_cache_bytes: None,
+                host_auto: t.host_auto.clone(),
+                auto_parts: t.auto_parts,
             };
             match groups {
                 Some(groups) => Mode::Ranks { tiered, groups, device, expansion: plan.expansion },

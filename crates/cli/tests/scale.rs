@@ -95,3 +95,89 @@ fn features_stored_narrow_train_as_the_same_values_stored_as_f32() {
     let b = train(&d("g16_as_f32.grnd"), &[], "g16w.jsonl");
     assert!(a.iter().zip(&b).any(|(x, y)| x != y), "rounded features gave identical losses");
 }
+
+/// A memory control group of `limit` bytes this test may run a process in (cgroup v1's memory
+/// hierarchy, or v2's), removed when dropped; `None` where none can be made (not root, no
+/// writable hierarchy).
+struct Cgroup(std::path::PathBuf);
+
+impl Cgroup {
+    fn new(name: &str, limit: u64) -> Option<Cgroup> {
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let (dir, file) = if v1.join("memory.limit_in_bytes").exists() {
+            (v1.join(name), "memory.limit_in_bytes")
+        } else {
+            (Path::new("/sys/fs/cgroup").join(name), "memory.max")
+        };
+        std::fs::create_dir(&dir).ok()?;
+        let g = Cgroup(dir);
+        std::fs::write(g.0.join(file), limit.to_string()).ok()?;
+        Some(g)
+    }
+
+    /// `grinnder args` run inside the group (the shell joins it, then becomes grinnder).
+    fn run(&self, args: &[&str], cache: &Path) -> Output {
+        let procs = self.0.join("cgroup.procs");
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display()))
+            .arg(env!("CARGO_BIN_EXE_grinnder"))
+            .args(args)
+            .env("XDG_CACHE_HOME", cache)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+            .output()
+            .expect("the binary runs")
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// The peak resident set a metrics file's summary reports.
+fn peak_host_bytes(metrics: &Path) -> u64 {
+    let text = std::fs::read_to_string(metrics).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    last["peak_host_bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn with_no_flags_a_graph_larger_than_the_machine_is_partitioned_to_fit_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |s: &str| dir.path().join(s).to_string_lossy().into_owned();
+    let run = |args: &[&str]| ok(grinnder(args, dir.path()), args);
+    let g = d("g.grnd");
+    run(&["-q", "generate", "--preset", "igb-medium-like", "--scale", "0.005", "--seed", "1", "--out", &g]);
+    // the whole graph in memory, as the planner chooses on this machine: its peak
+    let whole = d("whole.jsonl");
+    let o = run(&["train", &g, "--epochs", "2", "--metrics-out", &whole]);
+    let log = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(log.contains("the whole graph in host memory"), "{log}");
+    let peak = peak_host_bytes(Path::new(&whole));
+    // a machine with 60 % of that memory
+    let limit = peak * 6 / 10;
+    let name = format!("grinnder-test-{}", std::process::id());
+    let Some(cg) = Cgroup::new(&name, limit) else {
+        eprintln!(
+            "SKIPPED: no memory control group can be made here (root and a writable cgroup hierarchy needed)"
+        );
+        return;
+    };
+    let info = cg.run(&["info", &g], dir.path());
+    let text = String::from_utf8_lossy(&info.stdout).into_owned();
+    assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
+    assert!(text.contains("partitions; why:") && text.contains("control-group limit"), "{text}");
+    let parts = d("parts.jsonl");
+    let o = cg.run(&["train", &g, "--epochs", "2", "--metrics-out", &parts], dir.path());
+    let log = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("plan: ") && log.contains("partitions"), "{log}");
+    let within = peak_host_bytes(Path::new(&parts));
+    assert!(within < limit, "peak {within} bytes past the machine's {limit}");
+    // partitioned, the same training (exact for any partitioning, dropout included)
+    for (a, b) in losses(Path::new(&parts)).iter().zip(&losses(Path::new(&whole))) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "loss {a} against the whole graph's {b}");
+    }
+}

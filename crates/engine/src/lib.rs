@@ -2,12 +2,14 @@
 //! layer-wise, partition-wise executor over the tiered store, mini-batches, partition-parallel
 //! ranks and server shares.
 
+pub mod budgets;
 pub mod checkpoint;
 pub mod config;
 pub mod coop;
 pub mod features;
 pub mod heap;
 pub mod inference;
+pub mod machine;
 pub mod metrics;
 pub mod minibatch;
 mod mode;

@@ -90,6 +90,7 @@ fn json_of(key: &str, v: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
 
 /// Validated settings of a run.
 #[pyclass(module = "grinnder", frozen)]
+#[derive(Clone)]
 pub struct Config {
     pub(crate) plan: TrainPlan,
     pub(crate) checkpoint: Option<CheckpointConfig>,

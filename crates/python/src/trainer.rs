@@ -123,14 +123,18 @@ fn start_for_model<'a, B: Backend>(
 
 /// A backend for `cfg` and the trainer `make` sets up on it.
 fn build(py: Python<'_>, ds: Arc<Graph>, cfg: &Config, file: Option<&ModelFile>) -> PyResult<Cell> {
-    let plan = &cfg.plan;
-    match plan.device {
+    // what the keywords leave open, chosen from the machine (as the command does)
+    let mut cfg = cfg.clone();
+    let cfg = &mut cfg;
+    match cfg.plan.device {
         Device::Cpu => {
-            if plan.precision != grinnder_cli::args::PrecisionArg::F32 {
+            if cfg.plan.precision != grinnder_cli::args::PrecisionArg::F32 {
                 return Err(value_error(
                     "precision=\"f64\" is for the grinnder command; the Python package computes in f32",
                 ));
             }
+            settle(&mut cfg.plan, &ds, None)?;
+            let cfg = &*cfg;
             let owner = Owner { b: Cpu::<f32>::new(), ds, zero_copy: None };
             let cell = without_gil(py, || {
                 CpuCell::try_new(owner, |o| match file {
@@ -143,6 +147,8 @@ fn build(py: Python<'_>, ds: Arc<Graph>, cfg: &Config, file: Option<&ModelFile>)
         Device::Cuda(n) => {
             let mut gpu = Cuda::new(n)
                 .map_err(|e| PyRuntimeError::new_err(format!("cannot use CUDA device {n}: {e}")))?;
+            settle(&mut cfg.plan, &ds, Some(gpu.mem_info().0 as u64))?;
+            let (cfg, plan) = (&*cfg, &cfg.plan);
             gpu.set_memory_budget(plan.gpu_mem).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
             gpu.set_tf32(plan.tf32).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
             let zero_copy = match plan.feature_access {
@@ -164,6 +170,13 @@ fn build(py: Python<'_>, ds: Arc<Graph>, cfg: &Config, file: Option<&ModelFile>)
             Ok(Cell::Cuda(cell.map_err(train_error)?))
         }
     }
+}
+
+/// [`grinnder_cli::budgets::settle`] (its reasons are what `grinnder info` prints for the same
+/// settings).
+fn settle(plan: &mut grinnder_cli::plan::TrainPlan, ds: &Graph, gpu_free: Option<u64>) -> PyResult<()> {
+    grinnder_cli::budgets::settle(plan, ds, gpu_free).map_err(any_error)?;
+    Ok(())
 }
 
 /// Trains a GNN on a `Dataset` with a `Config` (or keywords for one), an epoch at a time.

@@ -118,6 +118,21 @@ pub struct TieredConfig {
     /// Bytes of blocks kept in the backend's memory, overriding what the plan derives from
     /// `gpu_mem` (tests: the CPU backend's "device" is host memory).
     pub device_cache_bytes: Option<u64>,
+    /// With no `host_mem`: the host memory chosen from the machine
+    /// ([`crate::budgets::choose`]), which the plan keeps to.
+    pub host_auto: Option<HostAuto>,
+    /// `parts` was chosen, not given: where a working set does not fit the budgets, the
+    /// executor doubles it and plans again.
+    pub auto_parts: bool,
+}
+
+/// The host memory a run may use when no budget was given: every block stays in RAM while
+/// the blocks outside the GPU tier fit in `bytes` beside what the process holds; otherwise
+/// `bytes` becomes the budget, with block files in `storage_dir`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostAuto {
+    pub bytes: u64,
+    pub storage_dir: Option<PathBuf>,
 }
 
 impl TieredConfig {
@@ -136,6 +151,8 @@ impl TieredConfig {
             cache_bytes: None,
             gpu_mem: None,
             device_cache_bytes: None,
+            host_auto: None,
+            auto_parts: false,
         }
     }
 }

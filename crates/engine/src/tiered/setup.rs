@@ -68,9 +68,33 @@ impl<'a, B: Backend> Executor<'a, B> {
         Ok(ex)
     }
 
+    /// [`Executor::set_up_once`]; where the partition count was chosen
+    /// ([`TieredConfig::auto_parts`]) and a working set does not fit, again with twice the
+    /// partitions (each partitioning cached), up to [`crate::budgets::PARTS_MAX`].
+    fn set_up(
+        b: &'a B,
+        ds: &Dataset,
+        sub: Option<&SubgraphOf>,
+        model_cfg: &ModelConfig,
+        tc: &TieredConfig,
+        dist: Option<DistConfig<'a, B>>,
+        plan_only: bool,
+    ) -> Result<Self, TrainError> {
+        let mut tc = std::borrow::Cow::Borrowed(tc);
+        loop {
+            match Self::set_up_once(b, ds, sub, model_cfg, &tc, dist, plan_only) {
+                Err(TrainError::Memory(m)) if tc.auto_parts && 2 * tc.parts <= crate::budgets::PARTS_MAX => {
+                    tracing::info!("{m}: {} partitions instead of {}", 2 * tc.parts, tc.parts);
+                    tc.to_mut().parts *= 2;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Everything [`Executor::new_share`] does before the first blocks; with `plan_only` the
     /// store makes no directory.
-    fn set_up(
+    fn set_up_once(
         b: &'a B,
         ds: &Dataset,
         sub: Option<&SubgraphOf>,
@@ -178,7 +202,49 @@ impl<'a, B: Backend> Executor<'a, B> {
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
+        if let (None, None, Some(auto)) = (tc.host_mem, tc.cache_bytes, &tc.host_auto) {
+            if !ex.blocks_fit(auto) {
+                // the plan again under that budget: its first aggregation made a piece at a
+                // time, blocks beyond it in files (partitioning is read from its cache)
+                let budgeted = TieredConfig {
+                    host_mem: Some(auto.bytes),
+                    storage_dir: tc.storage_dir.clone().or_else(|| auto.storage_dir.clone()),
+                    host_auto: None,
+                    ..tc.clone()
+                };
+                tracing::info!(
+                    "host: the blocks outside the GPU tier do not fit in the {:.2} GiB this machine leaves the run: a host budget of that size, blocks beyond it in {}",
+                    auto.bytes as f64 / GIB,
+                    budgeted.storage_dir.as_deref().map_or("no storage directory".into(), |d| d.display().to_string())
+                );
+                drop(ex);
+                return Self::set_up_once(b, ds, sub, model_cfg, &budgeted, dist, plan_only).map_err(|e| match e {
+                    TrainError::Memory(m) => TrainError::Memory(format!(
+                        "{m} (the host budget is the memory this machine leaves the run, chosen from it; --host-mem and --parts override)"
+                    )),
+                    e => e,
+                });
+            }
+        }
         Ok(ex)
+    }
+
+    /// Whether every block outside the GPU tier fits in `auto.bytes` beside what the process
+    /// holds and the largest working set ([`TieredConfig::host_auto`]).
+    fn blocks_fit(&self, auto: &HostAuto) -> bool {
+        let outside: u64 =
+            self.block_list().iter().filter(|(id, _)| !self.tiers.on_device(*id)).map(|(_, b)| b).sum();
+        let need = self.plan.resident_bytes + self.plan.working_bytes + outside;
+        let fits = need + host_margin(auto.bytes) <= auto.bytes;
+        if fits {
+            tracing::info!(
+                "host: every block in RAM ({:.2} GiB of blocks outside the GPU tier, {:.2} GiB in all with what the process holds, within {:.2} GiB)",
+                outside as f64 / GIB,
+                need as f64 / GIB,
+                auto.bytes as f64 / GIB
+            );
+        }
+        fits
     }
 
     pub(super) fn load_features(
