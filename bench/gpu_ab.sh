@@ -4,8 +4,10 @@
 # builds on the same graph, alternating old and new so that drift hits both alike.
 #
 #   bench/gpu_ab.sh [PRESET] [EPOCHS] [ROUNDS]
-#   RUNS="gcn: sage: gat:--gpu-mem=24GiB"   model:extra-flag pairs (one flag, '=' for its value)
-# Prints one line per run: build, model, median epoch seconds, test accuracy, final loss.
+#   RUNS="gcn: sage: gat:--gpu-mem=24GiB"   model:extra flags ('=' for a value, ',' between flags:
+#                                           sage:--gpu-mem=8GiB,--parts=16)
+# Prints one line per run: build, model, flags, median epoch seconds, its last epoch's
+# gather / write-back seconds and bytes each way, test accuracy, final loss.
 set -uo pipefail
 preset=${1:-products-like}
 epochs=${2:-10}
@@ -25,6 +27,7 @@ for r in $(seq "$rounds"); do
   for run in ${RUNS:-gcn: sage: gat:--gpu-mem=24GiB}; do
     model=${run%%:*}
     extra=${run#*:}
+    extra=${extra//,/ }
     for build in old new; do
       bin=$old
       [ $build = new ] && bin=$new
@@ -32,10 +35,14 @@ for r in $(seq "$rounds"); do
       # shellcheck disable=SC2086
       $bin train "$data/g.grnd" --device cuda --model "$model" "${common[@]}" ${extra:+$extra} \
         --metrics-out "$m" > "$out/$preset-$model-$build-$r.log" 2>&1 || { echo "$build $model failed: $(tail -1 "$out/$preset-$model-$build-$r.log")"; continue; }
-      python3 - "$m" "$build" "$model" <<'PY'
+      python3 - "$m" "$build" "$model" "$extra" <<'PY'
 import json, sys
-s = [json.loads(l) for l in open(sys.argv[1])][-1]
-print(f"{sys.argv[2]:4} {sys.argv[3]:5} epoch {s['epoch_s_median']:.5f} s  test {s['test_acc']:.4f}  loss {s['final_loss']:.5f}")
+rows = [json.loads(l) for l in open(sys.argv[1])]
+s = rows[-1]
+t = [r for r in rows if "epoch" in r][-1].get("tier") or {}
+ph = (f"  gather {t.get('gather_s', 0):.3f} s  write-back {t.get('write_back_s', 0):.3f} s"
+      f"  up {t.get('upload_bytes', 0) / 1e9:.2f} GB  down {t.get('download_bytes', 0) / 1e9:.2f} GB") if t else ""
+print(f"{sys.argv[2]:4} {sys.argv[3]:5} {sys.argv[4]:28} epoch {s['epoch_s_median']:.5f} s{ph}  test {s['test_acc']:.4f}  loss {s['final_loss']:.5f}")
 PY
     done
   done

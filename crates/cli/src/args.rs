@@ -336,7 +336,7 @@ pub struct ConvertArgs {
     pub out: PathBuf,
     /// How the features are stored: f32, f16 or bf16 (values rounded to nearest; training
     /// computes in f32 either way). Default: as the input stores them.
-    #[arg(long, value_parser = parse_feature_dtype)]
+    #[arg(long, value_parser = str::parse::<grinnder_graph::FeatureDtype>)]
     pub feature_dtype: Option<grinnder_graph::FeatureDtype>,
 }
 
@@ -389,13 +389,8 @@ pub struct GenerateArgs {
     pub format: GenFormat,
     /// How the features are stored: f32, or f16 / bf16 (half the disk and reads; training
     /// computes in f32 either way). The npy layout has f32 and f16.
-    #[arg(long, default_value = "f32", value_parser = parse_feature_dtype)]
+    #[arg(long, default_value = "f32", value_parser = str::parse::<grinnder_graph::FeatureDtype>)]
     pub feature_dtype: grinnder_graph::FeatureDtype,
-}
-
-/// `--feature-dtype`'s value.
-pub fn parse_feature_dtype(s: &str) -> Result<grinnder_graph::FeatureDtype, String> {
-    s.parse()
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]

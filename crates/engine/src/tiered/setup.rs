@@ -202,31 +202,46 @@ impl<'a, B: Backend> Executor<'a, B> {
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
-        if let (None, None, Some(auto)) = (tc.host_mem, tc.cache_bytes, &tc.host_auto) {
-            if !ex.blocks_fit(auto) {
-                // the plan again under that budget: its first aggregation made a piece at a
-                // time, blocks beyond it in files (partitioning is read from its cache)
-                let budgeted = TieredConfig {
-                    host_mem: Some(auto.bytes),
-                    storage_dir: tc.storage_dir.clone().or_else(|| auto.storage_dir.clone()),
-                    host_auto: None,
-                    ..tc.clone()
-                };
-                tracing::info!(
-                    "host: the blocks outside the GPU tier do not fit in the {:.2} GiB this machine leaves the run: a host budget of that size, blocks beyond it in {}",
-                    auto.bytes as f64 / GIB,
-                    budgeted.storage_dir.as_deref().map_or("no storage directory".into(), |d| d.display().to_string())
-                );
+        match tc.host_auto.as_ref().filter(|_| tc.host_mem.is_none() && tc.cache_bytes.is_none()) {
+            Some(auto) if !ex.blocks_fit(auto) => {
                 drop(ex);
-                return Self::set_up_once(b, ds, sub, model_cfg, &budgeted, dist, plan_only).map_err(|e| match e {
-                    TrainError::Memory(m) => TrainError::Memory(format!(
-                        "{m} (the host budget is the memory this machine leaves the run, chosen from it; --host-mem and --parts override)"
-                    )),
-                    e => e,
-                });
+                Self::set_up_under(auto, b, ds, sub, model_cfg, tc, dist, plan_only)
             }
+            _ => Ok(ex),
         }
-        Ok(ex)
+    }
+
+    /// [`Self::set_up_once`] again under the host budget `auto` chose, where the blocks outside
+    /// the GPU tier do not fit beside the process: its first aggregation made a piece at a time,
+    /// blocks beyond the budget in files (the partitioning is read from its cache).
+    #[allow(clippy::too_many_arguments)]
+    fn set_up_under(
+        auto: &HostAuto,
+        b: &'a B,
+        ds: &Dataset,
+        sub: Option<&SubgraphOf>,
+        model_cfg: &ModelConfig,
+        tc: &TieredConfig,
+        dist: Option<DistConfig<'a, B>>,
+        plan_only: bool,
+    ) -> Result<Self, TrainError> {
+        let budgeted = TieredConfig {
+            host_mem: Some(auto.bytes),
+            storage_dir: tc.storage_dir.clone().or_else(|| auto.storage_dir.clone()),
+            host_auto: None,
+            ..tc.clone()
+        };
+        tracing::info!(
+            "host: the blocks outside the GPU tier do not fit in the {:.2} GiB this machine leaves the run: a host budget of that size, blocks beyond it in {}",
+            auto.bytes as f64 / GIB,
+            budgeted.storage_dir.as_deref().map_or("no storage directory".into(), |d| d.display().to_string())
+        );
+        Self::set_up_once(b, ds, sub, model_cfg, &budgeted, dist, plan_only).map_err(|e| match e {
+            TrainError::Memory(m) => TrainError::Memory(format!(
+                "{m} (the host budget is the memory this machine leaves the run, chosen from it; --host-mem and --parts override)"
+            )),
+            e => e,
+        })
     }
 
     /// Whether every block outside the GPU tier fits in `auto.bytes` beside what the process
