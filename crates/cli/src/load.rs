@@ -19,13 +19,22 @@ pub fn load(input: &Input) -> anyhow::Result<(Dataset, f64)> {
 
 /// Opens the dataset at `path` as `input` says, then applies `--num-classes` and warns about
 /// classes without a node.
-pub fn open(path: &Path, input: &Input) -> anyhow::Result<Dataset> {
+/// `host_mem`: the run's --host-mem, under which (else under the machine's available memory)
+/// a compressed archive's declared sizes must fit before it is inflated.
+pub fn open(path: &Path, input: &Input, host_mem: Option<u64>) -> anyhow::Result<Dataset> {
     if std::fs::symlink_metadata(path).is_err() {
         anyhow::bail!("{}: no such file or folder{}", path.display(), suggestion(path));
     }
     let phase = grinnder_graph::progress::phase(&format!("loading {}", path.display()));
-    let mut ds = io::open(path, input.format(), &input.options()?)
-        .with_context(|| format!("cannot load {}", path.display()))?;
+    let mut opts = input.options()?;
+    opts.memory_limit = match host_mem {
+        Some(bytes) => Some(io::MemoryLimit { bytes, source: "--host-mem".into() }),
+        None => grinnder_engine::machine::HostMemory::read()
+            .usable()
+            .map(|bytes| io::MemoryLimit { bytes, source: "memory this machine has available".into() }),
+    };
+    let mut ds =
+        io::open(path, input.format(), &opts).with_context(|| format!("cannot load {}", path.display()))?;
     drop(phase);
     settle_classes(&mut ds, input.num_classes)?;
     Ok(ds)
@@ -52,19 +61,22 @@ pub fn settle_classes(ds: &mut Dataset, num_classes: Option<u32>) -> anyhow::Res
 /// model with dead outputs.
 fn warn_empty_classes(ds: &Dataset, counted_by_user: bool) {
     let classes = ds.num_classes as usize;
-    if classes == 0 || ds.labels.iter().all(|&y| y < 0) {
+    if classes == 0 || counted_by_user || ds.labels.iter().all(|&y| y < 0) {
         return;
     }
-    let mut count = vec![0u64; classes];
-    for &y in ds.labels.iter().filter(|&&y| y >= 0) {
-        count[y as usize] += 1;
-    }
-    let empty = count.iter().filter(|&&c| c == 0).count();
-    if empty == 0 || counted_by_user {
+    // the distinct labels, not a count per class: --num-classes may be far more than the nodes
+    let mut seen: Vec<i32> = ds.labels.iter().copied().filter(|&y| y >= 0).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    let empty = classes - seen.len();
+    if empty == 0 {
         return;
     }
-    let first: Vec<String> =
-        count.iter().enumerate().filter(|(_, &c)| c == 0).take(5).map(|(k, _)| k.to_string()).collect();
+    let first: Vec<String> = (0..classes as i32)
+        .filter(|k| seen.binary_search(k).is_err())
+        .take(5)
+        .map(|k| k.to_string())
+        .collect();
     tracing::warn!(
         "{}: {empty} of its {classes} classes have no node (classes {}{}): the model gets {classes} outputs because the largest label is {}; if the labels are not 0..K-1, renumber them (numpy: `np.unique(y, return_inverse=True)`), or set the count with --num-classes",
         ds.name,

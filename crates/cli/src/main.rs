@@ -73,7 +73,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     }
-    // an allocation past --gpu-mem unwinds out of the trainer (destructors clean up storage
+    // an allocation past --gpu-mem, or one the device refuses, unwinds out of the trainer (destructors clean up storage
     // files) and is reported as an error, not as a crash
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -138,10 +138,11 @@ fn remove_storage_on_signals() {
     });
 }
 
-/// The message of a panic raised by the GPU memory budget.
+/// The message of a panic raised by the GPU memory budget, or by a device out of memory.
 fn budget_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
-    let m = payload.downcast_ref::<String>()?;
-    m.starts_with("GPU memory budget exceeded").then(|| m.clone())
+    let m =
+        payload.downcast_ref::<String>().map(String::as_str).or(payload.downcast_ref::<&str>().copied())?;
+    (m.starts_with("GPU memory budget exceeded") || m.starts_with("GPU out of memory")).then(|| m.to_string())
 }
 
 /// A panic of `println!` whose reader closed the pipe (Rust ignores SIGPIPE, so writes fail

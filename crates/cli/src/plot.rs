@@ -12,6 +12,18 @@ static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 /// A curve: its legend, colour and the figure it plots.
 type Series = (&'static str, RGBColor, fn(&EpochMetrics) -> Option<f64>);
 
+/// Refuses, before the run, a `--plot` path whose type cannot be drawn (the curves are PNG).
+pub fn check_path(path: &Path) -> anyhow::Result<()> {
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    anyhow::ensure!(
+        ext.as_deref() == Some("png"),
+        "--plot {}: the curves are drawn as PNG; give a file name ending in .png",
+        path.display()
+    );
+    Ok(())
+}
+
+/// Draws the loss and accuracy curves of `history` into `path`.
 pub fn curves(path: &Path, title: &str, history: &[EpochMetrics]) -> anyhow::Result<()> {
     anyhow::ensure!(!history.is_empty(), "no evaluated epoch to plot");
     register_font("sans-serif", FontStyle::Normal, FONT)

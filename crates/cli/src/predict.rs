@@ -80,7 +80,7 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
         crate::outputs::check_writable(p, "--metrics-out")?;
     }
     let path = a.input.path()?;
-    let mut ds = crate::load::open(&path, &a.input)?;
+    let mut ds = crate::load::open(&path, &a.input, tiered.as_ref().and_then(|t| t.host_mem))?;
     arch.check_dataset(&ds, &a.model_file)?;
     if ds.num_classes == 0 {
         // a graph without labels: predict into the model's classes
@@ -201,7 +201,7 @@ fn tiered_config(a: &PredictArgs, ranks: usize) -> anyhow::Result<Option<TieredC
     Ok(Some(tc))
 }
 
-/// `--nodes`: every node (`None`), a split, or the ids of an `.npy` file.
+/// `--nodes`: every node (`None`), a split, or the ids (or a boolean mask) of an `.npy` file.
 fn requested_nodes(which: &str, ds: &Dataset) -> anyhow::Result<Option<Vec<u32>>> {
     let split = |name: &str, ids: &[u32]| -> anyhow::Result<Option<Vec<u32>>> {
         anyhow::ensure!(!ids.is_empty(), "--nodes {name}: the dataset's {name} split is empty");
@@ -224,8 +224,25 @@ fn requested_nodes(which: &str, ds: &Dataset) -> anyhow::Result<Option<Vec<u32>>
                 "--nodes {file}: a 1-D array of node ids, not shape {:?}",
                 npy.shape
             );
-            let ids = npy.to_i64()?;
             let n = ds.num_nodes() as i64;
+            if npy.dtype == DType::Bool {
+                // a mask, as PyG keeps splits (`data.test_mask`): the nodes where it is true
+                anyhow::ensure!(
+                    npy.len() as i64 == n,
+                    "--nodes {file}: a boolean mask of {} entries; the graph has {n} nodes (one entry per node)",
+                    npy.len()
+                );
+                let ids: Vec<u32> = npy
+                    .to_i64()?
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &b)| b != 0)
+                    .map(|(i, _)| i as u32)
+                    .collect();
+                anyhow::ensure!(!ids.is_empty(), "--nodes {file}: the mask selects no node");
+                return Ok(Some(ids));
+            }
+            let ids = npy.to_i64()?;
             if let Some((i, v)) = ids.iter().enumerate().find(|(_, &v)| !(0..n).contains(&v)) {
                 anyhow::bail!("--nodes {file}: entry {i} is {v}, not a node id (0 to {})", n - 1);
             }

@@ -171,8 +171,16 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         None => None,
     };
     let path = a.input.path()?;
-    let ds = crate::load::open(&path, &a.input)?;
+    let ds = crate::load::open(&path, &a.input, host_mem)?;
     plan.settle_feature_norm(&ds.name);
+    // a model no machine holds is refused before budgets are planned around it
+    let elem = if gpu.is_none() && plan.precision == PrecisionArg::F64 { 8 } else { 4 };
+    grinnder_engine::budgets::check_model(
+        &plan.config.model,
+        ds.features.dim,
+        ds.num_classes as usize,
+        elem,
+    )?;
     if launch.is_none() {
         settle_budgets(&mut plan, &ds, gpu.as_mut())?;
     }
@@ -243,10 +251,11 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     if !lead {
         return Ok(());
     }
+    // the result line first: a plot that cannot be drawn loses nothing of the run
+    report(&summary, &plan, host_mem);
     if let Some(p) = &a.plot {
         crate::plot::curves(p, &ds.name, &history).with_context(|| format!("cannot draw {}", p.display()))?;
     }
-    report(&summary, &plan, host_mem);
     Ok(())
 }
 
@@ -300,6 +309,9 @@ fn check_outputs(a: &TrainArgs, ckpt: Option<&grinnder_engine::CheckpointConfig>
         if let Some(p) = path {
             crate::outputs::check_writable(p, flag)?;
         }
+    }
+    if let Some(p) = &a.plot {
+        crate::plot::check_path(p)?;
     }
     if let Some(c) = ckpt {
         crate::outputs::check_dir_writable(&c.dir, "--checkpoint-dir")?;

@@ -52,7 +52,7 @@ impl Cuda {
         }
         let rows_per: usize = 4096;
         let parts = n.div_ceil(rows_per).max(1);
-        let mut partial = self.stream.alloc_zeros::<f32>(parts * w).expect("CUDA alloc");
+        let mut partial = self.stream.alloc_zeros::<f32>(parts * w).or_oom();
         let cfg = LaunchConfig {
             grid_dim: (w.div_ceil(32) as u32, parts as u32, 1),
             block_dim: (32, 8, 1),
@@ -124,7 +124,7 @@ impl DenseOps for Cuda {
             // K × m) by rows; op(B) = B (K × n) by rows, Bᵀ (B is n × K) by columns
             let a_step = if ta { a.cols } else { 1 };
             let b_step = if tb { 1 } else { b.cols };
-            let mut partial = self.stream.alloc_zeros::<f32>(parts * m * n).expect("CUDA alloc");
+            let mut partial = self.stream.alloc_zeros::<f32>(parts * m * n).or_oom();
             let batched = StridedBatchedConfig {
                 gemm: GemmConfig { k: kc as i32, beta: 0.0, ..cfg },
                 batch_size: parts as i32,
@@ -375,7 +375,7 @@ impl TrainOps for Cuda {
         }
         let (dl, dr) = (self.labels.get(self, labels), self.rows.get(self, rows));
         let (dl, dr) = (dl.as_ref(), dr.as_ref());
-        let mut ok = self.stream.alloc_zeros::<i32>(rows.len()).expect("CUDA alloc");
+        let mut ok = self.stream.alloc_zeros::<i32>(rows.len()).or_oom();
         let (m, c) = (rows.len() as i64, logits.cols as i32);
         let mut l = self.stream.launch_builder(self.func("count_correct"));
         l.arg(&logits.data).arg(dl).arg(dr).arg(&m).arg(&c).arg(&mut ok);

@@ -13,6 +13,7 @@ use grinnder_tensor::{Mat, Rows};
 
 use crate::clock::EventClock;
 use crate::pinned::{mapped_uninit, mapped_zeroed, PageLock, PageLocked};
+use crate::pool::OrOutOfMemory;
 use crate::{err, Arriving, Cuda, CudaError, DMat};
 
 /// A `rows × cols` row-major `f32` table in page-locked host memory, mapped into the device.
@@ -300,7 +301,7 @@ impl Cuda {
         // measuring 71088e9, call 6)
         let idx = self.upload_pinned(side, ids);
         // SAFETY: every element is written by the gather below before any use.
-        let mut data = unsafe { side.alloc::<f32>((n * d).max(1)) }.expect("CUDA alloc");
+        let mut data = unsafe { side.alloc::<f32>((n * d).max(1)) }.or_oom();
         if n > 0 && d > 0 {
             // a few hundred warps keep enough reads in flight to fill the bus (one row each
             // at a time) and leave most of the device to the main stream's kernels
@@ -340,7 +341,7 @@ impl Cuda {
         self.charge(n * 4);
         t.after_device_use(side);
         // SAFETY: the copy below writes every element before any use.
-        let mut data = unsafe { side.alloc::<f32>(n.max(1)) }.expect("CUDA alloc");
+        let mut data = unsafe { side.alloc::<f32>(n.max(1)) }.or_oom();
         if n > 0 {
             self.timed_on_side(side, (n * 4) as u64, || t.copy_to(side, n, &mut data));
         }
@@ -622,13 +623,13 @@ impl Cuda {
     ) -> CudaSlice<T> {
         if v.is_empty() {
             // SAFETY: never read (see above).
-            return unsafe { stream.alloc::<T>(1) }.expect("CUDA alloc");
+            return unsafe { stream.alloc::<T>(1) }.or_oom();
         }
         let bytes = std::mem::size_of_val(v);
         self.charge(bytes);
         // SAFETY: written whole by the copy below before any use; freed in its stream's order
         // (or the main stream's, once adopted), after the copy.
-        let mut out = unsafe { stream.alloc::<T>(v.len()) }.expect("CUDA alloc");
+        let mut out = unsafe { stream.alloc::<T>(v.len()) }.or_oom();
         let mut b = self.pinned.take(&self.ctx, bytes);
         let host = b.ptr();
         // SAFETY: `host` holds at least `bytes` bytes and no copy is using it (taken from the

@@ -51,7 +51,7 @@ pub use pinned::PageLock;
 pub use spmm::{SpmmKernel, SpmmShapeInfo};
 
 use device::Kernels;
-use pool::MemPool;
+use pool::{MemPool, OrOutOfMemory};
 use profile::approx;
 use profile::Profile;
 use spmm::SpmmShape;

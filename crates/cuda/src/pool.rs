@@ -4,6 +4,27 @@
 
 use super::*;
 
+/// An allocation's result: the memory, or a panic the binaries report as an error naming the
+/// fix where the device has no memory left (another process may hold it); any other driver
+/// error panics as before.
+pub(crate) trait OrOutOfMemory<T> {
+    fn or_oom(self) -> T;
+}
+
+impl<T> OrOutOfMemory<T> for Result<T, cudarc::driver::DriverError> {
+    #[track_caller]
+    fn or_oom(self) -> T {
+        match self {
+            Ok(v) => v,
+            Err(e) if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => panic!(
+                "GPU out of memory: the device refused an allocation (another process may hold its memory); \
+                 train with more --parts, or with a --gpu-mem below the memory it has free"
+            ),
+            Err(e) => panic!("CUDA alloc: {e:?}"),
+        }
+    }
+}
+
 /// Lets the device's default memory pool keep freed memory instead of returning it at every
 /// synchronisation: an epoch frees and re-allocates the same few-GB matrices, and mapping them
 /// afresh each time cost milliseconds per allocation.

@@ -26,13 +26,13 @@ impl Memory for Cuda {
     fn zeros(&self, rows: usize, cols: usize) -> DMat {
         self.charge(rows * cols * 4);
         let _p = self.span("zeros");
-        DMat { rows, cols, data: self.stream.alloc_zeros::<f32>((rows * cols).max(1)).expect("CUDA alloc") }
+        DMat { rows, cols, data: self.stream.alloc_zeros::<f32>((rows * cols).max(1)).or_oom() }
     }
     fn output(&self, rows: usize, cols: usize) -> DMat {
         self.charge(rows * cols * 4);
         let _p = self.span("output");
         // SAFETY: the caller overwrites every element before reading (the trait's contract).
-        let data = unsafe { self.stream.alloc::<f32>((rows * cols).max(1)) }.expect("CUDA alloc");
+        let data = unsafe { self.stream.alloc::<f32>((rows * cols).max(1)) }.or_oom();
         DMat { rows, cols, data }
     }
     fn synchronize(&self) {

@@ -177,17 +177,17 @@ impl Cuda {
         let col_idx = self.upload_slice_on(stream, &s.col_idx);
         let n = nnz as i64;
         // SAFETY: written whole by `iota_u32` below before any use.
-        let mut entries = unsafe { stream.alloc::<u32>(nnz) }.expect("CUDA alloc");
+        let mut entries = unsafe { stream.alloc::<u32>(nnz) }.or_oom();
         let mut l = stream.launch_builder(self.func("iota_u32"));
         l.arg(&mut entries).arg(&n);
         // SAFETY: `entries` holds nnz elements.
         unsafe { l.launch(grid(nnz)) }.expect("CUDA iota_u32");
         // SAFETY: written whole by the conversion before any use (so are the next two).
-        let mut t_ptr = unsafe { stream.alloc::<i32>(cols + 1) }.expect("CUDA alloc");
+        let mut t_ptr = unsafe { stream.alloc::<i32>(cols + 1) }.or_oom();
         // SAFETY: as above.
-        let mut t_col_idx = unsafe { stream.alloc::<u32>(nnz) }.expect("CUDA alloc");
+        let mut t_col_idx = unsafe { stream.alloc::<u32>(nnz) }.or_oom();
         // SAFETY: as above.
-        let mut t_perm = unsafe { stream.alloc::<u32>(nnz) }.expect("CUDA alloc");
+        let mut t_perm = unsafe { stream.alloc::<u32>(nnz) }.or_oom();
         let converted = lib.lock().unwrap_or_else(|p| p.into_inner()).csr_to_csc(
             stream,
             (rows, cols, nnz),
@@ -205,7 +205,7 @@ impl Cuda {
         }
         let widen = |p: &CudaSlice<i32>, len: usize| {
             // SAFETY: written whole by `widen_offsets` below before any use.
-            let mut w = unsafe { stream.alloc::<u64>(len) }.expect("CUDA alloc");
+            let mut w = unsafe { stream.alloc::<u64>(len) }.or_oom();
             let n = len as i64;
             let mut l = stream.launch_builder(self.func("widen_offsets"));
             l.arg(p).arg(&n).arg(&mut w);

@@ -365,6 +365,18 @@ fn the_memory_budget_is_measured_and_enforced() {
 }
 
 #[test]
+fn an_allocation_the_device_refuses_names_the_fix() {
+    let Some(g) = gpu() else { return };
+    // 4 TiB: more than any device holds, with no budget to refuse it first
+    let over = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.zeros(1 << 30, 1 << 10)));
+    let msg = over.err().and_then(|e| e.downcast::<String>().ok()).expect("4 TiB must be refused");
+    assert!(msg.starts_with("GPU out of memory") && msg.contains("--parts"), "{msg}");
+    // the device goes on working
+    let m = g.zeros(4, 4);
+    assert_eq!(g.download(&m).data, vec![0.0; 16]);
+}
+
+#[test]
 fn the_tiered_executor_on_the_gpu_gives_the_cpu_gradients() {
     use grinnder_engine::tiered::{Executor, TieredConfig};
     use grinnder_engine::FeatureNorm;

@@ -71,6 +71,42 @@ const STRUCTURE_SHARE: f64 = 0.6;
 /// The most partitions chosen.
 pub const PARTS_MAX: usize = 4096;
 
+/// Refuses a model whose parameters (with their gradients and two optimizer moments, at
+/// `elem` bytes each) cannot fit in the memory this machine leaves the process, before any
+/// allocation: a size no machine holds (`--hidden 2147483648`) is an error naming the flags,
+/// not an abort.
+pub fn check_model(
+    cfg: &grinnder_nn::ModelConfig,
+    in_dim: usize,
+    classes: usize,
+    elem: u64,
+) -> Result<(), crate::TrainError> {
+    let room = crate::machine::HostMemory::read().usable();
+    let need = cfg.parameter_bound(in_dim, classes).and_then(|p| p.checked_mul(4 * elem));
+    if let (Some(need), Some(room)) = (need, room) {
+        if need <= room {
+            return Ok(());
+        }
+    } else if need.is_some() {
+        return Ok(());
+    }
+    let shape = format!(
+        "{} layers of hidden width {}{} on {in_dim} features and {classes} classes",
+        cfg.layers,
+        cfg.hidden,
+        if cfg.heads_of_hidden() > 1 {
+            format!(" × {} heads", cfg.heads_of_hidden())
+        } else {
+            String::new()
+        },
+    );
+    Err(crate::TrainError::Memory(format!(
+        "the model's parameters, with their gradients and the optimizer's two moments, need {} ({shape}), more than the {} this machine leaves the run: a smaller --hidden, --layers, --heads or --num-classes",
+        need.map_or("more bytes than a 64-bit machine addresses".into(), gib),
+        room.map_or("memory".into(), gib)
+    )))
+}
+
 fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
 }

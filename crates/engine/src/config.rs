@@ -62,6 +62,9 @@ pub enum TrainError {
     /// A model file could not be read, written or used (its message).
     #[error("{0}")]
     ModelFile(String),
+    /// The training loss stopped being a number.
+    #[error("{0}")]
+    Diverged(String),
     #[error("the tiered executor stopped at an earlier error and cannot go on (start again): {0}")]
     Stopped(String),
 }

@@ -20,6 +20,17 @@ pub struct HostMemory {
     pub cgroup_used: Option<u64>,
     /// This process's resident set now.
     pub process: u64,
+    /// The address-space limit (`ulimit -v`, `RLIMIT_AS`), where one is set: no allocation
+    /// past it succeeds, whatever the system has free.
+    pub address_limit: Option<u64>,
+}
+
+/// `RLIMIT_AS`, where it is not unlimited.
+fn address_limit() -> Option<u64> {
+    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we pass.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut l) } == 0;
+    (ok && l.rlim_cur != libc::RLIM_INFINITY).then_some(l.rlim_cur)
 }
 
 impl HostMemory {
@@ -31,6 +42,7 @@ impl HostMemory {
             cgroup_limit: cgroup.map(|c| c.0),
             cgroup_used: cgroup.and_then(|c| c.1),
             process: crate::process::rss_bytes(),
+            address_limit: address_limit(),
         }
     }
 
@@ -43,10 +55,7 @@ impl HostMemory {
             Some(u) => l.saturating_sub(u) + self.process,
             None => l,
         });
-        match (system, group) {
-            (Some(s), Some(g)) => Some(s.min(g)),
-            (s, g) => s.or(g),
-        }
+        [system, group, self.address_limit].into_iter().flatten().min()
     }
 
     /// How the figures were found, for `info` and the logs.
@@ -59,6 +68,9 @@ impl HostMemory {
         if let Some(l) = self.cgroup_limit {
             let used = self.cgroup_used.map_or(String::new(), |u| format!(", {} of it in use", gib(u)));
             parts.push(format!("a control-group limit of {}{used}", gib(l)));
+        }
+        if let Some(l) = self.address_limit {
+            parts.push(format!("an address-space limit (ulimit -v) of {}", gib(l)));
         }
         parts.push(format!("{} held by this process", gib(self.process)));
         parts.join(", ")
@@ -167,7 +179,13 @@ mod tests {
     #[test]
     fn the_usable_memory_is_the_least_of_the_system_and_the_group() {
         let g = 1u64 << 30;
-        let m = HostMemory { available: Some(20 * g), cgroup_limit: None, cgroup_used: None, process: g };
+        let m = HostMemory {
+            available: Some(20 * g),
+            cgroup_limit: None,
+            cgroup_used: None,
+            process: g,
+            address_limit: None,
+        };
         assert_eq!(m.usable(), Some(21 * g));
         let m = HostMemory { cgroup_limit: Some(8 * g), cgroup_used: Some(3 * g), ..m };
         assert_eq!(m.usable(), Some(6 * g), "the group's room plus what the process holds");
@@ -175,6 +193,8 @@ mod tests {
         assert_eq!(m.usable(), Some(3 * g));
         assert_eq!(HostMemory::default().usable(), None);
         assert!(m.describe().contains("control-group limit of 8.0 GiB"), "{}", m.describe());
+        let m = HostMemory { address_limit: Some(g), ..m };
+        assert_eq!(m.usable(), Some(g), "no allocation passes ulimit -v");
     }
 
     #[test]

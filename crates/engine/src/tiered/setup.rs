@@ -104,16 +104,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         plan_only: bool,
     ) -> Result<Self, TrainError> {
         let (rank, ranks) = dist.map_or((0, 1), |d| (d.comm.rank(), d.comm.size()));
-        if tc.parts < ranks {
-            return Err(TrainError::Config(format!(
-                "{} partitions for {ranks} ranks: every rank computes at least one (--parts {ranks} or more)",
-                tc.parts
-            )));
-        }
-        // contiguous shares: rank r computes partitions ⌈r·P/R⌉ .. ⌈(r+1)·P/R⌉
-        let owner: Vec<usize> = (0..tc.parts).map(|p| p * ranks / tc.parts).collect();
-        let local = owner.iter().position(|&o| o == rank).unwrap_or(0)
-            ..owner.iter().rposition(|&o| o == rank).map_or(0, |i| i + 1);
+        let (owner, local) = shares(tc.parts, rank, ranks, ds.graph.num_nodes())?;
+        let elem = std::mem::size_of::<B::T>() as u64;
+        crate::budgets::check_model(model_cfg, ds.features.dim, ds.num_classes as usize, elem)?;
         let model = Model::init(b, model_cfg.clone(), ds.features.dim, ds.num_classes as usize);
         let phase = grinnder_graph::progress::phase(&format!("partitioning ({} parts)", tc.parts));
         let partitioning = match dist.filter(|_| ranks > 1) {
@@ -144,7 +137,6 @@ impl<'a, B: Backend> Executor<'a, B> {
             model.precomputes_input() && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
         // under a host budget, `Â x` is built a piece of columns at a time where a partition's
         // input rows exceed a piece
-        let elem = std::mem::size_of::<B::T>() as u64;
         let in_pieces = pre
             && !keeps_features(&model, pre)
             && tc.host_mem.is_some()
@@ -670,4 +662,29 @@ fn dist_state<'a, B: Backend>(
         sends,
         stats: CommStats::default(),
     }
+}
+
+/// Which rank computes each of `parts` partitions (contiguous shares: rank r computes
+/// partitions ⌈r·P/R⌉ .. ⌈(r+1)·P/R⌉) and `rank`'s own; refused where a rank or a partition
+/// would have nothing (checked before anything is sized by `parts`).
+fn shares(
+    parts: usize,
+    rank: usize,
+    ranks: usize,
+    nodes: usize,
+) -> Result<(Vec<usize>, std::ops::Range<usize>), TrainError> {
+    if parts < ranks {
+        return Err(TrainError::Config(format!(
+            "{parts} partitions for {ranks} ranks: every rank computes at least one (--parts {ranks} or more)"
+        )));
+    }
+    if parts > nodes.max(1) {
+        return Err(TrainError::Config(format!(
+            "--parts {parts} is more than the graph's {nodes} nodes: every partition holds at least one node"
+        )));
+    }
+    let owner: Vec<usize> = (0..parts).map(|p| p * ranks / parts).collect();
+    let local = owner.iter().position(|&o| o == rank).unwrap_or(0)
+        ..owner.iter().rposition(|&o| o == rank).map_or(0, |i| i + 1);
+    Ok((owner, local))
 }

@@ -137,6 +137,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
     }
 
     fn set_up(b: &'a B, ds: &'a Dataset, cfg: TrainConfig, mode: Mode<'a, B>) -> Result<Self, TrainError> {
+        let elem = std::mem::size_of::<B::T>() as u64;
+        crate::budgets::check_model(&cfg.model, ds.features.dim, ds.num_classes as usize, elem)?;
         let (engine, group): (Box<dyn Engine<B> + 'a>, Option<&'a dyn Comm>) = match mode {
             Mode::FullGraph => (Box::new(full_graph::FullGraph::new(b, ds, &cfg)), None),
             Mode::Tiered(tc) => (Box::new(partitioned::Partitioned::one_process(b, ds, &cfg, &tc)?), None),
@@ -223,6 +225,13 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.epoch += 1;
         self.times.push(epoch_s);
         self.last_loss = loss_sum / self.ds.splits.train.len() as f64;
+        if !self.last_loss.is_finite() {
+            // every later epoch would train on NaN weights: stop here, saying what to change
+            return Err(TrainError::Diverged(format!(
+                "the training loss is {} after epoch {epoch}: training diverged ({}); a smaller learning rate (--lr) usually helps",
+                self.last_loss, self.cfg.optim
+            )));
+        }
         let mut m = EpochMetrics {
             epoch,
             loss: self.last_loss,

@@ -54,6 +54,36 @@ pub struct LoadOptions {
     pub verify: native::Verify,
     /// Accept splits that share nodes (with a warning) instead of refusing them.
     pub allow_split_overlap: bool,
+    /// The most memory a reader may fill from a compressed archive (npz), whose declared
+    /// sizes are checked against it before anything is inflated.
+    pub memory_limit: Option<MemoryLimit>,
+}
+
+/// Bytes a load may hold, and where the figure comes from (for the refusal's message:
+/// `--host-mem`, or the machine's available memory).
+#[derive(Clone, Debug)]
+pub struct MemoryLimit {
+    pub bytes: u64,
+    pub source: String,
+}
+
+impl MemoryLimit {
+    /// Refuses `bytes` of `what` (declared by `origin`) past the limit, before they are read.
+    pub(crate) fn check(limit: Option<&MemoryLimit>, bytes: u64, what: &str, origin: &Path) -> Result<()> {
+        let Some(l) = limit.filter(|l| bytes > l.bytes) else { return Ok(()) };
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        Err(GraphError::invalid(
+            origin,
+            format!(
+                "{what} would take {:.1} GiB of memory, more than the {:.1} GiB of {}; \
+                 nothing was read. Convert the dataset into grinnder's file on a machine with the \
+                 memory (`grinnder convert`): its features are read from disk",
+                gib(bytes),
+                gib(l.bytes),
+                l.source
+            ),
+        ))
+    }
 }
 
 impl Default for LoadOptions {
@@ -66,6 +96,7 @@ impl Default for LoadOptions {
             build: BuildOptions::default(),
             verify: native::Verify::Full,
             allow_split_overlap: false,
+            memory_limit: None,
         }
     }
 }

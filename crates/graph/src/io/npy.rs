@@ -263,10 +263,15 @@ impl Npy {
         }
         let out: Vec<Option<i64>> = (0..n).into_par_iter().map(conv).collect();
         if let Some(i) = out.iter().position(|x| x.is_none()) {
+            let what = match self.dtype {
+                DType::U64 => format!("{}, past the largest id this reads (2^63 - 1)", self.elem::<u64>(i)),
+                DType::F32 => format!("{}, not an integer", self.elem::<f32>(i)),
+                _ => format!("{}, not an integer", self.elem::<f64>(i)),
+            };
             return Err(GraphError::format(
                 &self.path,
                 (self.data_offset + i * self.dtype.size()) as u64,
-                format!("element {i} is not an integer (nan or fractional)"),
+                format!("element {i} is {what}"),
             ));
         }
         Ok(out.into_iter().map(|x| x.unwrap_or_default()).collect())

@@ -25,7 +25,7 @@ use std::path::Path;
 
 use super::npy::DType;
 use super::npz::{floats_into, Npz, NpzWriter};
-use super::LoadOptions;
+use super::{LoadOptions, MemoryLimit};
 use crate::buf::{as_bytes, as_bytes_mut, Buf};
 use crate::csr::Csr;
 use crate::dataset::{check_non_finite, Dataset, Features, NonFinite, NO_LABEL};
@@ -60,8 +60,9 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
     crate::csr::check_node_count(n as u64)?;
     let n = n as u64;
     let e = single(&mut z, "num_edges_list")?;
-    let features = read_features(&mut z, n, opts.non_finite)?;
-    let (src, dst) = read_edges(&mut z, n, e)?;
+    let limit = opts.memory_limit.as_ref();
+    let features = read_features(&mut z, n, opts.non_finite, limit)?;
+    let (src, dst) = read_edges(&mut z, n, e, features.data.bytes() as u64, limit)?;
     drop(z);
     let (labels, num_classes) = read_labels(&dir.join("raw/node-label.npz"), n)?;
     let splits = super::ogb::load_splits(&dir, opts.split.as_deref(), n)?;
@@ -97,7 +98,7 @@ fn single(z: &mut Npz, name: &str) -> Result<i64> {
 /// `node_feat`, decompressed straight into the feature array: float16 kept as float16 (as
 /// MAG240M ships its features), float32 and float64 as float32; read as is where the stored
 /// type is kept and in C order, converted (and transposed, where Fortran-ordered) otherwise.
-fn read_features(z: &mut Npz, n: u64, policy: NonFinite) -> Result<Features> {
+fn read_features(z: &mut Npz, n: u64, policy: NonFinite, limit: Option<&MemoryLimit>) -> Result<Features> {
     let m = z.member("node_feat", DATA_LAYOUT)?;
     m.expect_shape(&["nodes", "features"])?;
     let (rows, dim) = (m.shape[0], m.shape[1] as usize);
@@ -112,6 +113,9 @@ fn read_features(z: &mut Npz, n: u64, policy: NonFinite) -> Result<Features> {
         return Err(m.invalid(format!("expected float16, float32 or float64 features, found {dtype:?}")));
     }
     let origin = m.origin().to_path_buf();
+    let elem = if dtype == DType::F16 { 2 } else { 4 };
+    let what = format!("node_feat's {n} × {dim} values");
+    MemoryLimit::check(limit, n.saturating_mul(dim as u64).saturating_mul(elem), &what, &origin)?;
     let data: FeatureData = if dtype == DType::F16 {
         let data: Vec<half::f16> = read_feature_values(m, n, dim, |b, out| {
             for (o, b) in out.iter_mut().zip(b.chunks_exact(2)) {
@@ -169,7 +173,14 @@ fn read_feature_values<E: FeatureElem + Default>(
 }
 
 /// `edge_index` as u32 sources and targets, each id checked in `0..n`.
-fn read_edges(z: &mut Npz, n: u64, e: i64) -> Result<(Vec<u32>, Vec<u32>)> {
+/// `held`: the bytes already read (the features), which the edges join under `limit`.
+fn read_edges(
+    z: &mut Npz,
+    n: u64,
+    e: i64,
+    held: u64,
+    limit: Option<&MemoryLimit>,
+) -> Result<(Vec<u32>, Vec<u32>)> {
     let mut m = z.member("edge_index", DATA_LAYOUT)?;
     m.expect_shape(&["2", "edges"])?;
     if m.shape[0] != 2 {
@@ -179,6 +190,8 @@ fn read_edges(z: &mut Npz, n: u64, e: i64) -> Result<(Vec<u32>, Vec<u32>)> {
     if edges as i64 != e {
         return Err(m.invalid(format!("{edges} edges, but num_edges_list.npy says {e}")));
     }
+    let what = format!("edge_index's {edges} edges, with the features read before them,");
+    MemoryLimit::check(limit, held.saturating_add(edges.saturating_mul(8)), &what, m.origin())?;
     let fortran = m.fortran;
     let (mut src, mut dst) = (vec![0u32; edges as usize], vec![0u32; edges as usize]);
     let origin = m.origin().to_path_buf();

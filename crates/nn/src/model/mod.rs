@@ -103,6 +103,25 @@ impl ModelConfig {
         self.hidden * self.heads_of_hidden()
     }
 
+    /// An upper bound of the parameters a model of this shape holds on `in_dim` features and
+    /// `classes` (`(2·in + out + 4)·out` per layer covers every family's weights, biases and
+    /// attention vectors; a norm's two vectors); `None` where it overflows. Asked before
+    /// [`Model::init`] allocates, so that a size no machine holds is refused instead of aborting.
+    pub fn parameter_bound(&self, in_dim: usize, classes: usize) -> Option<u64> {
+        let hidden = (self.hidden as u64).checked_mul(self.heads_of_hidden() as u64)?;
+        let layers = self.layers as u64;
+        let layer = |i: u64, o: u64| i.checked_mul(2)?.checked_add(o)?.checked_add(4)?.checked_mul(o);
+        let (i, c) = (in_dim as u64, classes as u64);
+        let total = if layers <= 1 {
+            layer(i, c)?
+        } else {
+            let norm = hidden.checked_mul(4)?;
+            let middle = layer(hidden, hidden)?.checked_add(norm)?.checked_mul(layers - 2)?;
+            layer(i, hidden)?.checked_add(norm)?.checked_add(middle)?.checked_add(layer(hidden, c)?)?
+        };
+        Some(total)
+    }
+
     /// Attention heads of a hidden layer (1 without attention).
     pub fn heads_of_hidden(&self) -> usize {
         if self.kind == Kind::Gat {

@@ -26,6 +26,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::{FeatureNorm, TrainConfig};
 
+mod check;
+
 /// The largest model file read: parameters only (a 1024-wide, 8-layer GAT is tens of MB).
 pub const MODEL_FILE_BYTES_MAX: u64 = 4 << 30;
 
@@ -263,6 +265,11 @@ impl ModelFile {
             .map(|(t, b)| (t.name.as_str(), format!("{:016x}", xxh3_64(b))))
             .collect();
         meta.insert("checksums".into(), serde_json::to_string(&sums).expect("strings serialise"));
+        let sealed = check::seal(
+            &meta,
+            self.tensors.iter().map(|t| (t.name.as_str(), format!("{dtype:?}"), t.shape.as_slice())),
+        );
+        meta.insert("checksum".into(), sealed);
         let views = self
             .tensors
             .iter()
@@ -278,16 +285,21 @@ impl ModelFile {
 
     /// Reads and checks a model file (see the module docs).
     pub fn load(path: &Path) -> Result<ModelFile, ModelFileError> {
-        let bytes = grinnder_graph::io::files::read_bounded(path, MODEL_FILE_BYTES_MAX, "model file")
-            .map_err(|source| ModelFileError::Read { path: path.into(), source })?;
-        Self::from_bytes(&bytes, path)
+        Self::from_bytes(&check::read(path)?, path)
     }
 
     fn from_bytes(bytes: &[u8], path: &Path) -> Result<ModelFile, ModelFileError> {
-        let st = SafeTensors::deserialize(bytes).map_err(|e| diagnose(bytes, path, &e.to_string()))?;
+        let diagnose = |e: safetensors::SafeTensorError| check::diagnose_bytes(bytes, path, &e.to_string());
+        let st = SafeTensors::deserialize(bytes).map_err(diagnose)?;
         let meta = SafeTensors::read_metadata(bytes)
             .map(|(_, m)| m.metadata().clone().unwrap_or_default())
-            .map_err(|e| diagnose(bytes, path, &e.to_string()))?;
+            .map_err(diagnose)?;
+        let views = st.tensors();
+        check::metadata(
+            &meta,
+            views.iter().map(|(n, v)| (n.as_str(), format!("{:?}", v.dtype()), v.shape())),
+            path,
+        )?;
         let sums: Option<HashMap<String, String>> = match meta.get("checksums") {
             None => None,
             Some(s) => Some(serde_json::from_str(s).map_err(|e| ModelFileError::Metadata {
@@ -299,7 +311,7 @@ impl ModelFile {
         };
         let mut tensors = Vec::new();
         let mut value_type = ValueType::F32;
-        for (name, view) in st.tensors() {
+        for (name, view) in views {
             let tensor_err =
                 |reason: String| ModelFileError::Tensor { path: path.into(), name: name.clone(), reason };
             if let Some(sums) = &sums {
@@ -435,59 +447,6 @@ fn values(v: &TensorView<'_>) -> Result<Vec<f64>, String> {
     })
 }
 
-/// An error of the safetensors reader, naming the tensor at fault where the header tells.
-fn diagnose(bytes: &[u8], path: &Path, reason: &str) -> ModelFileError {
-    let format = |reason: String| ModelFileError::Format { path: path.into(), reason };
-    let Some(n) = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize) else {
-        return format(format!("{} bytes, shorter than a safetensors header", bytes.len()));
-    };
-    let Some(header) = bytes.get(8..8usize.saturating_add(n)) else {
-        return format(format!("its header claims {n} bytes but the file has {}: cut short?", bytes.len()));
-    };
-    let Ok(map) = serde_json::from_slice::<BTreeMap<String, serde_json::Value>>(header) else {
-        return format(format!("its header is not JSON ({reason})"));
-    };
-    let data_len = bytes.len() - 8 - n;
-    // (name, shape, dtype, data offsets)
-    type Info = (String, Vec<u64>, String, (u64, u64));
-    let mut infos: Vec<Info> = map
-        .iter()
-        .filter(|(k, _)| *k != "__metadata__")
-        .filter_map(|(k, v)| {
-            let shape =
-                v.get("shape")?.as_array()?.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>()?;
-            let dtype = v.get("dtype")?.as_str()?.to_string();
-            let o = v.get("data_offsets")?.as_array()?;
-            Some((k.clone(), shape, dtype, (o.first()?.as_u64()?, o.get(1)?.as_u64()?)))
-        })
-        .collect();
-    infos.sort_by_key(|i| i.3);
-    for (name, shape, dtype, (s, e)) in &infos {
-        let size = match dtype.as_str() {
-            "F64" | "I64" | "U64" => 8,
-            "F32" | "I32" | "U32" => 4,
-            "F16" | "BF16" | "I16" | "U16" => 2,
-            _ => 1,
-        };
-        let want = shape.iter().product::<u64>() * size;
-        let tensor =
-            |reason: String| ModelFileError::Tensor { path: path.into(), name: name.clone(), reason };
-        if *e as usize > data_len {
-            return tensor(format!(
-                "its data ends at byte {} of the data section, but the file holds {data_len}: the file is cut short",
-                e
-            ));
-        }
-        if e.saturating_sub(*s) != want {
-            return tensor(format!(
-                "shape {shape:?} of {dtype} needs {want} bytes, its offsets {s}..{e} give {}",
-                e.saturating_sub(*s)
-            ));
-        }
-    }
-    format(reason.to_string())
-}
-
 /// The architecture of a file: its metadata, and what the tensors' names and shapes say where
 /// the metadata is silent (a file saved by PyG).
 fn arch_of(tensors: &[Tensor], meta: &HashMap<String, String>, path: &Path) -> Result<Arch, ModelFileError> {
@@ -521,7 +480,7 @@ fn arch_of(tensors: &[Tensor], meta: &HashMap<String, String>, path: &Path) -> R
         "false" | "0" | "no" => Some(false),
         _ => None,
     };
-    Ok(Arch {
+    let arch = Arch {
         kind,
         layers,
         hidden: m
@@ -549,7 +508,17 @@ fn arch_of(tensors: &[Tensor], meta: &HashMap<String, String>, path: &Path) -> R
             }
         })?,
         feature_shift: m.get("feature_shift", 0.0, |s| s.parse().ok().filter(|x: &f64| x.is_finite()))?,
-    })
+    };
+    let seen = check::Seen {
+        layers: layers_seen,
+        in_features: in_seen,
+        first_out,
+        heads: heads_seen,
+        classes: classes_seen,
+        values: tensors.iter().map(|t| t.data.len() as u64).sum(),
+    };
+    check::agrees(&arch, &seen, path)?;
+    Ok(arch)
 }
 
 /// Metadata entries, parsed or defaulted.
@@ -656,6 +625,136 @@ mod tests {
         assert!(err.contains("checksum") && err.contains("tensor "), "{err}");
         let err = ModelFile::from_bytes(&bytes[..5], p).unwrap_err().to_string();
         assert!(err.contains("shorter than a safetensors header"), "{err}");
+    }
+
+    /// `bytes` with its metadata edited by `edit`; `seal`: with a `checksum` recomputed over
+    /// the edit (as a writer who knows the format would), else without one.
+    fn edited(bytes: &[u8], edit: impl Fn(&mut HashMap<String, String>), seal: bool) -> Vec<u8> {
+        let st = SafeTensors::deserialize(bytes).unwrap();
+        let (_, m) = SafeTensors::read_metadata(bytes).unwrap();
+        let mut meta = m.metadata().clone().unwrap();
+        edit(&mut meta);
+        meta.remove("checksum");
+        let views = st.tensors();
+        if seal {
+            let s = check::seal(
+                &meta,
+                views.iter().map(|(n, v)| (n.as_str(), format!("{:?}", v.dtype()), v.shape())),
+            );
+            meta.insert("checksum".into(), s);
+        }
+        safetensors::serialize(views, Some(meta)).unwrap()
+    }
+
+    #[test]
+    fn metadata_sizes_the_tensors_contradict_are_refused_before_a_model_is_made() {
+        let p = Path::new("m.safetensors");
+        let huge = [(1u64 << 40).to_string(), (1u64 << 62).to_string(), u64::MAX.to_string()];
+        for kind in Kind::ALL {
+            let bytes = file(kind).to_bytes().unwrap();
+            let mut cases: Vec<(&str, String)> =
+                vec![("layers", "0".into()), ("layers", "1000000".into()), ("hidden", "0".into())];
+            for key in ["layers", "hidden", "heads", "in_features", "classes"] {
+                cases.extend(huge.iter().map(|v| (key, v.clone())));
+            }
+            cases.extend([
+                ("gin_eps", "NaN".into()),
+                ("gin_eps", "inf".into()),
+                ("feature_shift", "NaN".into()),
+            ]);
+            for (key, value) in &cases {
+                for seal in [false, true] {
+                    let b = edited(&bytes, |m| drop(m.insert(key.to_string(), value.clone())), seal);
+                    let got = ModelFile::from_bytes(&b, p);
+                    // heads of a family without them is never read: the file is the same model
+                    if key == &"heads" && kind != Kind::Gat {
+                        assert_eq!(got.unwrap().tensors, file(kind).tensors, "{kind:?} {key}={value}");
+                        continue;
+                    }
+                    let err = got.expect_err(&format!("{kind:?} {key}={value} sealed {seal}")).to_string();
+                    assert!(err.contains("metadata"), "{kind:?} {key}={value}: {err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn edited_metadata_is_refused_by_the_checksum() {
+        let p = Path::new("m.safetensors");
+        let bytes = file(Kind::Gcn).to_bytes().unwrap();
+        let edits: [(&str, Box<dyn Fn(&mut HashMap<String, String>)>); 4] = [
+            ("feature_shift", Box::new(|m| drop(m.insert("feature_shift".into(), "1".into())))),
+            ("feature_norm", Box::new(|m| drop(m.insert("feature_norm".into(), "none".into())))),
+            ("residual", Box::new(|m| drop(m.insert("residual".into(), "true".into())))),
+            (
+                "renamed",
+                Box::new(|m| {
+                    let v = m.remove("feature_norm").unwrap();
+                    m.insert("feature_normalisation".into(), v);
+                }),
+            ),
+        ];
+        for (what, edit) in edits {
+            // the checksum kept as it was
+            let st = SafeTensors::deserialize(&bytes).unwrap();
+            let (_, m) = SafeTensors::read_metadata(&bytes).unwrap();
+            let mut meta = m.metadata().clone().unwrap();
+            edit(&mut meta);
+            let b = safetensors::serialize(st.tensors(), Some(meta)).unwrap();
+            let err = ModelFile::from_bytes(&b, p).unwrap_err().to_string();
+            assert!(err.contains("changed after grinnder saved it"), "{what}: {err}");
+        }
+        // an unknown entry in a file grinnder wrote, even without the checksum
+        let b = edited(&bytes, |m| drop(m.insert("feature_normalisation".into(), "row".into())), false);
+        let err = ModelFile::from_bytes(&b, p).unwrap_err().to_string();
+        assert!(
+            err.contains("feature_normalisation") && err.contains("not an entry grinnder writes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_one_bit_change_of_the_header_is_refused_or_changes_nothing() {
+        let p = Path::new("m.safetensors");
+        for kind in [Kind::Gcn, Kind::Gat] {
+            let f = file(kind);
+            let bytes = f.to_bytes().unwrap();
+            let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let mut accepted = 0;
+            for bit in 0..header * 8 {
+                let mut b = bytes.clone();
+                b[bit / 8] ^= 1 << (bit % 8);
+                if let Ok(back) = ModelFile::from_bytes(&b, p) {
+                    accepted += 1;
+                    assert_eq!((&back.arch, &back.tensors), (&f.arch, &f.tensors), "{kind:?} bit {bit}");
+                }
+            }
+            // JSON's insignificant bits (the padding's spaces) may change; nothing else
+            assert!(accepted < header, "{kind:?}: {accepted} of {} flips accepted", header * 8);
+        }
+    }
+
+    #[test]
+    fn a_file_longer_or_shorter_than_its_header_says_is_refused_before_its_data_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = file(Kind::Sage).to_bytes().unwrap();
+        let p = dir.path().join("m.safetensors");
+        std::fs::write(&p, &bytes).unwrap();
+        assert!(ModelFile::load(&p).is_ok());
+        // sparse: 3.5 GB of holes after the tensors, refused from the header alone
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(bytes.len() as u64 + (3_500u64 << 20)).unwrap();
+        let err = ModelFile::load(&p).unwrap_err().to_string();
+        assert!(err.contains("bytes follow its last tensor's data"), "{err}");
+        f.set_len(bytes.len() as u64 - 9).unwrap();
+        let err = ModelFile::load(&p).unwrap_err().to_string();
+        assert!(err.contains("cut short") && err.contains("tensor "), "{err}");
+        // a header length past the file
+        let mut b = bytes.clone();
+        b[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        std::fs::write(&p, &b).unwrap();
+        let err = ModelFile::load(&p).unwrap_err().to_string();
+        assert!(err.contains("its header claims"), "{err}");
     }
 
     #[test]
