@@ -334,7 +334,7 @@ fn kept_storage_and_folders_named_like_runs_are_never_removed() {
     let kept = tree(storage);
     assert!(kept.iter().any(|n| n.ends_with(".blk")), "block files kept: {kept:?}");
     // a user's folder named as a run of this machine whose process is gone would be named
-    let users = storage.join(format!("grinnder-run-{}-1-thesis", host()));
+    let users = storage.join(format!("grinnder-run-{}-999999997-thesis", host()));
     std::fs::create_dir_all(users.join("figures")).unwrap();
     std::fs::write(users.join("thesis.tex"), b"mine").unwrap();
     std::fs::write(users.join("figures/plot.png"), b"mine").unwrap();
@@ -351,6 +351,9 @@ fn kept_storage_and_folders_named_like_runs_are_never_removed() {
     );
 }
 
+/// What a run directory's identity file says.
+const IDENTITY: &str = "grinnder run directory, made by process 999999999 on another namespace\n";
+
 #[test]
 fn clean_judges_a_run_by_its_lock_and_fails_loudly() {
     let tmp = tempfile::tempdir().unwrap();
@@ -361,7 +364,7 @@ fn clean_judges_a_run_by_its_lock_and_fails_loudly() {
     // names a process that does not exist in ours, and the run holds its lock
     let live = storage.join(format!("grinnder-run-{}-999999999-live01", host()));
     std::fs::create_dir(&live).unwrap();
-    std::fs::copy(kept.join(".grinnder-run"), live.join(".grinnder-run")).unwrap();
+    std::fs::write(live.join(".grinnder-run"), IDENTITY).unwrap();
     std::fs::write(live.join("act-l0-p0.blk"), b"in use").unwrap();
     let lock = std::fs::File::open(live.join(".grinnder-run")).unwrap();
     // SAFETY: flock on a descriptor we own.
@@ -369,7 +372,7 @@ fn clean_judges_a_run_by_its_lock_and_fails_loudly() {
     // an ended run's directory into which someone put a file of their own: it cannot go whole
     let mixed = storage.join(format!("grinnder-run-{}-999999998-mixed1", host()));
     std::fs::create_dir(&mixed).unwrap();
-    std::fs::copy(kept.join(".grinnder-run"), mixed.join(".grinnder-run")).unwrap();
+    std::fs::write(mixed.join(".grinnder-run"), IDENTITY).unwrap();
     std::fs::write(mixed.join("act-l0-p0.blk"), b"ours").unwrap();
     std::fs::write(mixed.join("notes.txt"), b"mine").unwrap();
     let o = grinnder(&["clean", storage.to_str().unwrap()]);
@@ -475,12 +478,12 @@ fn outputs_never_replace_a_fifo_or_a_socket() {
     }
 }
 
-/// The hidden temporaries (`.NAME.tmp-XXXXXX`) in `dir`.
+/// The hidden files in `dir` (temporaries: `.NAME.tmp-XXXXXX`, before 2026-12 `.NAME.XXXXXX`).
 fn temporaries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".tmp-"))
+        .filter(|n| n.starts_with('.'))
         .collect()
 }
 
