@@ -28,41 +28,55 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
     }
 }
 
-/// `grinnder clean DIR`: removes the run directories killed runs of this machine left.
+/// `grinnder clean DIR`: removes the run directories whose runs ended without removing them.
+/// A run is live while it holds the lock on its directory's identity file: that, not a process
+/// id, decides; folders without the identity file and kept storage are never touched. Fails,
+/// naming each, when a removal fails.
 fn clean(dir: &std::path::Path, dry_run: bool) -> anyhow::Result<()> {
+    use grinnder_engine::scratch::{self, State};
     anyhow::ensure!(dir.is_dir(), "{} is not a directory", dir.display());
-    let found = grinnder_engine::scratch::find(dir);
+    let found = scratch::find(dir);
     if found.is_empty() {
         println!("no run directories in {}", dir.display());
         return Ok(());
     }
     let mib = |b: u64| b as f64 / 1048576.0;
-    let (mut removed, mut freed) = (0, 0);
+    let (mut removed, mut freed, mut failed) = (0, 0, Vec::new());
     for f in &found {
-        let what = match (&f.host, f.abandoned) {
-            (_, true) if dry_run => "would remove (its run has ended)".to_string(),
-            (_, true) => match std::fs::remove_dir_all(&f.path) {
+        let what = match &f.state {
+            State::Ended if dry_run => "would remove (its run has ended)".to_string(),
+            State::Ended => match scratch::remove_ended(&f.path) {
                 Ok(()) => {
                     removed += 1;
                     freed += f.bytes;
                     "removed (its run had ended)".to_string()
                 }
-                Err(e) => format!("cannot remove: {e}"),
+                Err(e) => {
+                    failed.push(format!("{}: {e}", f.path.display()));
+                    format!("cannot remove: {e}")
+                }
             },
-            (Some(h), false) if *h == grinnder_engine::scratch::host() => {
-                format!("kept: process {} is running", f.pid)
-            }
-            (Some(h), false) => format!("kept: made on {h} (clean it there)"),
-            (None, false) => {
-                "kept: no machine in its name (an older version's); remove it by hand if no run uses it"
-                    .into()
-            }
+            State::Live => "kept: its run is live (it holds the directory's lock)".into(),
+            State::Kept => "kept: --keep-storage left it for you; remove it by hand when done".into(),
+            State::OtherHost(h) => format!("kept: made on {h} (clean it there)"),
+            State::NotOurs => format!(
+                "left alone: no {} inside, so grinnder did not make it (or a version before identity files did); remove it by hand if it is yours to remove",
+                scratch::IDENTITY
+            ),
+            State::Unknown(e) => format!("left alone: cannot try its lock ({e})"),
         };
         println!("{}  {:.1} MiB  {what}", f.path.display(), mib(f.bytes));
     }
     if !dry_run {
         println!("{removed} removed, {:.1} MiB freed", mib(freed));
     }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "cannot remove {} run director{}: {} (fix what the message says, then run grinnder clean again)",
+        failed.len(),
+        if failed.len() == 1 { "y" } else { "ies" },
+        failed.join("; ")
+    );
     Ok(())
 }
 

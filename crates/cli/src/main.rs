@@ -116,13 +116,15 @@ fn main() -> std::process::ExitCode {
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// At SIGINT (Ctrl-C) or SIGTERM (a batch system's cancel), removes the runs' storage
-/// directories before the process ends: killed that way, a run leaves nothing behind.
+/// directories and the temporaries of outputs not yet renamed into place (predict, generate,
+/// convert, export, checkpoints) before the process ends: killed that way, a command leaves
+/// nothing behind.
 fn remove_storage_on_signals() {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!("cannot watch for SIGINT and SIGTERM ({e}): an interrupted run may leave its storage directory (grinnder clean removes it)");
+            tracing::warn!("cannot watch for SIGINT and SIGTERM ({e}): an interrupted run may leave its storage directory (grinnder clean removes it) and temporaries (the next run writing the same output removes them)");
             return;
         }
     };
@@ -131,6 +133,9 @@ fn remove_storage_on_signals() {
             INTERRUPTED.store(true, Ordering::SeqCst);
             for p in grinnder_engine::scratch::remove_live() {
                 eprintln!("removed the storage directory {}", p.display());
+            }
+            for p in grinnder_graph::io::files::remove_temporaries() {
+                eprintln!("removed the unfinished {}", p.display());
             }
             eprintln!("interrupted ({})", if sig == SIGINT { "SIGINT" } else { "SIGTERM" });
             std::process::exit(128 + sig);

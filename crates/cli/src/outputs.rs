@@ -34,3 +34,12 @@ pub fn check_writable(path: &std::path::Path, flag: &str) -> anyhow::Result<()> 
         anyhow::anyhow!("{flag} {}: cannot write into {}: {why}", path.display(), dir.display())
     })
 }
+
+/// [`check_writable`] for an output written whole and renamed into place: refuses a path that
+/// holds a device, FIFO or socket, which the rename would replace (a stream written in place,
+/// such as `--metrics-out /dev/null`, may name one).
+pub fn check_renamed_writable(path: &std::path::Path, flag: &str) -> anyhow::Result<()> {
+    grinnder_graph::io::files::check_replaceable(path)
+        .with_context(|| format!("{flag}: cannot write there"))?;
+    check_writable(path, flag)
+}

@@ -304,8 +304,10 @@ pub fn open_gpu(
 /// Refuses, before any work, every output of the run that could not be written: the model
 /// file, the plot, the metrics and the checkpoint directory (made here if missing).
 fn check_outputs(a: &TrainArgs, ckpt: Option<&grinnder_engine::CheckpointConfig>) -> anyhow::Result<()> {
-    let files = [(&a.save_model, "--save-model"), (&a.plot, "--plot"), (&a.metrics_out, "--metrics-out")];
-    for (path, flag) in files {
+    if let Some(p) = &a.save_model {
+        crate::outputs::check_renamed_writable(p, "--save-model")?;
+    }
+    for (path, flag) in [(&a.plot, "--plot"), (&a.metrics_out, "--metrics-out")] {
         if let Some(p) = path {
             crate::outputs::check_writable(p, flag)?;
         }

@@ -292,3 +292,315 @@ fn a_failed_checkpoint_write_removes_its_temporary_and_names_the_file() {
         assert!(left.is_empty(), "attempt {attempt} left {left:?}");
     }
 }
+
+/// This machine's name as a run directory's name holds it (letters, digits, `.` and `_`).
+fn host() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    name.trim()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '_' { c } else { '_' })
+        .collect()
+}
+
+/// The entries of `dir`, sorted, subfolders' entries as `sub/name`.
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.file_type().unwrap().is_dir() {
+            out.extend(tree(&e.path()).into_iter().map(|n| format!("{name}/{n}")));
+        }
+        out.push(name);
+    }
+    out.sort();
+    out
+}
+
+/// Cora trained for an epoch with every block through `storage`, and `extra` flags.
+fn train_through(storage: &Path, extra: &[&str]) -> Output {
+    let s = storage.to_str().unwrap();
+    let mut args =
+        vec!["-q", "train", "--epochs", "1", "--parts", "2", "--block-cache", "0", "--storage-dir", s];
+    args.extend_from_slice(extra);
+    grinnder(&args)
+}
+
+#[test]
+fn kept_storage_and_folders_named_like_runs_are_never_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let storage = tmp.path();
+    ok(train_through(storage, &["--keep-storage"]));
+    let kept = tree(storage);
+    assert!(kept.iter().any(|n| n.ends_with(".blk")), "block files kept: {kept:?}");
+    // a user's folder named as a run of this machine whose process is gone would be named
+    let users = storage.join(format!("grinnder-run-{}-999999997-thesis", host()));
+    std::fs::create_dir_all(users.join("figures")).unwrap();
+    std::fs::write(users.join("thesis.tex"), b"mine").unwrap();
+    std::fs::write(users.join("figures/plot.png"), b"mine").unwrap();
+    let before = tree(storage);
+    // a later run in the same directory, then clean: both leave all of it
+    ok(train_through(storage, &[]));
+    assert_eq!(tree(storage), before, "a later run removed what was not its own");
+    let o = ok(grinnder(&["clean", storage.to_str().unwrap()]));
+    assert_eq!(tree(storage), before, "clean removed what was not its own");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        out.contains("--keep-storage left it for you") && out.contains("grinnder did not make it"),
+        "{out}"
+    );
+}
+
+/// What a run directory's identity file says.
+const IDENTITY: &str = "grinnder run directory, made by process 999999999 on another namespace\n";
+
+#[test]
+fn clean_judges_a_run_by_its_lock_and_fails_loudly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let storage = tmp.path();
+    ok(train_through(storage, &["--keep-storage"]));
+    let kept = std::fs::read_dir(storage).unwrap().next().unwrap().unwrap().path();
+    // a live run whose process id means nothing here (another PID namespace): its directory
+    // names a process that does not exist in ours, and the run holds its lock
+    let live = storage.join(format!("grinnder-run-{}-999999999-live01", host()));
+    std::fs::create_dir(&live).unwrap();
+    std::fs::write(live.join(".grinnder-run"), IDENTITY).unwrap();
+    std::fs::write(live.join("act-l0-p0.blk"), b"in use").unwrap();
+    let lock = std::fs::File::open(live.join(".grinnder-run")).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
+    // an ended run's directory into which someone put a file of their own: it cannot go whole
+    let mixed = storage.join(format!("grinnder-run-{}-999999998-mixed1", host()));
+    std::fs::create_dir(&mixed).unwrap();
+    std::fs::write(mixed.join(".grinnder-run"), IDENTITY).unwrap();
+    std::fs::write(mixed.join("act-l0-p0.blk"), b"ours").unwrap();
+    std::fs::write(mixed.join("notes.txt"), b"mine").unwrap();
+    let o = grinnder(&["clean", storage.to_str().unwrap()]);
+    assert!(!o.status.success(), "a failed removal must fail clean");
+    let err = stderr(&o);
+    assert!(err.contains(&*mixed.to_string_lossy()) && err.contains("notes.txt"), "{err}");
+    assert!(live.join("act-l0-p0.blk").exists(), "a live run's files were removed");
+    assert!(mixed.join("notes.txt").exists(), "a user's file was removed");
+    // the lock released, the live run's directory is an ended one's: clean removes it
+    drop(lock);
+    std::fs::remove_file(mixed.join("notes.txt")).unwrap();
+    ok(grinnder(&["clean", storage.to_str().unwrap()]));
+    assert!(!live.exists() && !mixed.exists() && kept.exists());
+}
+
+/// Makes a FIFO (named pipe) at `path`.
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+}
+
+fn is_fifo(path: &Path) -> bool {
+    std::os::unix::fs::FileTypeExt::is_fifo(&std::fs::symlink_metadata(path).unwrap().file_type())
+}
+
+#[test]
+fn outputs_never_replace_a_fifo_or_a_socket() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = |name: &str| tmp.path().join(name);
+    let model = t("cora.grnd-model");
+    ok(grinnder(&["-q", "train", "--epochs", "1", "--save-model", model.to_str().unwrap()]));
+    for d in ["predict", "export", "ck"] {
+        std::fs::create_dir(t(d)).unwrap();
+    }
+    let fifos = [
+        "m.fifo",
+        "g.fifo",
+        "c.fifo",
+        "predict/logits.npy",
+        "export/node_label.npy",
+        "ck/ckpt-epoch-00000001.grnd-ckpt",
+    ];
+    for f in fifos {
+        mkfifo(&t(f));
+    }
+    let socket = t("m.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let s = |name: &str| t(name).to_string_lossy().into_owned();
+    let m = model.to_str().unwrap();
+    let cases: [(&str, Vec<String>); 7] = [
+        ("m.fifo", vec!["train".into(), "--epochs".into(), "1".into(), "--save-model".into(), s("m.fifo")]),
+        ("m.sock", vec!["train".into(), "--epochs".into(), "1".into(), "--save-model".into(), s("m.sock")]),
+        (
+            "g.fifo",
+            vec![
+                "generate".into(),
+                "--preset".into(),
+                "arxiv-like".into(),
+                "--scale".into(),
+                "0.01".into(),
+                "--out".into(),
+                s("g.fifo"),
+            ],
+        ),
+        ("c.fifo", vec!["convert".into(), "data/cora".into(), "--out".into(), s("c.fifo")]),
+        (
+            "predict/logits.npy",
+            vec!["predict".into(), "--model-file".into(), m.into(), "--out".into(), s("predict")],
+        ),
+        (
+            "export/node_label.npy",
+            vec![
+                "export".into(),
+                "data/cora".into(),
+                "--format".into(),
+                "npy".into(),
+                "--out".into(),
+                s("export"),
+            ],
+        ),
+        (
+            "ck/ckpt-epoch-00000001.grnd-ckpt",
+            vec!["train".into(), "--epochs".into(), "1".into(), "--checkpoint-dir".into(), s("ck")],
+        ),
+    ];
+    for (target, args) in cases {
+        let mut full = vec!["-q".to_string()];
+        full.extend(args);
+        let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+        // a run that opened the FIFO to write would wait for a reader: bounded
+        let o = grinnder_limited("true", &refs, 300);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{target}: written over");
+        assert!(err.contains(target) && err.contains("not a regular file"), "{target}: {err}");
+        let meta = std::fs::symlink_metadata(t(target)).unwrap();
+        let kept = if target.ends_with(".sock") {
+            std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type())
+        } else {
+            is_fifo(&t(target))
+        };
+        assert!(kept, "{target} was replaced");
+    }
+}
+
+/// The hidden files in `dir` (temporaries: `.NAME.tmp-XXXXXX`, before 2026-12 `.NAME.XXXXXX`).
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+#[test]
+fn a_stale_temporary_is_removed_by_the_next_writer_and_a_live_ones_is_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.grnd");
+    // left by a killed run: nobody holds its lock
+    let stale = tmp.path().join(".out.grnd.tmp-Ab12Cd");
+    std::fs::write(&stale, vec![0u8; 1 << 20]).unwrap();
+    // a live writer's: its lock held (here by this process)
+    let live = tmp.path().join(".out.grnd.tmp-Xy34Zw");
+    std::fs::write(&live, b"being written").unwrap();
+    let held = std::fs::File::open(&live).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX) }, 0);
+    // a user's file that only resembles one
+    let users = tmp.path().join(".out.grnd.tmp-notes.txt");
+    std::fs::write(&users, b"mine").unwrap();
+    ok(grinnder(&["-q", "convert", "data/cora", "--out", out.to_str().unwrap()]));
+    assert!(!stale.exists(), "the stale temporary is removed");
+    assert!(live.exists() && users.exists(), "a live temporary or a user's file was removed");
+    assert!(out.is_file());
+}
+
+/// The regular files under `dir`, as paths relative to it.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_failed_export_leaves_no_partial_file_under_a_final_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    for format in ["npy", "ogb", "igb"] {
+        let whole = tmp.path().join(format!("{format}-whole"));
+        ok(grinnder(&["-q", "export", "data/cora", "--format", format, "--out", whole.to_str().unwrap()]));
+        // files of at most 100 kB, SIGXFSZ ignored: a larger file's write fails part-way, as on
+        // a full disk
+        let out = tmp.path().join(format);
+        let args = ["-q", "export", "data/cora", "--format", format, "--out", out.to_str().unwrap()];
+        let o = grinnder_limited("trap '' XFSZ; ulimit -f 100", &args, 120);
+        assert!(!o.status.success(), "{format}: a file over 100 kB cannot be written");
+        for f in files_under(&out) {
+            let name = f.to_string_lossy();
+            assert!(!name.contains(".tmp-"), "{format}: left the temporary {name}");
+            let same = std::fs::read(out.join(&f)).unwrap() == std::fs::read(whole.join(&f)).unwrap();
+            assert!(same, "{format}: {name} is partial");
+        }
+    }
+}
+
+/// Runs `args` until a temporary appears in `dir`, then sends SIGTERM; returns the output.
+fn terminated_while_writing(args: &[&str], dir: &Path) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_grinnder"))
+        .args(args)
+        .current_dir(root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while temporaries(dir).is_empty() {
+        if child.try_wait().unwrap().is_some() {
+            let o = child.wait_with_output().unwrap();
+            panic!("{args:?} ended before a temporary was seen (make its output larger): {}", stderr(&o));
+        }
+        assert!(start.elapsed() < Duration::from_secs(300), "{args:?}: no temporary after 5 minutes");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: signals our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn sigterm_removes_the_temporaries_of_generate_convert_and_predict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |name: &str| {
+        let d = tmp.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        d
+    };
+    let (small, big) = (tmp.path().join("small.grnd"), tmp.path().join("big.grnd"));
+    let (sm, bg) = (small.to_str().unwrap(), big.to_str().unwrap());
+    let model = tmp.path().join("m.grnd-model");
+    let m = model.to_str().unwrap();
+    ok(grinnder(&["-q", "generate", "--preset", "arxiv-like", "--scale", "0.1", "--out", sm]));
+    ok(grinnder(&["-q", "generate", "--preset", "arxiv-like", "--scale", BIG, "--out", bg]));
+    ok(grinnder(&["-q", "train", sm, "--epochs", "1", "--save-model", m]));
+    let (g, c, p) = (dir("g"), dir("c"), dir("p"));
+    let g_out = g.join("out.grnd").to_string_lossy().into_owned();
+    let c_out = c.join("out.grnd").to_string_lossy().into_owned();
+    let cases: [(&Path, Vec<&str>); 3] = [
+        (&g, vec!["generate", "--preset", "arxiv-like", "--scale", BIG, "--out", &g_out]),
+        (&c, vec!["convert", bg, "--out", &c_out]),
+        (&p, vec!["predict", bg, "--model-file", m, "--out", p.to_str().unwrap()]),
+    ];
+    for (d, args) in cases {
+        let o = terminated_while_writing(&args, d);
+        assert_eq!(o.status.code(), Some(143), "{args:?}: {}", stderr(&o));
+        let left: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}: {}", stderr(&o));
+    }
+}
+
+/// The scale of the graphs the signal test writes: large enough to be caught mid-write.
+const BIG: &str = "3";

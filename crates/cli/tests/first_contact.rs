@@ -249,6 +249,7 @@ fn a_killed_runs_storage_is_reclaimed() {
     // another machine's directory is never touched
     let other = storage.join("grinnder-run-elsewhere-1-abcdef");
     std::fs::create_dir(&other).unwrap();
+    std::fs::copy(left[0].join(".grinnder-run"), other.join(".grinnder-run")).unwrap();
     let o = grinnder(&["clean", storage.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);

@@ -216,7 +216,7 @@ pub fn save(cfg: &CheckpointConfig, ck: &Checkpoint) -> Result<PathBuf, Checkpoi
     };
     tmp.write_all(body.as_bytes()).map_err(|e| tmp_err(e, tmp.path()))?;
     tmp.as_file().sync_all().map_err(|e| tmp_err(e, tmp.path()))?;
-    tmp.persist(&path).map_err(|e| write_err(e.error))?;
+    tmp.persist(&path).map_err(write_err)?;
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))?;
     prune(cfg, ck.epoch)?;
     Ok(path)

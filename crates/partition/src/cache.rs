@@ -71,7 +71,7 @@ pub fn partition_cached(
         // a new file under an unpredictable name, renamed into place (never through a link)
         let mut tmp = grinnder_graph::io::files::temp_in(dir, &format!(".{k:016x}.part."))?;
         std::io::Write::write_all(&mut tmp, &encode(k, parts, &p.part))?;
-        tmp.persist(&file).map(|_| ()).map_err(|e| e.error)
+        tmp.persist(&file)
     });
     let outcome = match (written, stale) {
         (Err(e), _) => {

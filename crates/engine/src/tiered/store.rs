@@ -860,9 +860,13 @@ impl<T: Scalar> Drop for Store<T> {
         self.io.take();
         if let Some(d) = self.run_dir.take() {
             if self.keep_files {
-                // (outside the macro: its arguments are evaluated only when the level is on)
-                let kept = d.keep();
-                tracing::info!("block files kept in {}", kept.display());
+                match d.keep() {
+                    Ok(kept) => tracing::info!(
+                        "block files kept in {} (left for you: no later run or grinnder clean removes it)",
+                        kept.display()
+                    ),
+                    Err(e) => tracing::warn!("{e}"),
+                }
             } else if let Err(e) = d.close() {
                 tracing::warn!("cannot remove the storage directory: {e}");
             }

@@ -15,7 +15,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What a non-regular file is, for messages.
 fn kind_of(t: std::fs::FileType) -> &'static str {
@@ -115,31 +115,183 @@ pub fn create_output(path: &Path) -> io::Result<File> {
         })
 }
 
-/// A new file in `dir` under an unpredictable name starting with `prefix`, created with
-/// `O_EXCL` (never through a link) and the usual permissions (0666 less the umask). It is
-/// removed when dropped unless persisted (`persist(final_path)` renames it into place).
-pub fn temp_in(dir: &Path, prefix: &str) -> io::Result<tempfile::NamedTempFile> {
-    tempfile::Builder::new()
+/// Refuses an output path that holds something other than a regular file or a link: renaming
+/// a finished output over it would replace a device node, a FIFO or a socket with a regular
+/// file (run as root, `--out /dev/full` replaced the machine's `/dev/full`).
+pub fn check_replaceable(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !(m.file_type().is_file() || m.file_type().is_symlink()) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "{} is {}, not a regular file: grinnder never replaces one with its output; name a file's path",
+                path.display(),
+                kind_of(m.file_type())
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// This process's temporaries not yet renamed into place, for [`remove_temporaries`]; `None`
+/// once they were removed at a signal (the process is ending: no new ones are made).
+static TEMPS: std::sync::Mutex<Option<Vec<PathBuf>>> = std::sync::Mutex::new(Some(Vec::new()));
+
+fn temps() -> std::sync::MutexGuard<'static, Option<Vec<PathBuf>>> {
+    TEMPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A file being written beside its final path, under a name of its own (see [`temp_in`]):
+/// locked while it lives, removed when dropped and at SIGINT or SIGTERM
+/// ([`remove_temporaries`]), and renamed into place whole by [`Temp::persist`] — a partial
+/// output never appears under the final name.
+#[derive(Debug)]
+pub struct Temp {
+    file: Option<tempfile::NamedTempFile>,
+}
+
+impl Temp {
+    fn inner(&self) -> &tempfile::NamedTempFile {
+        self.file.as_ref().expect("a temporary until persisted or dropped")
+    }
+
+    pub fn path(&self) -> &Path {
+        self.inner().path()
+    }
+
+    pub fn as_file(&self) -> &File {
+        self.inner().as_file()
+    }
+
+    /// Renames the file to `path` (replacing a regular file or a link there, never following
+    /// it; refusing anything else, see [`check_replaceable`]).
+    pub fn persist(mut self, path: &Path) -> io::Result<()> {
+        check_replaceable(path)?;
+        // under the registry's lock: a signal removes the temporary before or not at all
+        let mut reg = temps();
+        let t = self.file.take().expect("a temporary until persisted or dropped");
+        let tmp = t.path().to_path_buf();
+        match t.persist(path) {
+            Ok(_) => {
+                if let Some(list) = reg.as_mut() {
+                    list.retain(|p| *p != tmp);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.file = Some(e.file);
+                Err(e.error)
+            }
+        }
+    }
+}
+
+impl io::Write for Temp {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file.as_mut().expect("a temporary until persisted or dropped").write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.as_mut().expect("a temporary until persisted or dropped").flush()
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        let mut reg = temps();
+        if let Some(t) = self.file.take() {
+            let p = t.path().to_path_buf();
+            drop(t);
+            if let Some(list) = reg.as_mut() {
+                list.retain(|q| *q != p);
+            }
+        }
+    }
+}
+
+/// Removes this process's temporaries (at SIGINT or SIGTERM, before the process exits) and
+/// makes no new ones; returns those removed.
+pub fn remove_temporaries() -> Vec<PathBuf> {
+    let list = temps().take().unwrap_or_default();
+    list.into_iter().filter(|p| std::fs::remove_file(p).is_ok()).collect()
+}
+
+/// Bytes of tempfile's random part of a name.
+const RANDOM_CHARS: usize = 6;
+
+/// Removes temporaries of ours that an ended process left in `dir` under `prefix` (killed,
+/// its signal never handled): regular files of this user named `prefix` and six letters or
+/// digits whose lock nobody holds (a live writer holds its temporary's).
+fn remove_stale(dir: &Path, prefix: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for e in entries.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ours = name
+            .strip_prefix(prefix)
+            .is_some_and(|r| r.len() == RANDOM_CHARS && r.chars().all(|c| c.is_ascii_alphanumeric()));
+        if !ours || !e.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let path = e.path();
+        let free = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+            .and_then(|f| Ok(f.metadata()?.uid() == me && f.metadata()?.is_file() && try_lock(&f)?));
+        if free.unwrap_or(false) && std::fs::remove_file(&path).is_ok() {
+            tracing::info!("removed {}, a temporary an interrupted run left", path.display());
+        }
+    }
+}
+
+/// A new file in `dir` under an unpredictable name starting with `prefix` (then six letters or
+/// digits), created with `O_EXCL` (never through a link) and the usual permissions (0666 less
+/// the umask), and locked while it lives. Temporaries an ended process left under the same
+/// prefix are removed first.
+pub fn temp_in(dir: &Path, prefix: &str) -> io::Result<Temp> {
+    remove_stale(dir, prefix);
+    let mut reg = temps();
+    let Some(list) = reg.as_mut() else {
+        return Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted: the process is ending"));
+    };
+    let t = tempfile::Builder::new()
         .prefix(prefix)
+        .rand_bytes(RANDOM_CHARS)
         .permissions(std::fs::Permissions::from_mode(0o666))
-        .tempfile_in(dir)
+        .tempfile_in(dir)?;
+    // (where locks are not supported a stale temporary is not recognised, no more)
+    let _ = try_lock(t.as_file());
+    list.push(t.path().to_path_buf());
+    Ok(Temp { file: Some(t) })
+}
+
+/// [`temp_in`] for the output `path`: in its folder, named `.NAME.tmp-XXXXXX`.
+pub fn temp_for(path: &Path) -> io::Result<Temp> {
+    let name = path.file_name().map_or("out".into(), |n| n.to_string_lossy().into_owned());
+    temp_in(parent_of(path), &format!(".{name}.tmp-"))
+}
+
+/// The folder of `path` (`.` for a bare name).
+pub fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
 }
 
 /// Writes `bytes` as the whole of `path`, atomically: into a new temporary beside it (removed
-/// on failure), synced, renamed into place (replacing a link at `path`, never following it),
-/// and the directory synced. A reader sees the old file or the new one, never a part.
+/// on failure), synced, renamed into place (replacing a link at `path`, never following it;
+/// never replacing a device or another non-regular file), and the directory synced. A reader
+/// sees the old file or the new one, never a part.
 pub fn write_whole(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().map_or("out".into(), |n| n.to_string_lossy().into_owned());
-    let mut tmp = temp_in(dir, &format!(".{name}.tmp-"))?;
+    check_replaceable(path)?;
+    let mut tmp = temp_for(path)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    File::open(dir)?.sync_all()
+    tmp.persist(path)?;
+    File::open(parent_of(path))?.sync_all()
 }
 
 /// Free bytes for an unprivileged writer in the file system holding `dir`.
@@ -154,6 +306,25 @@ pub fn free_bytes(dir: &Path) -> io::Result<u64> {
         return Err(io::Error::last_os_error());
     }
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Tries to take an exclusive lock (`flock`) on `file` without waiting: `Ok(true)` when taken
+/// (held until the file is closed), `Ok(false)` when another open file holds it — in this
+/// process or any other, whatever its PID namespace. Liveness of a run or of a writer is judged
+/// by this lock, never by a process id, which another namespace or a reused id can fake.
+/// (libc's `flock`: std's `File::try_lock` is newer than the project's minimum Rust.)
+pub fn try_lock(file: &File) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own, with integer arguments only.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
 }
 
 /// A new private directory (mode 0700, unpredictable name starting with `prefix`) inside

@@ -133,7 +133,7 @@ pub fn write(ds: &Dataset, dir: &Path, raw: bool) -> Result<()> {
     if raw {
         // IGB's headerless layout is float32
         let data = ds.features.data.to_dtype(crate::FeatureDtype::F32);
-        std::fs::write(&feat_path, data.as_bytes()).map_err(|e| GraphError::io(&feat_path, e))?;
+        super::files::write_whole(&feat_path, data.as_bytes()).map_err(|e| GraphError::io(&feat_path, e))?;
     } else {
         let f = &ds.features;
         let dtype = if f.dtype() == crate::FeatureDtype::F16 { DType::F16 } else { DType::F32 };

@@ -206,7 +206,7 @@ pub struct NativeWriter {
     path: PathBuf,
     /// The file being written, under an unpredictable name beside `path`; removed if the
     /// writer is dropped before [`NativeWriter::finish`].
-    tmp: tempfile::TempPath,
+    tmp: super::files::Temp,
     out: Out,
     name: String,
     num_nodes: u64,
@@ -221,14 +221,11 @@ impl NativeWriter {
     /// with `O_EXCL`) until [`NativeWriter::finish`] renames it into place.
     pub fn create(path: &Path, name: &str, num_nodes: u64) -> Result<NativeWriter> {
         crate::csr::check_node_count(num_nodes)?;
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let prefix = format!(".{}.", path.file_name().map(|f| f.to_string_lossy()).unwrap_or_default());
-        let (file, tmp) =
-            super::files::temp_in(dir, &prefix).map_err(|e| GraphError::io(path, e))?.into_parts();
-        let mut out = Out { path: tmp.to_path_buf(), w: BufWriter::with_capacity(8 << 20, file), pos: 0 };
+        super::files::check_replaceable(path).map_err(|e| GraphError::io(path, e))?;
+        let tmp = super::files::temp_for(path).map_err(|e| GraphError::io(path, e))?;
+        let file = tmp.as_file().try_clone().map_err(|e| GraphError::io(tmp.path(), e))?;
+        let mut out =
+            Out { path: tmp.path().to_path_buf(), w: BufWriter::with_capacity(8 << 20, file), pos: 0 };
         out.write(&[0u8; HEADER_BYTES])?;
         let col = Some((out.pos, Leaves::new(CHUNK_BYTES)));
         Ok(NativeWriter {
@@ -324,7 +321,7 @@ impl NativeWriter {
         file.seek(SeekFrom::Start(0)).map_err(|e| GraphError::io(&tmp, e))?;
         file.write_all(&header).map_err(|e| GraphError::io(&tmp, e))?;
         file.sync_all().map_err(|e| GraphError::io(&tmp, e))?;
-        self.tmp.persist(&self.path).map_err(|e| GraphError::io(&self.path, e.error))
+        self.tmp.persist(&self.path).map_err(|e| GraphError::io(&self.path, e))
     }
 }
 

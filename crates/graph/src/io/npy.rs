@@ -430,20 +430,26 @@ pub(crate) fn parse_header(h: &str) -> std::result::Result<(DType, bool, Vec<u64
 }
 
 /// Writes `.npy` files; data is streamed in pieces so large arrays never sit in memory whole.
+/// The file is written under a temporary name beside `path` and renamed into place by
+/// [`NpyWriter::finish`]: a partial array never appears under its name.
 pub struct NpyWriter {
     path: PathBuf,
+    tmp: super::files::Temp,
     out: BufWriter<File>,
     remaining: u64,
 }
 
 impl NpyWriter {
-    /// Creates `path` for an array of `dtype` and `shape` and writes its (version 1.0) header.
+    /// Starts `path` for an array of `dtype` and `shape` and writes its (version 1.0) header.
     pub fn create(path: &Path, dtype: DType, shape: &[u64]) -> Result<NpyWriter> {
-        let file = File::create(path).map_err(|e| GraphError::io(path, e))?;
+        super::files::check_replaceable(path).map_err(|e| GraphError::io(path, e))?;
+        let tmp = super::files::temp_for(path).map_err(|e| GraphError::io(path, e))?;
+        let file = tmp.as_file().try_clone().map_err(|e| GraphError::io(path, e))?;
         let mut out = BufWriter::with_capacity(8 << 20, file);
         out.write_all(&header(dtype, shape)).map_err(|e| GraphError::io(path, e))?;
         Ok(NpyWriter {
             path: path.to_path_buf(),
+            tmp,
             out,
             remaining: shape.iter().product::<u64>() * dtype.size() as u64,
         })
@@ -457,10 +463,14 @@ impl NpyWriter {
         self.out.write_all(bytes).map_err(|e| GraphError::io(&self.path, e))
     }
 
-    /// Flushes; errors if fewer elements were written than declared.
+    /// Flushes, syncs and renames the file into place; errors if fewer elements were written
+    /// than declared.
     pub fn finish(mut self) -> Result<()> {
         assert_eq!(self.remaining, 0, "{}: fewer elements written than declared", self.path.display());
-        self.out.flush().map_err(|e| GraphError::io(&self.path, e))
+        let io = |e| GraphError::io(&self.path, e);
+        self.out.flush().map_err(io)?;
+        self.out.get_ref().sync_all().map_err(io)?;
+        self.tmp.persist(&self.path).map_err(io)
     }
 }
 

@@ -6,8 +6,9 @@
 //! its destination before any row is computed, its space reserved (`posix_fallocate`), so a
 //! disk too small is refused with the bytes needed before any work; only [`NpyRows::finish`]
 //! renames it into place, after a sync. A run that stops early leaves no file under the
-//! destination's name (dropped, the temporary is removed; killed, a hidden `.NAME.tmp-…`
-//! remains).
+//! destination's name (dropped, or at SIGINT or SIGTERM, the temporary is removed; killed
+//! outright, the hidden `.NAME.tmp-…` it leaves is removed by the next writer of the same
+//! output, its lock being free: see [`files::temp_in`]).
 //!
 //! Rows are copied into a shared mapping of the file, not written by a system call each: a
 //! partition's rows lie scattered over the node order, and one `pwrite` per row cost 2.4 s for
@@ -34,7 +35,7 @@ pub const MAPPED_BYTES_MAX: usize = 256 << 20;
 /// An `.npy` array of `rows` rows under construction (see the module docs).
 pub struct NpyRows {
     /// The temporary, when this process made it (and renames it).
-    tmp: Option<tempfile::NamedTempFile>,
+    tmp: Option<files::Temp>,
     map: MmapMut,
     /// Pages of the mapping touched since they were last let go (one bit each), their count
     /// and the byte range they lie in.
@@ -56,8 +57,8 @@ impl NpyRows {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
-        let name = path.file_name().map_or("out".into(), |n| n.to_string_lossy().into_owned());
-        let tmp = files::temp_in(dir, &format!(".{name}.tmp-")).map_err(|e| {
+        files::check_replaceable(path).map_err(|e| GraphError::io(path, e))?;
+        let tmp = files::temp_for(path).map_err(|e| {
             GraphError::io(
                 dir,
                 std::io::Error::new(e.kind(), format!("cannot write into this directory: {e}")),
@@ -199,7 +200,7 @@ impl NpyRows {
         self.map.flush().map_err(|e| GraphError::io(&self.tmp_path, e))?;
         drop(self.map);
         tmp.as_file().sync_all().map_err(|e| GraphError::io(&self.tmp_path, e))?;
-        tmp.persist(&self.path).map_err(|e| GraphError::io(&self.path, e.error))?;
+        tmp.persist(&self.path).map_err(|e| GraphError::io(&self.path, e))?;
         let dir = match self.path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),

@@ -347,6 +347,9 @@ pub(crate) fn floats_into(dtype: DType, bytes: &[u8], out: &mut [f32]) {
 /// member `NAME.npy` holding a (version 1.0) `.npy` file.
 pub struct NpzWriter {
     path: PathBuf,
+    /// The archive under a temporary name beside `path`, renamed into place by
+    /// [`NpzWriter::finish`].
+    tmp: super::files::Temp,
     zip: ZipWriter<BufWriter<File>>,
     /// Data bytes the current member still expects.
     remaining: u64,
@@ -356,9 +359,12 @@ pub struct NpzWriter {
 impl NpzWriter {
     /// Creates `path`; `compressed`: deflated members (`savez_compressed`), else stored (`savez`).
     pub fn create(path: &Path, compressed: bool) -> Result<NpzWriter> {
-        let file = File::create(path).map_err(|e| GraphError::io(path, e))?;
+        super::files::check_replaceable(path).map_err(|e| GraphError::io(path, e))?;
+        let tmp = super::files::temp_for(path).map_err(|e| GraphError::io(path, e))?;
+        let file = tmp.as_file().try_clone().map_err(|e| GraphError::io(path, e))?;
         Ok(NpzWriter {
             path: path.to_path_buf(),
+            tmp,
             zip: ZipWriter::new(BufWriter::with_capacity(1 << 20, file)),
             remaining: 0,
             compression: if compressed { CompressionMethod::Deflated } else { CompressionMethod::Stored },
@@ -400,7 +406,7 @@ impl NpzWriter {
         self.write(data)
     }
 
-    /// Writes the archive's directory and flushes.
+    /// Writes the archive's directory, syncs, and renames the archive into place.
     pub fn finish(self) -> Result<()> {
         assert_eq!(self.remaining, 0, "{}: the last array is incomplete", self.path.display());
         let path = self.path.clone();
@@ -408,7 +414,8 @@ impl NpzWriter {
         w.into_inner()
             .map_err(|e| GraphError::io(&path, e.into_error()))?
             .sync_all()
-            .map_err(|e| GraphError::io(&path, e))
+            .map_err(|e| GraphError::io(&path, e))?;
+        self.tmp.persist(&path).map_err(|e| GraphError::io(&path, e))
     }
 }
 

@@ -326,12 +326,18 @@ pub fn write(ds: &Dataset, dir: &Path, split: &str) -> Result<()> {
     write_splits(ds, &sdir)
 }
 
-/// Writes a gzip file, its text made by `body`.
+/// Writes a gzip file, its text made by `body`: under a temporary name beside it, renamed into
+/// place when whole.
 fn gz(name: &Path, body: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>) -> Result<()> {
-    let f = std::fs::File::create(name).map_err(|e| GraphError::io(name, e))?;
+    let io = |e| GraphError::io(name, e);
+    super::files::check_replaceable(name).map_err(io)?;
+    let tmp = super::files::temp_for(name).map_err(io)?;
+    let f = tmp.as_file().try_clone().map_err(io)?;
     let mut enc = GzEncoder::new(std::io::BufWriter::with_capacity(1 << 20, f), Compression::fast());
-    body(&mut enc).map_err(|e| GraphError::io(name, e))?;
-    enc.finish().and_then(|mut w| w.flush()).map_err(|e| GraphError::io(name, e))
+    body(&mut enc).map_err(io)?;
+    enc.finish().and_then(|mut w| w.flush()).map_err(io)?;
+    tmp.as_file().sync_all().map_err(io)?;
+    tmp.persist(name).map_err(io)
 }
 
 /// Every edge of `g` as OGB ships them, `f(source, target)`: each undirected edge once (as
