@@ -13,7 +13,7 @@ use crate::args::Input;
 pub fn load(input: &Input) -> anyhow::Result<(Dataset, f64)> {
     let path = input.path()?;
     let t = Instant::now();
-    let ds = open(&path, input)?;
+    let ds = open(&path, input, None)?;
     Ok((ds, t.elapsed().as_secs_f64()))
 }
 

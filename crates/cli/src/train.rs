@@ -173,14 +173,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let path = a.input.path()?;
     let ds = crate::load::open(&path, &a.input, host_mem)?;
     plan.settle_feature_norm(&ds.name);
-    // a model no machine holds is refused before budgets are planned around it
-    let elem = if gpu.is_none() && plan.precision == PrecisionArg::F64 { 8 } else { 4 };
-    grinnder_engine::budgets::check_model(
-        &plan.config.model,
-        ds.features.dim,
-        ds.num_classes as usize,
-        elem,
-    )?;
+    check_model(&plan, &ds, gpu.is_some())?;
     if launch.is_none() {
         settle_budgets(&mut plan, &ds, gpu.as_mut())?;
     }
@@ -257,6 +250,14 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         crate::plot::curves(p, &ds.name, &history).with_context(|| format!("cannot draw {}", p.display()))?;
     }
     Ok(())
+}
+
+/// Refuses a model no machine holds before budgets are planned around it (its parameters,
+/// gradients and moments at the run's precision against the host's memory).
+fn check_model(plan: &TrainPlan, ds: &Dataset, on_gpu: bool) -> anyhow::Result<()> {
+    let elem = if !on_gpu && plan.precision == PrecisionArg::F64 { 8 } else { 4 };
+    let m = &plan.config.model;
+    Ok(grinnder_engine::budgets::check_model(m, ds.features.dim, ds.num_classes as usize, elem)?)
 }
 
 /// What the flags leave open, chosen from the machine ([`crate::budgets::settle`]), each choice

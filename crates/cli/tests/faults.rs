@@ -604,3 +604,198 @@ fn sigterm_removes_the_temporaries_of_generate_convert_and_predict() {
 
 /// The scale of the graphs the signal test writes: large enough to be caught mid-write.
 const BIG: &str = "3";
+
+/// A model file of `cora` saved by a short run in `dir`, and its bytes.
+fn cora_model(dir: &Path) -> (PathBuf, Vec<u8>) {
+    let p = dir.join("m.safetensors");
+    ok(grinnder(&["-q", "train", "data/cora", "--epochs", "2", "--save-model", p.to_str().unwrap()]));
+    let bytes = std::fs::read(&p).unwrap();
+    (p, bytes)
+}
+
+/// `bytes` (a safetensors file) with metadata entry `key` set to `value` by editing the JSON
+/// header, as a user with a text editor or `safe_open` would, the checksum left as it is.
+fn with_metadata(bytes: &[u8], key: &str, value: &str) -> Vec<u8> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header["__metadata__"][key] = value.into();
+    let text = serde_json::to_vec(&header).unwrap();
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text);
+    out.extend(&bytes[8 + n..]);
+    out
+}
+
+#[test]
+fn model_file_metadata_neither_steers_allocation_nor_changes_predictions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, bytes) = cora_model(tmp.path());
+    let edited = tmp.path().join("edited.safetensors");
+    let huge = (1u64 << 40).to_string();
+    let cases = [
+        ("layers", "0"),
+        ("layers", "1000000"),
+        ("layers", huge.as_str()),
+        ("hidden", "4611686018427387904"),
+        ("hidden", huge.as_str()),
+        ("classes", huge.as_str()),
+        ("heads", huge.as_str()),
+        ("in_features", huge.as_str()),
+        ("feature_shift", "1"),
+        ("feature_norm", "none"),
+    ];
+    for (key, value) in cases {
+        std::fs::write(&edited, with_metadata(&bytes, key, value)).unwrap();
+        let out = tmp.path().join("p");
+        for args in [
+            vec![
+                "predict",
+                "data/cora",
+                "--model-file",
+                edited.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            vec!["train", "data/cora", "--epochs", "1", "--init-from", edited.to_str().unwrap()],
+        ] {
+            // a 2 GB address space: an allocation steered by the file would abort (134)
+            let o = grinnder_limited("ulimit -v 2000000", &args, 60);
+            assert_eq!(o.status.code(), Some(1), "{key}={value} {}: {}", args[0], stderr(&o));
+            assert!(
+                stderr(&o).contains(key) || stderr(&o).contains("checksum"),
+                "{key}={value}: {}",
+                stderr(&o)
+            );
+        }
+    }
+    // a sparse file of 3.5 GB whose header describes a few KB: refused from its header
+    std::fs::write(&edited, &bytes).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&edited).unwrap().set_len(3_500 << 20).unwrap();
+    let o = grinnder_limited(
+        "ulimit -v 1000000",
+        &[
+            "predict",
+            "data/cora",
+            "--model-file",
+            edited.to_str().unwrap(),
+            "--out",
+            tmp.path().join("q").to_str().unwrap(),
+        ],
+        30,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("follow its last tensor's data"), "{}", stderr(&o));
+}
+
+#[test]
+fn sizes_no_machine_holds_are_refused_naming_the_flag() {
+    let huge = (1u64 << 31).to_string();
+    let cases: [(&[&str], &str); 6] = [
+        (&["--hidden", &huge], "--hidden"),
+        (&["--layers", "1000000"], "--layers"),
+        (&["--num-classes", "100000000"], "--num-classes"),
+        (&["--model", "gat", "--heads", "1000000"], "--heads"),
+        (&["--parts", "4294967296"], "--parts"),
+        (&["--hidden", &huge, "--parts", "2"], "--hidden"),
+    ];
+    for (flags, named) in cases {
+        let mut args = vec!["train", "data/cora", "--epochs", "1"];
+        args.extend(flags);
+        let o = grinnder_limited("ulimit -v 3000000", &args, 60);
+        assert_eq!(o.status.code(), Some(1), "{flags:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(named), "{flags:?}: {}", stderr(&o));
+    }
+}
+
+#[test]
+fn a_diverging_run_is_an_error_and_a_plot_it_cannot_draw_is_refused_first() {
+    let o = grinnder(&["train", "data/cora", "--epochs", "3", "--lr", "1e30"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("diverged") && stderr(&o).contains("--lr"), "{}", stderr(&o));
+    let tmp = tempfile::tempdir().unwrap();
+    let plot = tmp.path().join("c.txt");
+    let o = grinnder(&["train", "data/cora", "--epochs", "200", "--plot", plot.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--plot") && stderr(&o).contains(".png"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("epoch"), "refused before training: {}", stderr(&o));
+}
+
+#[test]
+fn an_archive_declaring_more_than_the_budget_is_refused_before_it_is_inflated() {
+    use grinnder_graph::io::npy::DType;
+    use grinnder_graph::io::npz::NpzWriter;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path().join("big/raw")).unwrap();
+    // 40,000 × 1433 float32 zeros (229 MB) deflate to a fraction of a MB
+    let (n, f) = (40_000u64, 1433u64);
+    let mut w = NpzWriter::create(&tmp.path().join("big/raw/data.npz"), true).unwrap();
+    w.array("num_nodes_list", DType::I64, &[1], &[n as i64]).unwrap();
+    w.array("num_edges_list", DType::I64, &[1], &[1i64]).unwrap();
+    w.begin("node_feat", DType::F32, &[n, f]).unwrap();
+    let zeros = vec![0f32; f as usize * 1000];
+    for _ in 0..n / 1000 {
+        w.write(&zeros).unwrap();
+    }
+    w.array("edge_index", DType::I64, &[2, 1], &[0i64, 1]).unwrap();
+    w.finish().unwrap();
+    let dir = tmp.path().join("big");
+    let o = grinnder_limited(
+        "ulimit -v 1500000",
+        &["train", dir.to_str().unwrap(), "--host-mem", "64MiB", "--epochs", "1"],
+        30,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("node_feat")
+            && stderr(&o).contains("--host-mem")
+            && stderr(&o).contains("nothing was read"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn node_lists_say_what_is_wrong_with_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, _) = cora_model(tmp.path());
+    // a 1-D .npy file of numpy's type `descr`
+    let write = |name: &str, descr: &str, bytes: &[u8], len: usize| {
+        let mut head = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({len},), }}");
+        while (10 + head.len() + 1) % 64 != 0 {
+            head.push(' ');
+        }
+        head.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend((head.len() as u16).to_le_bytes());
+        b.extend(head.as_bytes());
+        b.extend(bytes);
+        let p = tmp.path().join(name);
+        std::fs::write(&p, b).unwrap();
+        p
+    };
+    // a boolean mask, as PyG keeps its splits: the nodes where it is true
+    let mut mask = vec![0u8; 2708];
+    mask[3] = 1;
+    mask[2707] = 1;
+    let out = tmp.path().join("pm");
+    let predict = |nodes: &Path| {
+        let m = model.to_str().unwrap();
+        grinnder(&[
+            "predict",
+            "data/cora",
+            "--model-file",
+            m,
+            "--nodes",
+            nodes.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+    ok(predict(&write("mask.npy", "|b1", &mask, 2708)));
+    let ids = grinnder_graph::io::npy::Npy::open(&out.join("nodes.npy")).unwrap().to_i64().unwrap();
+    assert_eq!(ids, vec![3, 2707]);
+    let o = predict(&write("short.npy", "|b1", &mask[..10], 10));
+    assert!(stderr(&o).contains("boolean mask of 10 entries"), "{}", stderr(&o));
+    let o = predict(&write("big.npy", "<u8", &(1u64 << 63).to_le_bytes(), 1));
+    assert!(stderr(&o).contains("9223372036854775808, past the largest id"), "{}", stderr(&o));
+}

@@ -682,7 +682,8 @@ mod tests {
     fn edited_metadata_is_refused_by_the_checksum() {
         let p = Path::new("m.safetensors");
         let bytes = file(Kind::Gcn).to_bytes().unwrap();
-        let edits: [(&str, Box<dyn Fn(&mut HashMap<String, String>)>); 4] = [
+        type Edit = Box<dyn Fn(&mut HashMap<String, String>)>;
+        let edits: [(&str, Edit); 4] = [
             ("feature_shift", Box::new(|m| drop(m.insert("feature_shift".into(), "1".into())))),
             ("feature_norm", Box::new(|m| drop(m.insert("feature_norm".into(), "none".into())))),
             ("residual", Box::new(|m| drop(m.insert("residual".into(), "true".into())))),
