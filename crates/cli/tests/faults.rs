@@ -478,6 +478,31 @@ fn outputs_never_replace_a_fifo_or_a_socket() {
     }
 }
 
+#[test]
+fn outputs_never_replace_a_device_node() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: making a device node needs root (the probe's case: a root user's outputs)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = tmp.path().join("full");
+    let c = std::ffi::CString::new(dev.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; the numbers are /dev/full's
+    assert_eq!(unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 7)) }, 0);
+    let d = dev.to_str().unwrap();
+    for args in [
+        vec!["train", "--epochs", "1", "--save-model", d],
+        vec!["generate", "--preset", "arxiv-like", "--scale", "0.01", "--out", d],
+        vec!["convert", "data/cora", "--out", d],
+    ] {
+        let o = grinnder_limited("true", &args, 120);
+        assert!(!o.status.success() && stderr(&o).contains("character device"), "{args:?}: {}", stderr(&o));
+        let t = std::fs::symlink_metadata(&dev).unwrap().file_type();
+        assert!(std::os::unix::fs::FileTypeExt::is_char_device(&t), "{args:?} replaced the device");
+    }
+}
+
 /// The hidden files in `dir` (temporaries: `.NAME.tmp-XXXXXX`, before 2026-12 `.NAME.XXXXXX`).
 fn temporaries(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)

@@ -667,7 +667,7 @@ mod tests {
                     let b = edited(&bytes, |m| drop(m.insert(key.to_string(), value.clone())), seal);
                     let got = ModelFile::from_bytes(&b, p);
                     // heads of a family without them is never read: the file is the same model
-                    if key == &"heads" && kind != Kind::Gat {
+                    if key == &"heads" && kind.heads_tensor(0).is_none() {
                         assert_eq!(got.unwrap().tensors, file(kind).tensors, "{kind:?} {key}={value}");
                         continue;
                     }
@@ -681,7 +681,7 @@ mod tests {
     #[test]
     fn edited_metadata_is_refused_by_the_checksum() {
         let p = Path::new("m.safetensors");
-        let bytes = file(Kind::Gcn).to_bytes().unwrap();
+        let bytes = file(Kind::parse("gcn").unwrap()).to_bytes().unwrap();
         type Edit = Box<dyn Fn(&mut HashMap<String, String>)>;
         let edits: [(&str, Edit); 4] = [
             ("feature_shift", Box::new(|m| drop(m.insert("feature_shift".into(), "1".into())))),
@@ -717,7 +717,7 @@ mod tests {
     #[test]
     fn every_one_bit_change_of_the_header_is_refused_or_changes_nothing() {
         let p = Path::new("m.safetensors");
-        for kind in [Kind::Gcn, Kind::Gat] {
+        for kind in ["gcn", "gat"].map(|k| Kind::parse(k).unwrap()) {
             let f = file(kind);
             let bytes = f.to_bytes().unwrap();
             let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -731,6 +731,10 @@ mod tests {
                 }
             }
             // JSON's insignificant bits (the padding's spaces) may change; nothing else
+            eprintln!(
+                "{kind:?}: {accepted} of {} one-bit changes of the header accepted, unchanged",
+                header * 8
+            );
             assert!(accepted < header, "{kind:?}: {accepted} of {} flips accepted", header * 8);
         }
     }
@@ -738,7 +742,7 @@ mod tests {
     #[test]
     fn a_file_longer_or_shorter_than_its_header_says_is_refused_before_its_data_is_read() {
         let dir = tempfile::tempdir().unwrap();
-        let bytes = file(Kind::Sage).to_bytes().unwrap();
+        let bytes = file(Kind::parse("sage").unwrap()).to_bytes().unwrap();
         let p = dir.path().join("m.safetensors");
         std::fs::write(&p, &bytes).unwrap();
         assert!(ModelFile::load(&p).is_ok());
