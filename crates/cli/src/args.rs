@@ -704,9 +704,9 @@ pub struct PredictArgs {
     /// comma separated.
     #[arg(long, value_delimiter = ',')]
     pub embed: Vec<usize>,
-    /// The nodes to predict: all, train, valid, test, or an .npy file of node ids (int64 or
-    /// int32; rows are written in its order). In the last layer only what these need is
-    /// computed.
+    /// The nodes to predict: all, train, valid, test, or an .npy file of node ids (any integer
+    /// type; rows are written in its order) or a boolean mask, one entry per node (as PyG's
+    /// test_mask). In the last layer only what these need is computed.
     #[arg(long, default_value = "all")]
     pub nodes: String,
     /// Element type of the values written.

@@ -568,11 +568,12 @@ fn host_part<B: Backend>(
 }
 
 /// Refuses a plan the host budget or the storage directory cannot hold, with the minimum.
-/// What the named least host budget carries beyond the figures of the run that names it: the
-/// process's base (its resident set sampled first thing in `main`, where the kernel's
-/// fault-around maps more or fewer of the binary's pages) moves by up to a MiB between
-/// identical runs — 204 then 205 MiB on a loaded machine (2026-12-03), 102 then 103 MiB in CI
-/// (2026-12-04) — and a rerun at the named budget must not be refused.
+/// What the named least host budget carries beyond the figures of the run that names it, so
+/// that a rerun at the named budget is never refused: when the process's base was its resident
+/// set sampled in `main`, fault-around moved it by up to a MiB between identical runs (204 then
+/// 205 MiB, 2026-12-03). The base no longer moves ([`crate::process::mark_process_start`]: the
+/// anonymous memory moved by 4 kB between runs here); the margin stays for what the heap's
+/// timing may still move.
 const BASE_DRIFT_BYTES: u64 = 2 << 20;
 
 fn check_budget(plan: &Plan, tc: &TieredConfig) -> Result<(), TrainError> {
