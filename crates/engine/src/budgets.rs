@@ -83,11 +83,8 @@ pub fn check_model(
 ) -> Result<(), crate::TrainError> {
     let room = crate::machine::HostMemory::read().usable();
     let need = cfg.parameter_bound(in_dim, classes).and_then(|p| p.checked_mul(4 * elem));
-    if let (Some(need), Some(room)) = (need, room) {
-        if need <= room {
-            return Ok(());
-        }
-    } else if need.is_some() {
+    // fits, or nothing to hold it against; refused where the bound overflows or exceeds room
+    if need.is_some_and(|n| room.is_none_or(|r| n <= r)) {
         return Ok(());
     }
     let shape = format!(
