@@ -63,6 +63,8 @@ fn convert_export_generate_agree() {
     let strip = |s: &str| {
         let mut v: serde_json::Value = serde_json::from_str(s.trim()).unwrap();
         v.as_object_mut().unwrap().retain(|k, _| k != "name" && k != "load_seconds");
+        // The plan's reasons name the machine's available memory, which moves between runs.
+        v["run_plan"].as_object_mut().unwrap().remove("reasons");
         v
     };
     assert_eq!(strip(&a), strip(&b));
@@ -497,15 +499,16 @@ fn a_small_host_budget_is_kept_and_an_impossible_one_refused() {
     }
 }
 
-/// Features larger than the host budget (issue 28): igb-medium-like at scale 0.003 carries
-/// 117 MiB of 1024-wide features; the plan counts the piece a read holds, not the file, so the
+/// Features larger than the host budget (issue 28): igb-medium-like at scale 0.004 carries
+/// 156 MiB of 1024-wide features (at 0.003 and 16 parts the least budget came within 0-5 MiB of
+/// its 117 MiB, too close to say anything); the plan counts the piece a read holds, not the file, so the
 /// least budget is below the features; at it, peak RSS stays within 10 % of the budget and the
 /// losses are those of the run without a budget.
 #[test]
 fn features_larger_than_the_host_budget_train_within_it() {
-    let (dir, g) = generated("igb-medium-like", "0.003");
+    let (dir, g) = generated("igb-medium-like", "0.004");
     let p = |s: &str| dir.path().join(s).to_string_lossy().into_owned();
-    let features_mib = (30_000 * 1024 * 4) >> 20;
+    let features_mib = (40_000 * 1024 * 4) >> 20;
     let train = |budget: Option<&str>, metrics: &str| {
         let mut args = vec!["-q", "--threads", "2", "train"];
         let m = p(metrics);
@@ -525,7 +528,7 @@ fn features_larger_than_the_host_budget_train_within_it() {
         if let Some(b) = budget {
             args.extend([
                 "--parts",
-                "16",
+                "32",
                 "--partitioner",
                 "lpa",
                 "--host-mem",
