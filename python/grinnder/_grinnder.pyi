@@ -75,6 +75,8 @@ class Dataset:
         train_mask: Optional[ArrayLike] = None,
         valid_mask: Optional[ArrayLike] = None,
         test_mask: Optional[ArrayLike] = None,
+        val_idx: Optional[ArrayLike] = None,
+        val_mask: Optional[ArrayLike] = None,
         num_classes: Optional[int] = None,
         name: str = "arrays",
         non_finite: str = "refuse",
@@ -95,7 +97,12 @@ class Dataset:
             int [N] (or [N, 1]); -1 or NaN for no label. None: no labels (a graph to predict
             on; give ``num_classes``).
         train_idx, valid_idx, test_idx
-            Node ids of the splits; or ``train_mask`` etc., boolean [N].
+            Node ids of the splits; or ``train_mask`` etc., boolean [N]. The validation split
+            under PyG's names too (``val_mask``, ``val_idx``). Without one, the last epoch is
+            the one a trainer reports and saves (it says so).
+        name
+            A label for messages; it changes nothing in training (the default feature
+            normalisation is decided by the values: row where none is negative).
 
         Raises
         ------
@@ -215,8 +222,9 @@ class Trainer:
         ``callback(figures)`` after each. Ctrl-C stops after the epoch under way, the trainer
         intact (``fit`` again goes on as if never stopped). Returns ``summary()``."""
     def summary(self) -> Figures:
-        """``test_acc`` at the best validation epoch (``best_epoch``, ``best_valid_acc``),
-        ``final_loss``, ``epoch_s_median``, peak memory."""
+        """``test_acc`` at the best validation epoch (``best_epoch``, ``best_valid_acc``;
+        ``selected_by_valid`` False: the dataset has no validation split and these are the last
+        epoch's), ``final_loss``, ``epoch_s_median``, peak memory."""
     @property
     def epochs_done(self) -> int: ...
     @property
@@ -247,7 +255,9 @@ class Trainer:
     def save(self, path: Union[str, PathLike], which: str = "best") -> str:
         """Write the model as safetensors with PyG's names (docs/model-files.md): the best
         validation epoch's parameters ("best") or the last ("last"); returns which."""
-    def state_dict(self, which: str = "last") -> Dict[str, npt.NDArray[np.float32]]:
-        """The parameters under PyG's names and shapes, for ``load_state_dict``."""
+    def state_dict(self, which: str = "best") -> Dict[str, npt.NDArray[np.float32]]:
+        """The parameters under PyG's names and shapes, for ``load_state_dict``: those ``save``
+        writes, the best validation epoch's (``"best"``, the epoch ``summary()`` reports; the
+        last epoch's where the dataset has no validation split) or the last ones (``"last"``)."""
     def save_checkpoint(self) -> None:
         """Write a checkpoint now (needs ``checkpoint_dir``)."""

@@ -67,6 +67,51 @@ def test_arrays_and_pyg_data_give_the_files_losses(grinnder, cora, tmp_path):
     assert got == want
 
 
+def test_defaults_follow_the_values_never_the_name(grinnder, cora, cora_ds, tmp_path):
+    """The same arrays train alike through any door, whatever they are called: the default
+    feature normalisation is row because no value is negative, not because of a folder's name."""
+    settings = dict(epochs=3, dropout=0.0)
+    want = []
+    gr.Trainer(cora_ds, **settings).fit(callback=lambda m: want.append(m["loss"]), progress=False)
+    for name in ("mine", "citeseer"):
+        ds = gr.Dataset.from_arrays(cora["edge_index"], cora["x"], cora["y"], cora["train"], cora["valid"],
+                                    cora["test"], name=name)
+        got = []
+        gr.Trainer(ds, **settings).fit(callback=lambda m: got.append(m["loss"]), progress=False)
+        assert got == want, name
+    # with a negative value the features are used as stored, as embeddings are
+    x = cora["x"].copy()
+    x[0, 0] = -1.0
+    ds = gr.Dataset.from_arrays(cora["edge_index"], x, cora["y"], cora["train"], cora["valid"], cora["test"])
+    t = gr.Trainer(ds, **settings)
+    t.save(str(tmp_path / "m.safetensors"), which="last")
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "m.safetensors"), "np") as f:
+        assert f.metadata()["feature_norm"] == "none"
+
+
+def test_without_a_validation_split_the_last_epoch_is_reported_and_saved(cora, tmp_path):
+    ds = gr.Dataset.from_arrays(cora["edge_index"], cora["x"], cora["y"], train_idx=cora["train"],
+                                test_idx=cora["test"])
+    t = gr.Trainer(ds, epochs=5, dropout=0.0)
+    s = t.fit(progress=False)
+    assert (s["best_epoch"], s["selected_by_valid"]) == (4, False)
+    last = t.state_dict("last")
+    for k, v in t.state_dict().items():
+        np.testing.assert_array_equal(v, last[k], err_msg=k)
+    note = t.save(str(tmp_path / "m.safetensors"))
+    assert "after epoch 4" in note and "no validation split" in note
+    # PyG's name for the validation split is read, and then the best epoch is selected
+    v = np.zeros(cora["x"].shape[0], dtype=bool)
+    v[cora["valid"]] = True
+    ds = gr.Dataset.from_arrays(cora["edge_index"], cora["x"], cora["y"], train_idx=cora["train"],
+                                test_idx=cora["test"], val_mask=v)
+    assert gr.Trainer(ds, epochs=2).fit(progress=False)["selected_by_valid"]
+    with pytest.raises(ValueError, match="valid_mask or val_mask"):
+        gr.Dataset.from_arrays(cora["edge_index"], cora["x"], cora["y"], train_idx=cora["train"],
+                               test_idx=cora["test"], val_mask=v, valid_mask=v)
+
+
 def test_predictions_equal_the_cli_predictions(grinnder, cora_ds, tmp_path):
     m = tmp_path / "m.safetensors"
     grinnder("-q", "train", *FLAGS, "--save-model", m)
@@ -148,7 +193,7 @@ def test_ctrl_c_stops_fit_between_epochs_and_fit_goes_on_to_the_same_parameters(
     start = time.perf_counter()
     whole.fit(progress=False)
     twelve = time.perf_counter() - start
-    want = whole.state_dict()
+    want = whole.state_dict("last")
     # an interrupt raised by the callback (the user's own code) ...
     t = gr.Trainer(cora_ds, **settings)
 
@@ -169,7 +214,7 @@ def test_ctrl_c_stops_fit_between_epochs_and_fit_goes_on_to_the_same_parameters(
     assert 4 < t.epochs_done < 12
     t.fit(progress=False)
     assert t.epochs_done == 12
-    got = t.state_dict()
+    got = t.state_dict("last")
     assert got.keys() == want.keys()
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)

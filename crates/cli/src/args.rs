@@ -501,8 +501,8 @@ pub struct TrainSettings {
     #[arg(help_heading = "Model", long)]
     pub input_dropout: Option<f64>,
     /// Input feature preprocessing: row (PyG's NormalizeFeatures: shift by the global minimum,
-    /// divide each row by its sum) or none [default: row for the citation graphs cora,
-    /// citeseer and pubmed, as PyG's examples preprocess them; none for every other dataset].
+    /// divide each row by its sum) or none [default: by the values, never the name: row where
+    /// no feature is negative (bag-of-words, as the citation graphs), none otherwise].
     #[arg(help_heading = "Model", long, ignore_case = true, value_enum)]
     pub feature_norm: Option<FeatureNormArg>,
     /// GAT: attention heads of hidden layers, concatenated (the output layer has one) [default: 8].

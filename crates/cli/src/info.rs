@@ -131,7 +131,7 @@ pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
         None => default_rates(&plan)?,
     };
     let (ds, secs) = load(&a.input)?;
-    plan.settle_feature_norm(&ds.name);
+    plan.settle_feature_norm(&ds);
     let (hidden, layers) = (plan.config.model.hidden, plan.config.model.layers);
     let d = stats::degree_summary(&ds);
     let full = stats::full_graph_bytes(&ds, hidden, layers);

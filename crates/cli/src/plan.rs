@@ -33,31 +33,36 @@ pub struct TrainPlan {
     /// What servers train on besides the nodes they own (runs under mpirun).
     pub expansion: grinnder_engine::Expansion,
     /// Whether `--feature-norm` was given: otherwise `config.feature_norm` is settled by the
-    /// dataset ([`TrainPlan::settle_feature_norm`]).
+    /// features' values ([`TrainPlan::settle_feature_norm`]).
     pub feature_norm_given: bool,
 }
 
-/// The Planetoid citation graphs, whose bag-of-words features are row-normalised by default
-/// (Kipf & Welling's preprocessing, which PyG's examples apply to them with
-/// `NormalizeFeatures`); every other dataset's features are used as stored, as PyG and OGB do.
-pub const ROW_NORMALISED_BY_DEFAULT: [&str; 3] = ["cora", "citeseer", "pubmed"];
-
 impl TrainPlan {
-    /// The feature normalisation for the dataset `name`: the one given, or where none was,
-    /// `row` for [`ROW_NORMALISED_BY_DEFAULT`] and `none` otherwise.
-    pub fn feature_norm_for(&self, name: &str) -> grinnder_engine::FeatureNorm {
+    /// Settles `config.feature_norm` where `--feature-norm` was not given, by `ds`'s feature
+    /// values alone ([`grinnder_engine::features::default_prep`]: row normalisation where none is
+    /// negative, the values as stored otherwise) — never by the dataset's name, so the same
+    /// arrays train alike through any door — and says which it chose and why.
+    pub fn settle_feature_norm(&mut self, ds: &grinnder_graph::Dataset) {
         if self.feature_norm_given {
-            self.config.feature_norm
-        } else if ROW_NORMALISED_BY_DEFAULT.contains(&name.to_lowercase().as_str()) {
-            grinnder_engine::FeatureNorm::Row
-        } else {
-            grinnder_engine::FeatureNorm::None
+            return;
         }
-    }
-
-    /// Sets `config.feature_norm` for the dataset `name` ([`TrainPlan::feature_norm_for`]).
-    pub fn settle_feature_norm(&mut self, name: &str) {
-        self.config.feature_norm = self.feature_norm_for(name);
+        let prep = {
+            let _phase = grinnder_graph::progress::phase("normalisation (the features' minimum)");
+            grinnder_engine::features::default_prep(ds)
+        };
+        self.config.feature_norm = prep.norm;
+        self.config.feature_shift = prep.shift;
+        self.feature_norm_given = true;
+        match prep.norm {
+            grinnder_engine::FeatureNorm::Row => tracing::info!(
+                "feature norm row: no feature value is negative (bag-of-words or TF-IDF), so each \
+                 row is divided by its sum; --feature-norm none uses them as stored"
+            ),
+            grinnder_engine::FeatureNorm::None => tracing::info!(
+                "feature norm none: the features are used as stored (some values are negative, as \
+                 embeddings' are); --feature-norm row divides each row by its sum"
+            ),
+        }
     }
 }
 /// Where training computes.

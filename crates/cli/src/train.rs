@@ -172,7 +172,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     };
     let path = a.input.path()?;
     let ds = crate::load::open(&path, &a.input, host_mem)?;
-    plan.settle_feature_norm(&ds.name);
+    plan.settle_feature_norm(&ds);
     check_model(&plan, &ds, gpu.is_some())?;
     if launch.is_none() {
         settle_budgets(&mut plan, &ds, gpu.as_mut())?;
@@ -369,6 +369,12 @@ fn report(summary: &Summary, plan: &TrainPlan, host_mem: Option<u64>) {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let accuracy = if plan.config.eval_every == 0 {
         "not evaluated (--eval-every 0)".to_string()
+    } else if !summary.selected_by_valid {
+        format!(
+            "test accuracy {:.2} % (epoch {}, the last: no validation split to select by)",
+            summary.test_acc * 100.0,
+            summary.best_epoch
+        )
     } else {
         format!(
             "test accuracy {:.2} % (epoch {} of best validation accuracy {:.2} %)",

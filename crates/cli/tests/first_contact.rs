@@ -142,6 +142,47 @@ fn npy_splits_may_be_boolean_masks() {
     }
 }
 
+/// The default feature normalisation follows the values, never the folder's name: Cora under
+/// another name trains with the same losses (row: no value is negative), and says why; PyG's
+/// `val_mask.npy` gives the validation split; two files for one split are refused.
+#[test]
+fn defaults_follow_the_data_not_its_name_and_pygs_val_mask_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = cora_npy(dir.path());
+    let renamed = dir.path().join("my-graph");
+    std::fs::rename(&ds, &renamed).unwrap();
+    let losses = |data: &str, metrics: &Path| {
+        let m = metrics.to_str().unwrap();
+        let o = grinnder(&["train", data, "--epochs", "3", "--dropout", "0", "--metrics-out", m]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = std::fs::read_to_string(metrics).unwrap();
+        let l: Vec<f64> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter_map(|v| v["loss"].as_f64().filter(|_| v.get("final").is_none()))
+            .collect();
+        (l, stderr(&o))
+    };
+    let (want, _) = losses("data/cora", &dir.path().join("a.jsonl"));
+    let (got, err) = losses(renamed.to_str().unwrap(), &dir.path().join("b.jsonl"));
+    assert_eq!(got, want);
+    assert!(err.contains("feature norm row: no feature value is negative"), "{err}");
+    // PyG's name for the validation mask
+    let valid = read_i64(&renamed.join("valid_idx.npy"));
+    let mut mask = vec![0u8; 2708];
+    for &v in &valid {
+        mask[v as usize] = 1;
+    }
+    write_array(&renamed.join("val_mask.npy"), DType::Bool, &[2708], &mask).unwrap();
+    let err = stderr(&grinnder(&["info", renamed.to_str().unwrap()]));
+    assert!(err.contains("valid_idx.npy and val_mask.npy") && err.contains("keep one"), "{err}");
+    std::fs::remove_file(renamed.join("valid_idx.npy")).unwrap();
+    let o = grinnder(&["info", "--json", renamed.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["valid"], valid.len());
+}
+
 #[test]
 fn classes_without_a_node_are_warned_about_and_num_classes_sets_the_count() {
     let dir = tempfile::tempdir().unwrap();

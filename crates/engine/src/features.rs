@@ -51,24 +51,48 @@ pub fn features_in_chunks<B: Backend>(
 pub fn feature_shift(ds: &Dataset, norm: FeatureNorm) -> f64 {
     match norm {
         FeatureNorm::None => 0.0,
-        FeatureNorm::Row => {
-            // a piece at a time, each handed back once read: features mapped from a file larger
-            // than the memory budget are never all resident
-            fn min_of<E: FeatureElem>(data: &Buf<E>) -> f32 {
-                let piece = (FEATURE_PAGES_BYTES / std::mem::size_of::<E>()).max(1);
-                (0..data.len())
-                    .step_by(piece)
-                    .map(|a| {
-                        let r = a..(a + piece).min(data.len());
-                        let min =
-                            data[r.clone()].par_iter().map(|x| x.to_f32()).reduce(|| f32::INFINITY, f32::min);
-                        data.release(r);
-                        min
-                    })
-                    .fold(f32::INFINITY, f32::min)
+        FeatureNorm::Row => features_min(ds, false),
+    }
+}
+
+/// The least feature value of `ds` (+∞ for no features); with `stop_below_zero`, the first
+/// piece's minimum that is negative instead, without reading further.
+///
+/// A piece at a time, each handed back once read: features mapped from a file larger than the
+/// memory budget are never all resident.
+fn features_min(ds: &Dataset, stop_below_zero: bool) -> f64 {
+    fn min_of<E: FeatureElem>(data: &Buf<E>, stop_below_zero: bool) -> f32 {
+        let piece = (FEATURE_PAGES_BYTES / std::mem::size_of::<E>()).max(1);
+        let mut min = f32::INFINITY;
+        for a in (0..data.len()).step_by(piece) {
+            let r = a..(a + piece).min(data.len());
+            let m = data[r.clone()].par_iter().map(|x| x.to_f32()).reduce(|| f32::INFINITY, f32::min);
+            data.release(r);
+            min = min.min(m);
+            if stop_below_zero && min < 0.0 {
+                break;
             }
-            with_feature_buf!(&ds.features.data, b => min_of(b)) as f64
         }
+        min
+    }
+    with_feature_buf!(&ds.features.data, b => min_of(b, stop_below_zero)) as f64
+}
+
+/// The preprocessing of `ds`'s features when none is asked for, decided by their values alone
+/// (never by the dataset's name): row normalisation where no value is negative — bag-of-words
+/// counts or TF-IDF, as the Planetoid citation graphs store them, which Kipf & Welling's
+/// preprocessing (PyG's `NormalizeFeatures`) divides by the row's sum — and the values as
+/// stored otherwise (embeddings and PCA components, as OGB's and IGB's graphs store them).
+///
+/// Returns the choice with its statistic, so that training does not read the features again.
+/// Features with a negative value are told apart by the first piece that holds one; non-negative
+/// ones are read whole, the pass [`feature_shift`] would make anyway.
+pub fn default_prep(ds: &Dataset) -> FeaturePrep {
+    let min = features_min(ds, true);
+    if min < 0.0 || ds.features.dim == 0 || ds.num_nodes() == 0 {
+        FeaturePrep { norm: FeatureNorm::None, shift: Some(0.0) }
+    } else {
+        FeaturePrep { norm: FeatureNorm::Row, shift: Some(min) }
     }
 }
 

@@ -34,10 +34,15 @@ pub struct EpochMetrics {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Summary {
     pub epochs: usize,
+    /// The epoch the accuracies are of: the best validation epoch, or without a validation
+    /// split the last one evaluated.
     pub best_epoch: usize,
     pub best_valid_acc: f64,
-    /// Test accuracy at the best validation epoch.
+    /// Test accuracy at `best_epoch`.
     pub test_acc: f64,
+    /// Whether `best_epoch` was selected by validation accuracy (false: the dataset has no
+    /// validation split, and the last epoch evaluated is reported and saved).
+    pub selected_by_valid: bool,
     pub final_loss: f64,
     /// Median training-step time.
     pub epoch_s_median: f64,

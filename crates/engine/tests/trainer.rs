@@ -175,3 +175,31 @@ fn a_resumed_run_removes_what_a_kill_between_writing_and_pruning_left() {
     assert_eq!(resumed.epochs_done(), 3);
     assert_eq!(names(), ["ckpt-epoch-00000002.grnd-ckpt", "ckpt-epoch-00000003.grnd-ckpt"]);
 }
+
+/// Without a validation split nothing selects an epoch: the summary reports the last epoch (and
+/// says it was not selected by validation), and the "best" model file holds the last weights —
+/// never epoch 0's untrained ones — in every mode.
+#[test]
+fn without_a_validation_split_the_last_epoch_is_reported_and_saved() {
+    let mut ds = dataset();
+    ds.splits.valid = Vec::new().into();
+    let b = Cpu::<f32>::new();
+    for (what, mode) in modes() {
+        let mut cfg = config(5);
+        cfg.eval_every = 1;
+        let mut t = Trainer::new(&b, &ds, cfg, mode).unwrap();
+        let s = t.fit(&mut |_| {}).unwrap();
+        assert_eq!((s.best_epoch, s.selected_by_valid), (4, false), "{what}");
+        let (best, last) = (t.model_file(Weights::BestValid), t.model_file(Weights::Last));
+        assert_eq!(best.tensors, last.tensors, "{what}");
+        assert!(
+            best.note.as_deref().unwrap_or("").contains("no validation split"),
+            "{what}: {:?}",
+            best.note
+        );
+    }
+    // with one, the best epoch is selected by it
+    let ds = dataset();
+    let mut t = Trainer::new(&b, &ds, config(4), Mode::FullGraph).unwrap();
+    assert!(t.fit(&mut |_| {}).unwrap().selected_by_valid);
+}

@@ -109,6 +109,21 @@ fn split(
     }
 }
 
+/// One of two names for the same argument (ours and PyG's: `valid_mask` and `val_mask`).
+fn alias<'a, 'py>(
+    ours: Option<&'a Bound<'py, PyAny>>,
+    pygs: Option<&'a Bound<'py, PyAny>>,
+    our_name: &str,
+    pyg_name: &str,
+) -> PyResult<Option<&'a Bound<'py, PyAny>>> {
+    match (ours, pygs) {
+        (Some(_), Some(_)) => {
+            Err(value_error(format!("give {our_name} or {pyg_name} (the same split), not both")))
+        }
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
 fn load_options(non_finite: &str, allow_split_overlap: bool) -> PyResult<LoadOptions> {
     Ok(LoadOptions {
         non_finite: match non_finite {
@@ -130,13 +145,14 @@ impl Dataset {
     /// read in place when it is a C-contiguous float32 array (keep it unchanged), converted once
     /// otherwise. `y`: int [N] (or [N, 1]), -1 (or NaN) for no label; `None`: no labels (a graph
     /// to predict on; give `num_classes`). Splits as index arrays (`train_idx`, …) or boolean
-    /// masks (`train_mask`, …). Bad shapes, ids out of range, NaN features (unless
+    /// masks (`train_mask`, …); the validation split under PyG's name too (`val_mask`,
+    /// `val_idx`). Without a validation split the last epoch is the one reported and saved. Bad shapes, ids out of range, NaN features (unless
     /// `non_finite="report"`) and overlapping splits (unless `allow_split_overlap`) raise
     /// `ValueError` naming the argument and the entry.
     #[staticmethod]
     #[pyo3(signature = (edge_index, x, y=None, train_idx=None, valid_idx=None, test_idx=None, *,
-        train_mask=None, valid_mask=None, test_mask=None, num_classes=None, name="arrays",
-        non_finite="refuse", allow_split_overlap=false))]
+        train_mask=None, valid_mask=None, test_mask=None, val_idx=None, val_mask=None, num_classes=None,
+        name="arrays", non_finite="refuse", allow_split_overlap=false))]
     #[allow(clippy::too_many_arguments)]
     fn from_arrays(
         py: Python<'_>,
@@ -149,6 +165,8 @@ impl Dataset {
         train_mask: Option<&Bound<'_, PyAny>>,
         valid_mask: Option<&Bound<'_, PyAny>>,
         test_mask: Option<&Bound<'_, PyAny>>,
+        val_idx: Option<&Bound<'_, PyAny>>,
+        val_mask: Option<&Bound<'_, PyAny>>,
         num_classes: Option<u32>,
         name: &str,
         non_finite: &str,
@@ -181,7 +199,11 @@ impl Dataset {
         let labels = y.map(|y| int64s(y, "y")).transpose()?;
         let splits = [
             split(train_idx, train_mask, "train")?,
-            split(valid_idx, valid_mask, "valid")?,
+            split(
+                alias(valid_idx, val_idx, "valid_idx", "val_idx")?,
+                alias(valid_mask, val_mask, "valid_mask", "val_mask")?,
+                "valid",
+            )?,
             split(test_idx, test_mask, "test")?,
         ];
         let ro = ei.readonly();
@@ -240,6 +262,8 @@ impl Dataset {
             masks[0].as_ref(),
             masks[1].as_ref(),
             masks[2].as_ref(),
+            None,
+            None,
             num_classes,
             name,
             non_finite,

@@ -98,9 +98,7 @@ fn start<'a, B: Backend>(
     features: Option<&'a dyn FeatureSource<B>>,
 ) -> Result<grinnder_engine::Trainer<'a, B>, TrainError> {
     let mode = grinnder_cli::train::mode_of(&cfg.plan, features, None, None);
-    let mut plan = cfg.plan.clone();
-    plan.settle_feature_norm(&ds.name);
-    let mut t = grinnder_engine::Trainer::new(b, ds, plan.config, mode)?;
+    let mut t = grinnder_engine::Trainer::new(b, ds, cfg.plan.config.clone(), mode)?;
     if let Some(c) = &cfg.checkpoint {
         t = t.with_checkpoints(c)?;
     }
@@ -153,7 +151,7 @@ fn build(py: Python<'_>, ds: Arc<Graph>, cfg: &Config, file: Option<&ModelFile>)
             gpu.set_tf32(plan.tf32).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
             let zero_copy = match plan.feature_access {
                 FeatureAccessArg::ZeroCopy if file.is_none() => Some(
-                    grinnder_cli::train::ZeroCopyFeatures::new(&gpu, &ds, plan.feature_norm_for(&ds.name))
+                    grinnder_cli::train::ZeroCopyFeatures::new(&gpu, &ds, plan.config.feature_norm)
                         .map_err(any_error)?,
                 ),
                 _ => None,
@@ -172,9 +170,11 @@ fn build(py: Python<'_>, ds: Arc<Graph>, cfg: &Config, file: Option<&ModelFile>)
     }
 }
 
-/// [`grinnder_cli::budgets::settle`] (its reasons are what `grinnder info` prints for the same
+/// The feature norm where none was given ([`grinnder_cli::plan::TrainPlan::settle_feature_norm`])
+/// and [`grinnder_cli::budgets::settle`] (its reasons are what `grinnder info` prints for the same
 /// settings).
 fn settle(plan: &mut grinnder_cli::plan::TrainPlan, ds: &Graph, gpu_free: Option<u64>) -> PyResult<()> {
+    plan.settle_feature_norm(ds);
     grinnder_cli::budgets::settle(plan, ds, gpu_free).map_err(any_error)?;
     Ok(())
 }
@@ -184,6 +184,14 @@ fn settle(plan: &mut grinnder_cli::plan::TrainPlan, ds: &Graph, gpu_free: Option
 pub struct Trainer {
     cell: Cell,
     dataset: Py<Dataset>,
+}
+
+fn weights_of(which: &str) -> PyResult<Weights> {
+    match which {
+        "best" => Ok(Weights::BestValid),
+        "last" => Ok(Weights::Last),
+        w => Err(value_error(format!("which={w:?}: use \"best\" or \"last\""))),
+    }
 }
 
 fn output_of(output: &str) -> PyResult<Output> {
@@ -430,19 +438,17 @@ impl Trainer {
     /// which.
     #[pyo3(signature = (path, which="best"))]
     fn save(&mut self, path: PathBuf, which: &str) -> PyResult<String> {
-        let w = match which {
-            "best" => Weights::BestValid,
-            "last" => Weights::Last,
-            w => return Err(value_error(format!("which={w:?}: use \"best\" or \"last\""))),
-        };
+        let w = weights_of(which)?;
         on!(&mut self.cell, t => t.save_model(&path, w)).map_err(train_error)
     }
 
-    /// The parameters as numpy arrays under PyG's names and shapes (`which`: "last" or "best"),
-    /// for `model.load_state_dict({k: torch.from_numpy(v) for k, v in ...})`.
-    #[pyo3(signature = (which="last"))]
+    /// The parameters as numpy arrays under PyG's names and shapes, for
+    /// `model.load_state_dict({k: torch.from_numpy(v) for k, v in ...})`: as `save` writes
+    /// them, the best validation epoch's (`which="best"`, the epoch `summary()` reports) or the
+    /// last ones (`"last"`).
+    #[pyo3(signature = (which="best"))]
     fn state_dict<'py>(&mut self, py: Python<'py>, which: &str) -> PyResult<Bound<'py, PyDict>> {
-        let w = if which == "best" { Weights::BestValid } else { Weights::Last };
+        let w = weights_of(which)?;
         let f = on!(&mut self.cell, t => t.model_file(w));
         let d = PyDict::new(py);
         for t in f.tensors {

@@ -110,6 +110,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// Validates `ds` and sets `mode` up (partitioning, plans, blocks: the setup a mode needs).
     pub fn new(b: &'a B, ds: &'a Dataset, cfg: TrainConfig, mode: Mode<'a, B>) -> Result<Self, TrainError> {
         check_dataset(ds)?;
+        if ds.splits.valid.is_empty() {
+            tracing::warn!(
+                "no validation split: the accuracy reported and the model saved are the last epoch's \
+                 (give one, valid_idx or PyG's val_mask, to keep the epoch of best validation accuracy)"
+            );
+        }
         Self::set_up(b, ds, cfg, mode)
     }
 
@@ -274,7 +280,10 @@ impl<'a, B: Backend> Trainer<'a, B> {
             }
         };
         let m = EvalMetrics { epoch, train_acc: acc(0), valid_acc: acc(1), test_acc: acc(2), eval_s: 0.0 };
-        if self.best.is_none_or(|(_, v, _)| m.valid_acc > v) {
+        if !self.selects_by_valid() {
+            // nothing to select by: the last epoch is the one reported and saved
+            self.best = Some((epoch, m.valid_acc, m.test_acc));
+        } else if self.best.is_none_or(|(_, v, _)| m.valid_acc > v) {
             self.best = Some((epoch, m.valid_acc, m.test_acc));
             self.best_state = Some(capture_tensors(self.b, self.engine.model()));
         }
@@ -306,7 +315,14 @@ impl<'a, B: Backend> Trainer<'a, B> {
         Ok(self.summary())
     }
 
-    /// The run so far: the test accuracy at the best validation epoch, the median epoch time.
+    /// Whether the dataset has a validation split to select the best epoch by; without one the
+    /// last epoch is the one reported and saved.
+    pub fn selects_by_valid(&self) -> bool {
+        !self.ds.splits.valid.is_empty()
+    }
+
+    /// The run so far: the test accuracy at the best validation epoch (without a validation
+    /// split, at the last epoch evaluated), the median epoch time.
     pub fn summary(&self) -> Summary {
         let (best_epoch, best_valid_acc, test_acc) = self.best.unwrap_or((0, 0.0, 0.0));
         let mut times = self.times.clone();
@@ -316,6 +332,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             best_epoch,
             best_valid_acc,
             test_acc,
+            selected_by_valid: self.selects_by_valid(),
             final_loss: self.last_loss,
             epoch_s_median: times.get(times.len() / 2).copied().unwrap_or(0.0),
             peak_host_bytes: peak_rss_bytes(),
@@ -337,7 +354,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
             f.note = Some(format!("best validation accuracy {:.4} (epoch {epoch})", valid));
             return f;
         }
-        let note = format!("after epoch {}", self.epoch.saturating_sub(1));
+        let valid = if self.selects_by_valid() { "" } else { " (no validation split to select by)" };
+        let note = format!("after epoch {}{valid}", self.epoch.saturating_sub(1));
         ModelFile::capture(self.b, self.engine.model(), arch, Some(note))
     }
 

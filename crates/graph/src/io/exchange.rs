@@ -7,6 +7,7 @@
 //! node_label.npy  int64 [N]      (-1: no label)
 //! train_idx.npy, valid_idx.npy, test_idx.npy   int64 node ids
 //!   or train_mask.npy, valid_mask.npy, test_mask.npy   bool [N] (PyG's masks)
+//!   (PyG's name val_mask.npy / val_idx.npy for the validation split is read too)
 //! ```
 //! Reading maps `node_feat.npy` (zero-copy); writing streams every array.
 
@@ -51,7 +52,7 @@ pub(crate) fn checked_pairs(
 }
 
 /// The layout, as a message listing it.
-pub const LAYOUT: &str = "edge_index.npy (integers [2, E]: sources, then targets), node_feat.npy (floats [N, F]), node_label.npy (integers [N], -1: no label), and per split train/valid/test either {split}_idx.npy (node ids) or {split}_mask.npy (bool [N])";
+pub const LAYOUT: &str = "edge_index.npy (integers [2, E]: sources, then targets), node_feat.npy (floats [N, F]), node_label.npy (integers [N], -1: no label), and per split train/valid/test either {split}_idx.npy (node ids) or {split}_mask.npy (bool [N]; PyG's val_mask.npy for valid)";
 
 const SPLITS: [&str; 3] = ["train", "valid", "test"];
 
@@ -68,17 +69,21 @@ fn origins(dir: &Path) -> Result<Origins> {
     let (edges, features, labels) = (file("edge_index.npy"), file("node_feat.npy"), file("node_label.npy"));
     let mut splits = SPLITS.map(|s| dir.join(format!("{s}_idx.npy")));
     for (k, s) in SPLITS.iter().enumerate() {
-        let mask = dir.join(format!("{s}_mask.npy"));
-        match (splits[k].exists(), mask.exists()) {
-            (true, true) => {
+        // ours, then PyG's name for the validation split (`val_mask`)
+        let bases: &[&str] = if *s == "valid" { &["valid", "val"] } else { &[s] };
+        let names: Vec<String> =
+            bases.iter().flat_map(|n| [format!("{n}_idx.npy"), format!("{n}_mask.npy")]).collect();
+        let here: Vec<&String> = names.iter().filter(|n| dir.join(n).exists()).collect();
+        match here[..] {
+            [one] => splits[k] = dir.join(one),
+            [] => missing.push(format!("{s}_idx.npy (or {})", names[1..].join(", "))),
+            _ => {
+                let here: Vec<&str> = here.iter().map(|n| n.as_str()).collect();
                 return Err(GraphError::invalid(
                     dir,
-                    format!("both {s}_idx.npy and {s}_mask.npy are here: keep one"),
-                ))
+                    format!("{} are all here and each gives the {s} split: keep one", here.join(" and ")),
+                ));
             }
-            (false, true) => splits[k] = mask,
-            (false, false) => missing.push(format!("{s}_idx.npy (or {s}_mask.npy)")),
-            (true, false) => {}
         }
     }
     if !missing.is_empty() {
