@@ -215,7 +215,13 @@ fn cluster(g: &Level, cap: u64, sweeps: usize, seed: u64, salt: u64) -> (Vec<u32
 const CONTRACT_CHUNK: usize = 4096;
 
 /// The graph of clusters: node weights summed, parallel edges merged, internal edges dropped.
-/// Chunks of clusters are merged in parallel, then joined in order.
+///
+/// Two passes over chunks of clusters in parallel: the first counts each cluster's distinct
+/// neighbours, the second writes them straight into the coarse graph's arrays, each chunk into
+/// its own range. Gathering the chunks' edges first and joining them after held the coarse
+/// edges twice: on papers-like at scale 0.01 (32.3 M directed edges, 20.5 M coarse ones at the
+/// first level) that copy was the partitioner's peak, 766 of its MiB (25 bytes per edge); the
+/// second pass costs the merging again, a fraction of the level's clustering.
 fn contract(g: &Level, cluster: &[u32], k: usize) -> Owned {
     let mut ptr_m = vec![0usize; k + 1];
     for &c in cluster {
@@ -230,53 +236,69 @@ fn contract(g: &Level, cluster: &[u32], k: usize) -> Owned {
         members[cursor[c as usize]] = v as u32;
         cursor[c as usize] += 1;
     }
-    // per chunk: degrees, neighbours, edge weights and node weights of its clusters
-    type Chunk = (Vec<u64>, Vec<u32>, Vec<u64>, Vec<u64>);
-    let chunks: Vec<Chunk> = (0..k.div_ceil(CONTRACT_CHUNK))
+    drop(cursor);
+    // cluster c's neighbouring clusters and the weights of the edges to them, into `rating`
+    let merge = |rating: &mut Rating, c: usize| -> u64 {
+        let vs = &members[ptr_m[c]..ptr_m[c + 1]];
+        // (distinct neighbours: at most one per edge, at most k)
+        let edges: usize = vs.iter().map(|&v| (g.ptr[v as usize + 1] - g.ptr[v as usize]) as usize).sum();
+        rating.reset(edges.min(k));
+        let mut w = 0;
+        for &v in vs {
+            w += g.node_w(v as usize);
+            for (u, ew) in g.edges(v as usize) {
+                if cluster[u] as usize != c {
+                    rating.add(cluster[u], ew);
+                }
+            }
+        }
+        w
+    };
+    let chunks = k.div_ceil(CONTRACT_CHUNK);
+    let range = |i: usize| i * CONTRACT_CHUNK..((i + 1) * CONTRACT_CHUNK).min(k);
+    // pass 1: degrees and node weights
+    let (degree, node_w): (Vec<u64>, Vec<u64>) = (0..chunks)
         .into_par_iter()
         .map_init(Rating::default, |rating, i| {
-            let cs = i * CONTRACT_CHUNK..((i + 1) * CONTRACT_CHUNK).min(k);
-            let mut out: Chunk = Default::default();
-            for c in cs {
-                let vs = &members[ptr_m[c]..ptr_m[c + 1]];
-                // (distinct neighbours: at most one per edge, at most k)
-                let edges: usize =
-                    vs.iter().map(|&v| (g.ptr[v as usize + 1] - g.ptr[v as usize]) as usize).sum();
-                rating.reset(edges.min(k));
-                let mut w = 0;
-                for &v in vs {
-                    w += g.node_w(v as usize);
-                    for (u, ew) in g.edges(v as usize) {
-                        if cluster[u] as usize != c {
-                            rating.add(cluster[u], ew);
-                        }
-                    }
-                }
-                out.0.push(rating.used.len() as u64);
-                out.1.extend(rating.entries().map(|(cu, _)| cu));
-                out.2.extend(rating.entries().map(|(_, w)| w));
-                out.3.push(w);
-            }
-            out
+            range(i)
+                .map(|c| {
+                    let w = merge(rating, c);
+                    (rating.used.len() as u64, w)
+                })
+                .collect::<Vec<_>>()
         })
-        .collect();
-    let edges: usize = chunks.iter().map(|c| c.1.len()).sum();
-    let mut out = Owned {
-        ptr: Vec::with_capacity(k + 1),
-        adj: Vec::with_capacity(edges),
-        edge_w: Vec::with_capacity(edges),
-        node_w: Vec::with_capacity(k),
-    };
-    out.ptr.push(0);
-    for (deg, adj, ew, nw) in chunks {
-        for d in deg {
-            out.ptr.push(out.ptr.last().copied().unwrap_or(0) + d);
-        }
-        out.adj.extend(adj);
-        out.edge_w.extend(ew);
-        out.node_w.extend(nw);
+        .flatten_iter()
+        .unzip();
+    let mut ptr = Vec::with_capacity(k + 1);
+    ptr.push(0u64);
+    for d in &degree {
+        ptr.push(ptr.last().copied().unwrap_or(0) + d);
     }
-    out
+    drop(degree);
+    let edges = ptr[k] as usize;
+    let (mut adj, mut edge_w) = (vec![0u32; edges], vec![0u64; edges]);
+    // pass 2: each chunk's edges into its own range of the arrays
+    let mut parts = Vec::with_capacity(chunks);
+    let (mut a, mut w) = (&mut adj[..], &mut edge_w[..]);
+    for i in 0..chunks {
+        let r = range(i);
+        let len = (ptr[r.end] - ptr[r.start]) as usize;
+        let (a0, a1) = std::mem::take(&mut a).split_at_mut(len);
+        let (w0, w1) = std::mem::take(&mut w).split_at_mut(len);
+        parts.push((r, a0, w0));
+        (a, w) = (a1, w1);
+    }
+    parts.into_par_iter().for_each_init(Rating::default, |rating, (r, a, w)| {
+        let mut at = 0;
+        for c in r {
+            merge(rating, c);
+            for (cu, ew) in rating.entries() {
+                (a[at], w[at]) = (cu, ew);
+                at += 1;
+            }
+        }
+    });
+    Owned { ptr, adj, edge_w, node_w }
 }
 
 /// Greedy graph growing: partitions are filled one after the other from a seed node, always
