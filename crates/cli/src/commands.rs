@@ -83,8 +83,7 @@ fn clean(dir: &std::path::Path, dry_run: bool) -> anyhow::Result<()> {
 fn convert(a: ConvertArgs) -> anyhow::Result<()> {
     let (ds, secs) = load(&a.input)?;
     let t = Instant::now();
-    native::save_as(&ds, &a.out, a.feature_dtype)
-        .with_context(|| format!("cannot write {}", a.out.display()))?;
+    native::save_as(&ds, &a.out, a.feature_dtype).context("cannot write")?; // (the error names the path)
     tracing::info!(
         "read {} in {secs:.2} s, wrote {} in {:.2} s ({} nodes, {} edges)",
         a.input.path()?.display(),
@@ -105,7 +104,7 @@ fn export(a: ExportArgs) -> anyhow::Result<()> {
         ExportFormat::Igb => igb::write(&ds, out, false),
         ExportFormat::IgbRaw => igb::write(&ds, out, true),
     }
-    .with_context(|| format!("cannot write {}", out.display()))?;
+    .context("cannot write")?; // (the error names the path)
     tracing::info!("wrote {}", out.display());
     Ok(())
 }
@@ -131,14 +130,15 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
     match a.format {
         GenFormat::Native => {
             let mut w = native::NativeWriter::create(&a.out, cfg.preset.name, n)
-                .with_context(context)?
+                .context("cannot write")? // (the error names the path)
                 .with_feature_dtype(dtype);
             let g = generate::generate_streaming(&cfg, &mut |c| w.push_cols(c)).with_context(context)?;
             w.finish(&g.row_ptr, &g.labels, g.num_classes, &g.splits, &g.features).with_context(context)?;
         }
         GenFormat::Npy => {
-            let mut w =
-                exchange::ExchangeWriter::create(&a.out, e).with_context(context)?.with_feature_dtype(dtype);
+            let mut w = exchange::ExchangeWriter::create(&a.out, e)
+                .context("cannot write")?
+                .with_feature_dtype(dtype);
             let g = generate::generate_streaming(&cfg, &mut |c| w.push_cols(c)).with_context(context)?;
             w.finish(&g.row_ptr, &g.labels, &g.splits, &g.features).with_context(context)?;
         }

@@ -17,6 +17,17 @@ pub fn load(input: &Input) -> anyhow::Result<(Dataset, f64)> {
     Ok((ds, t.elapsed().as_secs_f64()))
 }
 
+/// What a compressed archive's declared sizes must fit before it is inflated: `host_mem` (the
+/// run's --host-mem), else the memory this machine has available (cgroup and ulimit -v counted).
+pub fn memory_limit(host_mem: Option<u64>) -> Option<io::MemoryLimit> {
+    match host_mem {
+        Some(bytes) => Some(io::MemoryLimit { bytes, source: "--host-mem".into() }),
+        None => grinnder_engine::machine::HostMemory::read()
+            .usable()
+            .map(|bytes| io::MemoryLimit { bytes, source: "memory this machine has available".into() }),
+    }
+}
+
 /// Opens the dataset at `path` as `input` says, then applies `--num-classes` and warns about
 /// classes without a node.
 /// `host_mem`: the run's --host-mem, under which (else under the machine's available memory)
@@ -27,12 +38,7 @@ pub fn open(path: &Path, input: &Input, host_mem: Option<u64>) -> anyhow::Result
     }
     let phase = grinnder_graph::progress::phase(&format!("loading {}", path.display()));
     let mut opts = input.options()?;
-    opts.memory_limit = match host_mem {
-        Some(bytes) => Some(io::MemoryLimit { bytes, source: "--host-mem".into() }),
-        None => grinnder_engine::machine::HostMemory::read()
-            .usable()
-            .map(|bytes| io::MemoryLimit { bytes, source: "memory this machine has available".into() }),
-    };
+    opts.memory_limit = memory_limit(host_mem);
     let mut ds =
         io::open(path, input.format(), &opts).with_context(|| format!("cannot load {}", path.display()))?;
     drop(phase);

@@ -40,6 +40,6 @@ pub fn check_writable(path: &std::path::Path, flag: &str) -> anyhow::Result<()> 
 /// such as `--metrics-out /dev/null`, may name one).
 pub fn check_renamed_writable(path: &std::path::Path, flag: &str) -> anyhow::Result<()> {
     grinnder_graph::io::files::check_replaceable(path)
-        .with_context(|| format!("{flag}: cannot write there"))?;
+        .with_context(|| format!("{flag} {}: cannot write there", path.display()))?;
     check_writable(path, flag)
 }

@@ -468,6 +468,8 @@ fn outputs_never_replace_a_fifo_or_a_socket() {
         let err = stderr(&o);
         assert!(!o.status.success(), "{target}: written over");
         assert!(err.contains(target) && err.contains("not a regular file"), "{target}: {err}");
+        let full = t(target).to_string_lossy().into_owned();
+        assert_eq!(err.matches(full.as_str()).count(), 1, "the path named once: {err}");
         let meta = std::fs::symlink_metadata(t(target)).unwrap();
         let kept = if target.ends_with(".sock") {
             std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type())
@@ -495,9 +497,13 @@ fn outputs_never_replace_a_device_node() {
         vec!["train", "--epochs", "1", "--save-model", d],
         vec!["generate", "--preset", "arxiv-like", "--scale", "0.01", "--out", d],
         vec!["convert", "data/cora", "--out", d],
+        vec!["export", "data/cora", "--format", "npy", "--out", d],
+        vec!["export", "data/cora", "--format", "ogb", "--out", d],
     ] {
         let o = grinnder_limited("true", &args, 120);
-        assert!(!o.status.success() && stderr(&o).contains("character device"), "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(!o.status.success() && err.contains("a character device"), "{args:?}: {err}");
+        assert_eq!(err.matches(d).count(), 1, "{args:?}: the path named once: {err}");
         let t = std::fs::symlink_metadata(&dev).unwrap().file_type();
         assert!(std::os::unix::fs::FileTypeExt::is_char_device(&t), "{args:?} replaced the device");
     }

@@ -400,7 +400,9 @@ pub fn load_dataset(
         allow_split_overlap,
         num_classes,
     };
-    let opts = input.options().map_err(|e| value_error(format!("{e:#}")))?;
+    let mut opts = input.options().map_err(|e| value_error(format!("{e:#}")))?;
+    // an npz archive declaring more than this machine has is refused before it is inflated
+    opts.memory_limit = grinnder_cli::load::memory_limit(None);
     let mut ds = py.detach(|| grinnder_graph::io::open(&path, input.format(), &opts)).map_err(graph_error)?;
     grinnder_cli::load::settle_classes(&mut ds, num_classes)
         .map_err(|e| value_error(format!("{e:#}").replace("--num-classes ", "num_classes=")))?;

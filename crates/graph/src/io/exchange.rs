@@ -175,7 +175,7 @@ pub struct ExchangeWriter {
 impl ExchangeWriter {
     /// Starts `dir` for a graph of `num_edges` directed edges.
     pub fn create(dir: &Path, num_edges: u64) -> Result<ExchangeWriter> {
-        std::fs::create_dir_all(dir).map_err(|e| GraphError::io(dir, e))?;
+        super::files::create_folder(dir).map_err(|e| GraphError::io(dir, e))?;
         let edges = NpyWriter::create(&dir.join("edge_index.npy"), DType::I64, &[2, num_edges])?;
         Ok(ExchangeWriter { dir: dir.to_path_buf(), edges, written: 0, feature_dtype: None })
     }

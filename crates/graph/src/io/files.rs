@@ -122,13 +122,30 @@ pub fn check_replaceable(path: &Path) -> io::Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if !(m.file_type().is_file() || m.file_type().is_symlink()) => Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
+            // (no path: every caller's context names it)
             format!(
-                "{} is {}, not a regular file: grinnder never replaces one with its output; name a file's path",
-                path.display(),
+                "{}, not a regular file: grinnder never replaces one with its output; name a file's path",
                 kind_of(m.file_type())
             ),
         )),
         _ => Ok(()),
+    }
+}
+
+/// Makes the output folder `dir` (and its parents) where it is missing; a file, device or other
+/// non-folder already at `dir` is named as such (the OS says only "File exists").
+pub fn create_folder(dir: &Path) -> io::Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => {
+            let what = if m.is_file() { "a file" } else { kind_of(m.file_type()) };
+            Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{what} is there, and this output is a folder of files: name a new or an existing folder"
+                ),
+            ))
+        }
+        _ => std::fs::create_dir_all(dir),
     }
 }
 

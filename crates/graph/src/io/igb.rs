@@ -126,7 +126,7 @@ pub fn write(ds: &Dataset, dir: &Path, raw: bool) -> Result<()> {
     let paper = dir.join("processed/paper");
     let cites = dir.join("processed/paper__cites__paper");
     for d in [&paper, &cites] {
-        std::fs::create_dir_all(d).map_err(|e| GraphError::io(d, e))?;
+        super::files::create_folder(d).map_err(|e| GraphError::io(d, e))?;
     }
     let n = ds.num_nodes() as u64;
     let feat_path = paper.join("node_feat.npy");

@@ -285,10 +285,11 @@ fn load_ids(path: &Path, n: u64) -> Result<Vec<u32>> {
 /// Writes `ds` in the OGB raw layout (each undirected edge once, as OGB ships them), with the
 /// split named `split`.
 pub fn write(ds: &Dataset, dir: &Path, split: &str) -> Result<()> {
+    super::files::create_folder(dir).map_err(|e| GraphError::io(dir, e))?;
     let raw = dir.join("raw");
     let sdir = dir.join("split").join(split);
     for d in [&raw, &sdir] {
-        std::fs::create_dir_all(d).map_err(|e| GraphError::io(d, e))?;
+        super::files::create_folder(d).map_err(|e| GraphError::io(d, e))?;
     }
     let g = &ds.graph;
     let mut edges = 0u64;
@@ -357,7 +358,7 @@ pub(super) fn edges_once<E>(
 
 /// Writes the split files `{train,valid,test}.csv.gz` into the folder `sdir`.
 pub(super) fn write_splits(ds: &Dataset, sdir: &Path) -> Result<()> {
-    std::fs::create_dir_all(sdir).map_err(|e| GraphError::io(sdir, e))?;
+    super::files::create_folder(sdir).map_err(|e| GraphError::io(sdir, e))?;
     for (name, ids) in ds.splits.named() {
         gz(&sdir.join(format!("{name}.csv.gz")), &mut |w| {
             for v in ids {

@@ -253,7 +253,7 @@ fn read_labels(path: &Path, n: u64) -> Result<(Vec<i32>, u32)> {
 /// `[N, 1]` with NaN for none), with the split named `split` as CSV.
 pub fn write(ds: &Dataset, dir: &Path, split: &str) -> Result<()> {
     let raw = dir.join("raw");
-    std::fs::create_dir_all(&raw).map_err(|e| GraphError::io(&raw, e))?;
+    super::files::create_folder(&raw).map_err(|e| GraphError::io(&raw, e))?;
     let g = &ds.graph;
     let mut e = 0u64;
     super::ogb::edges_once::<GraphError>(g, &mut |_, _| {
