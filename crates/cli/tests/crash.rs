@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-const EPOCHS: usize = 150;
+const EPOCHS: usize = 50;
 
 /// An arxiv-like graph of 33,869 nodes as a native file (loads in milliseconds).
 fn arxiv_like(tmp: &Path) -> std::path::PathBuf {

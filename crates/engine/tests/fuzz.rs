@@ -1,5 +1,5 @@
 //! The checkpoint reader and the tier's block files under corruption: at least 1,000 variants
-//! each, and as many as fit in `GRINNDER_FUZZ_SECONDS` when set (CI sets 60). A damaged file is
+//! each, and as many as fit in `GRINNDER_FUZZ_SECONDS` when set (CI sets 10, .ci/slow 60). A damaged file is
 //! an error naming it — never a panic, never different data.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

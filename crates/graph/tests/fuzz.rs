@@ -1,5 +1,5 @@
 //! Corrupted inputs, at least 1,000 variants per format — and as many as fit in
-//! `GRINNDER_FUZZ_SECONDS` per format when it is set (CI sets 60): every loader returns a dataset
+//! `GRINNDER_FUZZ_SECONDS` per format when it is set (CI sets 10, .ci/slow 60): every loader returns a dataset
 //! that passes validation or an error naming the file — never a panic. Native files, which
 //! carry checksums, must moreover never load as anything but the original data.
 
