@@ -219,7 +219,8 @@ class Trainer:
         progress: bool = True,
     ) -> Figures:
         """Train ``epochs`` more epochs (default: up to the configured number), calling
-        ``callback(figures)`` after each. Ctrl-C stops after the epoch under way, the trainer
+        ``callback(figures)`` after each; a callback returning ``False`` stops training there
+        (early stopping; ``None`` goes on). Ctrl-C stops after the epoch under way, the trainer
         intact (``fit`` again goes on as if never stopped). Returns ``summary()``."""
     def summary(self) -> Figures:
         """``test_acc`` at the best validation epoch (``best_epoch``, ``best_valid_acc``;

@@ -111,6 +111,14 @@ def test_without_a_validation_split_the_last_epoch_is_reported_and_saved(cora, t
                                test_idx=cora["test"], val_mask=v, valid_mask=v)
 
 
+def test_a_callback_returning_false_stops_fit(cora_ds):
+    t = gr.Trainer(cora_ds, epochs=10)
+    t.fit(callback=lambda m: m["epoch"] < 2, progress=False)
+    assert t.epochs_done == 3
+    t.fit(callback=lambda m: None, progress=False)  # None goes on
+    assert t.epochs_done == 10
+
+
 def test_predictions_equal_the_cli_predictions(grinnder, cora_ds, tmp_path):
     m = tmp_path / "m.safetensors"
     grinnder("-q", "train", *FLAGS, "--save-model", m)

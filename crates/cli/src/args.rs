@@ -78,9 +78,10 @@ pub struct PlotScalingArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// GPU to measure: cuda or cuda:N (`sample` runs on the CPU, `rates` on either).
-    #[arg(long, global = true, default_value = "cuda")]
-    pub device: String,
+    /// Where to measure: cuda or cuda:N [default: cuda; `rates`: cpu, as train's default;
+    /// `sample` runs on the CPU].
+    #[arg(long, global = true)]
+    pub device: Option<String>,
     /// Timed repetitions (the median is reported).
     #[arg(long, global = true, default_value_t = 5)]
     pub reps: usize,

@@ -51,9 +51,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if let BenchWhat::Rates { storage_dir, out } = &a.what {
-        return rates(&a.device, storage_dir.as_deref(), out.as_deref());
+        return rates(a.device.as_deref().unwrap_or("cpu"), storage_dir.as_deref(), out.as_deref());
     }
-    let n = match Device::parse(&a.device)? {
+    let n = match Device::parse(a.device.as_deref().unwrap_or("cuda"))? {
         Device::Cuda(n) => n,
         Device::Cpu => anyhow::bail!("grinnder bench measures a GPU: use --device cuda[:N]"),
     };

@@ -622,7 +622,8 @@ pub fn mode_of<'a, B: Backend>(
 }
 
 /// One epoch as a log line: `epoch 3: loss 1.2345, accuracy train 80.1 % valid 78.2 % test
-/// 77.9 %, 0.052 s` (accuracies on evaluated epochs only).
+/// 77.9 %, 0.052 s + evaluation 0.011 s` (accuracies and the evaluation's time on evaluated
+/// epochs only).
 fn epoch_line(m: &EpochMetrics) -> String {
     let acc = match (m.train_acc, m.valid_acc, m.test_acc) {
         (Some(t), Some(v), Some(s)) => {
@@ -630,5 +631,6 @@ fn epoch_line(m: &EpochMetrics) -> String {
         }
         _ => String::new(),
     };
-    format!("epoch {}: loss {:.4}{acc}, {:.3} s", m.epoch, m.loss, m.epoch_s)
+    let eval = m.eval_s.map_or(String::new(), |e| format!(" + evaluation {e:.3} s"));
+    format!("epoch {}: loss {:.4}{acc}, {:.3} s{eval}", m.epoch, m.loss, m.epoch_s)
 }

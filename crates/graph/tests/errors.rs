@@ -117,7 +117,12 @@ fn npy_errors_name_file_and_offset() {
     assert!(npy_case(|_| {}).is_ok());
     expect_err(
         npy_case(|d| write_array(&d.join("node_label.npy"), DType::I64, &[11], &[0i64; 11]).unwrap()),
-        &["node_label.npy", "expected shape [12]"],
+        &["node_label.npy", "11 labels here, but node_feat.npy has 12 rows"],
+    );
+    // a feature file a row short: both files named, not the labels alone
+    expect_err(
+        npy_case(|d| write_array(&d.join("node_feat.npy"), DType::F32, &[11, 3], &[0f32; 33]).unwrap()),
+        &["node_label.npy", "node_feat.npy has 11 rows", "one of them is cut short"],
     );
     expect_err(
         npy_case(|d| write_array(&d.join("node_feat.npy"), DType::I32, &[12, 3], &[0i32; 36]).unwrap()),
@@ -133,7 +138,7 @@ fn npy_errors_name_file_and_offset() {
     );
     expect_err(
         npy_case(|d| write_array(&d.join("edge_index.npy"), DType::I64, &[3, 2], &[0i64; 6]).unwrap()),
-        &["edge_index.npy", "[2, E]"],
+        &["edge_index.npy", "[2, E]", "save its transpose"],
     );
     expect_err(
         npy_case(|d| write_array(&d.join("node_label.npy"), DType::F32, &[12], &[0.5f32; 12]).unwrap()),

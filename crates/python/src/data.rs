@@ -89,7 +89,10 @@ fn int64s(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
     };
     let a = contiguous(&a, "int64")?;
     let arr = a.cast::<PyArray1<i64>>().map_err(|_| {
-        value_error(format!("{name}: expected a 1-D array, got shape {:?}", a.getattr("shape").ok()))
+        let shape = a.getattr("shape").map_or_else(|_| "?".into(), |s| s.to_string());
+        let hint =
+            if name == "y" { " (one class per node: multi-label targets are not supported)" } else { "" };
+        value_error(format!("{name}: expected a 1-D array, got shape {shape}{hint}"))
     })?;
     let ro = arr.readonly();
     Ok(ro.as_slice().map_err(value_error)?.to_vec())

@@ -143,8 +143,11 @@ fn build(py: Python<'_>, ds: Arc<Graph>, cfg: &Config, file: Option<&ModelFile>)
             Ok(Cell::Cpu(cell.map_err(train_error)?))
         }
         Device::Cuda(n) => {
-            let mut gpu = Cuda::new(n)
-                .map_err(|e| PyRuntimeError::new_err(format!("cannot use CUDA device {n}: {e}")))?;
+            let mut gpu = Cuda::new(n).map_err(|e| {
+                // (the engine's advice names the command's flag)
+                let e = e.to_string().replace("--device cpu", "device=\"cpu\"");
+                PyRuntimeError::new_err(format!("cannot use CUDA device {n}: {e}"))
+            })?;
             settle(&mut cfg.plan, &ds, Some(gpu.mem_info().0 as u64))?;
             let (cfg, plan) = (&*cfg, &cfg.plan);
             gpu.set_memory_budget(plan.gpu_mem).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
@@ -348,8 +351,8 @@ impl Trainer {
     }
 
     /// Trains `epochs` more epochs (default: up to the configured number), calling
-    /// `callback(figures)` after each; a progress bar on a terminal, or a line every tenth of
-    /// the run elsewhere, with `progress`. Ctrl-C stops it after the epoch under way, with
+    /// `callback(figures)` after each (returning `False` stops: early stopping); a progress bar
+    /// on a terminal, or a line every tenth of the run elsewhere, with `progress`. Ctrl-C stops it after the epoch under way, with
     /// the trainer as it was then (`fit` again goes on). Returns the summary.
     #[pyo3(signature = (epochs=None, callback=None, progress=true))]
     fn fit<'py>(
@@ -375,11 +378,15 @@ impl Trainer {
                         .call_method1("write", (format!("epoch {}: loss {:.4}{acc}\n", m.epoch, m.loss),))?;
                 }
             }
-            if let Some(cb) = &callback {
-                cb.call1((dict_of(py, &m)?,))?;
-            }
             // Ctrl-C while the epoch ran: stop here, the epoch complete
             py.check_signals()?;
+            if let Some(cb) = &callback {
+                // `False` (not None, which a callback without a return gives) stops: early stopping
+                let go_on = cb.call1((dict_of(py, &m)?,))?;
+                if go_on.is_instance_of::<pyo3::types::PyBool>() && !go_on.extract::<bool>()? {
+                    break;
+                }
+            }
         }
         if let Some(pb) = pb {
             pb.finish_and_clear();

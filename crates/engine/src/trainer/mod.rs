@@ -334,7 +334,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             test_acc,
             selected_by_valid: self.selects_by_valid(),
             final_loss: self.last_loss,
-            epoch_s_median: times.get(times.len() / 2).copied().unwrap_or(0.0),
+            epoch_s_median: median(&times),
             peak_host_bytes: peak_rss_bytes(),
             peak_device_bytes: self.peak_device_bytes(),
             setup: Vec::new(),
@@ -351,7 +351,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             let mut f = ModelFile::capture(self.b, self.engine.model(), arch, None);
             f.tensors = t.clone();
             f.tensors.sort_by(|a, b| a.name.cmp(&b.name));
-            f.note = Some(format!("best validation accuracy {:.4} (epoch {epoch})", valid));
+            f.note = Some(format!("best validation accuracy {:.2} % (epoch {epoch})", valid * 100.0));
             return f;
         }
         let valid = if self.selects_by_valid() { "" } else { " (no validation split to select by)" };
@@ -442,5 +442,24 @@ impl<'a, B: Backend> Trainer<'a, B> {
 
     fn peak_device_bytes(&self) -> Option<u64> {
         self.b.device_memory().map(|m| m.peak)
+    }
+}
+
+/// The median of sorted `v` (the mean of the middle two for an even count; 0 for none).
+fn median(v: &[f64]) -> f64 {
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(super::median(&[]), 0.0);
+        assert_eq!(super::median(&[1.0, 3.0]), 2.0);
+        assert_eq!(super::median(&[1.0, 2.0, 9.0]), 2.0);
     }
 }

@@ -135,8 +135,19 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let features = feats.to_features()?;
     let lab = Npy::open(&o.labels)?;
     let one_col = lab.shape.len() == 2 && lab.shape[1] == 1;
-    if lab.shape.first() != Some(&n) || !(lab.shape.len() == 1 || one_col) {
+    if !(lab.shape.len() == 1 || one_col) {
         return Err(GraphError::format(&o.labels, 0, format!("expected shape [{n}], found {:?}", lab.shape)));
+    }
+    if lab.shape[0] != n {
+        // either file may be the one that is wrong: name both
+        return Err(GraphError::format(
+            &o.labels,
+            0,
+            format!(
+                "{} labels here, but node_feat.npy has {n} rows: both hold one row per node (N), so one of them is cut short or too long",
+                lab.shape[0]
+            ),
+        ));
     }
     let labels = lab.to_labels()?;
     let edges = Npy::open(&o.edges)?;
@@ -145,7 +156,15 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
         return Err(GraphError::format(
             &o.edges,
             0,
-            format!("expected shape [2, E], found {:?}", edges.shape),
+            format!(
+                "expected shape [2, E], found {:?}{}",
+                edges.shape,
+                if edges.shape[1] == 2 {
+                    " (an [E, 2] array: save its transpose, numpy.save(path, edge_index.T))"
+                } else {
+                    ""
+                }
+            ),
         ));
     }
     let edge_index = edges.to_i64()?;
