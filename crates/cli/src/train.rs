@@ -532,8 +532,12 @@ fn train_epochs<B: Backend>(
         None => crate::rates::default_rates(plan)?,
     };
     let compared = 1.min(plan.config.epochs.saturating_sub(1));
+    let mut steps = None;
     while !trainer.done() {
-        let m = trainer.train_epoch()?;
+        let epoch = trainer.epochs_done();
+        let m = with_ticker(epoch, steps, || trainer.train_epoch())?;
+        // an epoch takes the steps of the one before: the next shows "of" them
+        steps = Some(progress::activity().1).filter(|&s| s > 0);
         on_epoch(&m);
         if m.epoch == compared {
             if let Some(p) = trainer.predicted_epoch(rates.as_ref().map(|r| &r.0)) {
@@ -542,6 +546,54 @@ fn train_epochs<B: Backend>(
         }
     }
     Ok(())
+}
+
+/// Runs `work` (epoch `epoch`) while another thread shows what it is doing once it has taken
+/// a while: on a terminal a line under the bar, redrawn (the phase, partition steps, bytes
+/// moved); off one, as in a batch job's log, a line every 30 s of a long epoch.
+/// `steps`: the partition steps of the epoch before, if known.
+fn with_ticker<R>(epoch: usize, steps: Option<u64>, work: impl FnOnce() -> R) -> R {
+    use std::time::{Duration, Instant};
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let mut spinner = None;
+            // (GRINNDER_PROGRESS_SECONDS: another interval, for tests)
+            let every = std::env::var("GRINNDER_PROGRESS_SECONDS")
+                .ok()
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .map_or(Duration::from_secs(30), Duration::from_secs_f64);
+            let mut next_line = every;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                let t = start.elapsed();
+                let (phase, done, bytes) = progress::activity();
+                let what = format!(
+                    "{}{done}{} partition steps, {:.1} GB moved",
+                    if phase.is_empty() { String::new() } else { format!("{phase}; ") },
+                    steps.map_or(String::new(), |s| format!(" of {s}")),
+                    bytes as f64 / 1e9
+                );
+                if terminal && t > Duration::from_secs(2) {
+                    spinner
+                        .get_or_insert_with(|| progress::spinner(&format!("epoch {epoch}")))
+                        .set_message(format!("epoch {epoch}: {what}"));
+                } else if !terminal && t >= next_line {
+                    tracing::info!("epoch {epoch}: {:.1} s in: {what}", t.as_secs_f64());
+                    next_line += every;
+                }
+            }
+            if let Some(s) = spinner {
+                s.finish_and_clear();
+            }
+        });
+        let r = work();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    })
 }
 
 /// The cost model's epoch against the measured one (`train` after its second epoch).

@@ -373,3 +373,33 @@ fn the_setup_phases_are_timed_in_the_log_and_the_metrics() {
     assert!(phases.iter().any(|p| p.starts_with("first blocks")), "{phases:?}");
     assert!(last["setup"].as_array().unwrap().iter().all(|p| p["seconds"].as_f64().unwrap() >= 0.0));
 }
+
+/// A long epoch is not silent: off a terminal, a line of its progress at the interval (30 s
+/// by default; a twentieth of a second here, under an epoch that takes about a second) with
+/// the phase done last, the partition steps and the bytes moved.
+#[test]
+fn a_long_epoch_logs_its_progress_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = dir.path().join("g.grnd");
+    let o = grinnder(&[
+        "-q",
+        "generate",
+        "--preset",
+        "igb-medium-like",
+        "--scale",
+        "0.003",
+        "--out",
+        g.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = cmd(&["train", g.to_str().unwrap(), "--epochs", "1", "--parts", "16", "--hidden", "64"])
+        .env("GRINNDER_PROGRESS_SECONDS", "0.05")
+        .env("XDG_CACHE_HOME", dir.path())
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("epoch 0:") && l.contains(" s in: ")).collect();
+    assert!(!lines.is_empty(), "no progress line: {err}");
+    assert!(lines.iter().all(|l| l.contains("partition steps") && l.contains("GB moved")), "{lines:?}");
+}

@@ -176,6 +176,59 @@ fn start_watch() {
     });
 }
 
+/// What a long step (an epoch) is doing now, for a ticker on another thread to show: the
+/// phase it is in, the partition steps done and the bytes it has moved. The engine reports
+/// ([`activity_begin`], [`activity_phase`], [`activity_step`], [`activity_bytes`]); a caller
+/// that shows progress reads [`activity`]. Relaxed atomics: a ticker's view may lag a step.
+struct Activity {
+    phase: std::sync::Mutex<String>,
+    steps: std::sync::atomic::AtomicU64,
+    /// (bytes counted before the reporter's counter last restarted, its last reading)
+    bytes: std::sync::Mutex<(u64, u64)>,
+}
+
+static ACTIVITY: Activity = Activity {
+    phase: std::sync::Mutex::new(String::new()),
+    steps: std::sync::atomic::AtomicU64::new(0),
+    bytes: std::sync::Mutex::new((0, 0)),
+};
+
+/// A new long step begins: nothing done yet.
+pub fn activity_begin() {
+    ACTIVITY.steps.store(0, Ordering::Relaxed);
+    *ACTIVITY.bytes.lock().unwrap_or_else(|e| e.into_inner()) = (0, 0);
+    activity_phase("");
+}
+
+/// The phase now under way (e.g. "forward aggregation of layer 1").
+pub fn activity_phase(phase: &str) {
+    let mut p = ACTIVITY.phase.lock().unwrap_or_else(|e| e.into_inner());
+    p.clear();
+    p.push_str(phase);
+}
+
+/// One more partition step done.
+pub fn activity_step() {
+    ACTIVITY.steps.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The reporter's count of bytes moved (between tiers: to and from the GPU, storage); a count
+/// that went down was restarted (the step's figures taken mid-way), and adds to what it had.
+pub fn activity_bytes(count: u64) {
+    let mut b = ACTIVITY.bytes.lock().unwrap_or_else(|e| e.into_inner());
+    if count < b.1 {
+        b.0 += b.1;
+    }
+    b.1 = count;
+}
+
+/// (phase, partition steps done, bytes moved) of the long step under way.
+pub fn activity() -> (String, u64, u64) {
+    let p = ACTIVITY.phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let (before, now) = *ACTIVITY.bytes.lock().unwrap_or_else(|e| e.into_inner());
+    (p, ACTIVITY.steps.load(Ordering::Relaxed), before + now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

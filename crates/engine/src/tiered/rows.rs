@@ -310,6 +310,12 @@ impl<'a, B: Backend> Executor<'a, B> {
         halo: bool,
         extra: &[BlockKind],
     ) -> Result<(), TrainError> {
+        // every partition step of a pass asks for its successor's blocks once (the last for one
+        // past the end); the fused layer 0 also asks for GradXw, not a step of its own
+        if kind != BlockKind::GradXw {
+            grinnder_graph::progress::activity_step();
+            grinnder_graph::progress::activity_bytes(self.stats.upload_bytes + self.stats.download_bytes);
+        }
         if !self.local.contains(&q) {
             return Ok(());
         }

@@ -130,6 +130,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             b.reset_memory_peak();
         }
         self.mark("the time before the pass", 0);
+        grinnder_graph::progress::activity_begin();
         self.measured_working = None;
         self.measured_device_working = None;
         self.forward_layers(true, epoch)?;
@@ -261,6 +262,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// working set); logs it at trace level and keeps the largest for
     /// [`Executor::take_measured_working`].
     pub(super) fn mark(&mut self, phase: &str, l: usize) {
+        grinnder_graph::progress::activity_phase(&format!("{phase} of layer {l} done"));
         if let (Some(live), Some(peak)) = (crate::heap::live_bytes(), crate::heap::peak_bytes()) {
             let grew = peak.saturating_sub(self.marked);
             tracing::trace!("{phase} of layer {l}: heap grew {:.1} MiB", grew as f64 / 1048576.0);
