@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""Fails when the top-level modules of a crate import each other in a circle.
+"""Fails when the top-level modules of a crate import each other in a circle, or when two
+files of one folder (siblings: `tiered/store.rs` and `tiered/eviction.rs`) import each other.
 
 A module is a file `src/x.rs` or a directory `src/x/` (its files together); an edge a → b is a
 `crate::b` path in a's files. A circle means neither can be read, changed or tested without the
-other (ARCHITECTURE.md, "Architecture invariants")."""
+other (ARCHITECTURE.md, "Architecture invariants"). Between files, an edge is a `crate::…` or
+`super::…` path naming the other file's module (`pub(super)` and `pub(crate)` are visibility,
+not imports). A folder's `mod.rs` and its children still import each other (`use super::*`);
+those pairs are not checked yet."""
 import pathlib, re, sys
 
 def modules(src):
@@ -45,9 +49,47 @@ def cycles(g):
             visit(v)
     return found
 
+def file_modules(src):
+    """Each file's module path: src/a/b.rs and src/a/b/mod.rs are ("a", "b"); lib.rs is ()."""
+    out = {}
+    for f in src.rglob("*.rs"):
+        rel = list(f.relative_to(src).with_suffix("").parts)
+        if rel[-1] in ("mod", "lib", "main"):
+            rel = rel[:-1]
+        out[tuple(rel)] = f
+    return out
+
+def file_edges(files):
+    def longest(base, segs):
+        parts = list(base)
+        for seg in segs:
+            if tuple(parts + [seg]) not in files:
+                break
+            parts.append(seg)
+        return tuple(parts)
+    out = {}
+    for m, f in files.items():
+        text = re.sub(r"//.*", "", f.read_text()).split("#[cfg(test)]\nmod tests")[0]
+        own = m if f.name in ("mod.rs", "lib.rs", "main.rs") else m[:-1]  # the folder f is in
+        deps = set()
+        for p in re.findall(r"(?<!pub\()\bcrate((?:::[a-z_][a-z0-9_]*)+)", text):
+            deps.add(longest((), p.strip(":").split("::")))
+        for p in re.findall(r"(?<!pub\()(?<!in )\bsuper((?:::[a-z_][a-z0-9_*]*)*)", text):
+            base = own[:-1] if f.name == "mod.rs" else own
+            deps.add(longest(base, [x for x in p.strip(":").split("::") if x and x != "*"]))
+        out[m] = {d for d in deps if d in files and d != m}
+    return out
+
 bad = 0
 for src in sorted(pathlib.Path("crates").glob("*/src")):
     for c in cycles(edges(modules(src))):
         print(f"{src.parent.name}: import circle {' -> '.join(c)}")
         bad += 1
+    files = file_modules(src)
+    g = file_edges(files)
+    for a in sorted(g):
+        for b in sorted(g[a]):
+            if a < b and a in g.get(b, ()) and len(a) == len(b) and a[:-1] == b[:-1]:
+                print(f"{src.parent.name}: {files[a]} and {files[b]} import each other")
+                bad += 1
 sys.exit(1 if bad else 0)

@@ -259,9 +259,9 @@ fn block_name(g: &BlockGroup) -> String {
         BlockKind::Act if g.layer == 0 => "features".to_string(),
         BlockKind::Act => format!("layer {}'s input", g.layer),
         BlockKind::Grad => format!("layer {}'s input gradient", g.layer),
-        BlockKind::Pre => "Â·x (layer 0)".to_string(),
-        BlockKind::Xw => format!("x·Wᵀ of layer {}", g.layer),
-        BlockKind::GradXw => format!("x·Wᵀ's gradient, layer {}", g.layer),
+        BlockKind::Pre => "layer 0's aggregated features".to_string(),
+        BlockKind::Xw => format!("layer {}'s transformed input", g.layer),
+        BlockKind::GradXw => format!("layer {}'s transformed gradient", g.layer),
     }
 }
 
@@ -317,7 +317,7 @@ fn print_tiered(t: &TieredInfo) {
         gib(tr.storage_write_bytes)
     );
     println!(
-        "               {:.2} TFLOP in dense products, {:.2} T entry-columns in sparse ones, {} element-wise",
+        "               {:.2} TFLOP in dense products (weights), {:.2} T edge-feature products in sparse ones (aggregation), {} element-wise",
         pr.gemm_flops as f64 / 1e12,
         pr.sparse_entry_columns as f64 / 1e12,
         gib(pr.elementwise_bytes)

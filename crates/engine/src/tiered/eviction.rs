@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::store::{BlockId, BlockKind, CacheMode};
+use super::block::{BlockId, BlockKind, CacheMode};
 
 /// The blocks `mode` evicts next among `evictable` (each with its last use): a partition's
 /// least recently used block, or every block of the (kind, layer) whose most recent use is

@@ -50,6 +50,7 @@
 //! passes, evaluation), `dist.rs` (ranks: the halo exchange and the sums), `tiers.rs` (which
 //! tier holds each block); `store.rs` and `files.rs` are the host cache and the block files.
 
+mod block;
 mod calibrate;
 mod cost;
 mod dist;

@@ -45,7 +45,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         // a share's shift is the whole graph's
         let shift = shift_phase(ds, features.norm, sub.map(|s| s.feature_shift).or(features.shift));
         let phase = grinnder_graph::progress::phase(if ex.pre {
-            "first blocks (features, Â·x)"
+            "first blocks (features, layer 0's aggregation)"
         } else {
             "first blocks (features)"
         });

@@ -30,67 +30,7 @@ use super::files::{encode_header, AlignedBuf, BlockFiles, BlockHeader, Dtype, Fa
 /// Bytes each parallel task of a row copy handles.
 const PAR_BYTES: usize = 1 << 20;
 
-/// What a block holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub enum BlockKind {
-    /// A layer's input rows (layer 0: the features).
-    Act,
-    /// The gradient of a layer's input rows.
-    Grad,
-    /// The first layer's aggregation of a fixed input.
-    Pre,
-    /// A split layer's transformed rows `x Wᵀ` (width of its output).
-    Xw,
-    /// Their gradient.
-    GradXw,
-}
-
-/// One block: `kind` of `layer` for the rows of partition `part`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockId {
-    pub kind: BlockKind,
-    pub layer: usize,
-    pub part: usize,
-}
-
-impl BlockId {
-    fn file_name(&self) -> String {
-        let k = match self.kind {
-            BlockKind::Act => "act",
-            BlockKind::Grad => "grad",
-            BlockKind::Pre => "pre",
-            BlockKind::Xw => "xw",
-            BlockKind::GradXw => "gradxw",
-        };
-        format!("{k}-l{}-p{}.blk", self.layer, self.part)
-    }
-}
-
-/// Which blocks leave RAM first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CacheMode {
-    /// `lru_layer` when the largest activation layer and the largest gradient layer fit the
-    /// cache together, else `partition_lru`.
-    Auto,
-    /// Whole layers (all partitions of a kind and layer) leave together, least recently used
-    /// first.
-    LruLayer,
-    /// Single blocks leave, least recently used first; a computing partition's dependency set
-    /// is pinned.
-    PartitionLru,
-}
-
-impl std::fmt::Display for CacheMode {
-    /// As `--cache-mode` takes it: `auto`, `lru_layer`, `partition_lru`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            CacheMode::Auto => "auto",
-            CacheMode::LruLayer => "lru_layer",
-            CacheMode::PartitionLru => "partition_lru",
-        })
-    }
-}
+pub use super::block::{BlockId, BlockKind, CacheMode};
 
 /// Element type of blocks in the host cache and in files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -145,7 +145,11 @@ pub fn open(path: &Path, format: Format, opts: &LoadOptions) -> Result<Dataset> 
     let _span = tracing::info_span!("load", path = %path.display(), ?format).entered();
     let ds = match format {
         Format::Native => native::open(path, opts.verify),
-        Format::Ogb => ogb::load(path, opts),
+        // the CSV layout, or the binary one where there is no raw/edge.csv.gz
+        Format::Ogb => match ogb::resolve_dir(path) {
+            Some(dir) if !ogb::is_csv_dir(&dir) => ogb_npz::load(&dir, opts),
+            _ => ogb::load(path, opts),
+        },
         Format::Igb => igb::load(path, opts),
         Format::Npy => exchange::load(path, opts),
         Format::Auto => unreachable!("resolved above"),

@@ -13,7 +13,9 @@
 //! in parallel; every error names the file and line.
 //!
 //! OGB's binary layout (`raw/data.npz`, as ogbn-papers100M ships) is the same format to
-//! [`super::Format::Ogb`]: a folder holding it is recognised here and read by [`super::ogb_npz`].
+//! [`super::Format::Ogb`]: a folder holding it is recognised here (the folder naming is OGB's
+//! for both) and read by `ogb_npz`, which [`super::open`] picks for it — this file does not
+//! import that one, which imports this one's readers of splits.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -29,11 +31,17 @@ use crate::error::{GraphError, Result};
 
 /// True when `dir` looks like an OGB node-property dataset folder (CSV or binary layout).
 pub fn is_ogb_dir(dir: &Path) -> bool {
-    is_csv_dir(dir) || super::ogb_npz::is_npz_dir(dir)
+    is_csv_dir(dir) || is_npz_dir(dir)
 }
 
-fn is_csv_dir(dir: &Path) -> bool {
+/// True when `dir` holds OGB's CSV layout (`raw/edge.csv.gz`).
+pub fn is_csv_dir(dir: &Path) -> bool {
     find_csv(&dir.join("raw"), "edge").is_ok()
+}
+
+/// True when `dir` holds OGB's binary layout (`raw/data.npz`).
+pub fn is_npz_dir(dir: &Path) -> bool {
+    dir.join("raw/data.npz").is_file()
 }
 
 /// Finds the dataset folder for `path`: the folder itself, or OGB's naming of it
@@ -77,18 +85,14 @@ fn split_dir(dir: &Path, want: Option<&str>) -> Result<PathBuf> {
     }
 }
 
-/// Loads an OGB raw dataset folder: the CSV layout, or the binary one ([`super::ogb_npz`])
-/// where there is no `raw/edge.csv.gz`.
+/// Loads an OGB raw dataset folder in the CSV layout (the binary one: `ogb_npz`).
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
-    let dir = resolve_dir(path).ok_or_else(|| {
+    let dir = resolve_dir(path).filter(|d| is_csv_dir(d)).ok_or_else(|| {
         GraphError::invalid(
             path,
             "not an OGB dataset folder (no raw/edge.csv.gz or raw/data.npz here or under OGB's folder naming)",
         )
     })?;
-    if !is_csv_dir(&dir) {
-        return super::ogb_npz::load(&dir, opts);
-    }
     let raw = dir.join("raw");
     let n_path = find_csv(&raw, "num-node-list")?;
     let n = text::single_int(&n_path)?;

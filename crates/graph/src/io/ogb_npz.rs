@@ -37,14 +37,9 @@ const DATA_LAYOUT: &str = "OGB's binary layout: raw/data.npz with edge_index.npy
      node_feat.npy [N, F], num_nodes_list.npy [1] and num_edges_list.npy [1]; raw/node-label.npz \
      with node_label.npy [N, 1]; split/<name>/{train,valid,test}.csv.gz";
 
-/// True when `dir` holds OGB's binary layout (`raw/data.npz`).
-pub fn is_npz_dir(dir: &Path) -> bool {
-    dir.join("raw/data.npz").is_file()
-}
-
 /// Loads an OGB binary-layout folder (`path` found as [`super::ogb::resolve_dir`] finds it).
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
-    let dir = super::ogb::resolve_dir(path).filter(|d| is_npz_dir(d)).ok_or_else(|| {
+    let dir = super::ogb::resolve_dir(path).filter(|d| super::ogb::is_npz_dir(d)).ok_or_else(|| {
         GraphError::invalid(
             path,
             format!("no raw/data.npz here or under OGB's folder naming; expected {DATA_LAYOUT}"),
