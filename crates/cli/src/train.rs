@@ -554,10 +554,12 @@ fn train_epochs<B: Backend>(
 /// `steps`: the partition steps of the epoch before, if known.
 fn with_ticker<R>(epoch: usize, steps: Option<u64>, work: impl FnOnce() -> R) -> R {
     use std::time::{Duration, Instant};
-    let done = std::sync::atomic::AtomicBool::new(false);
+    // the ticker waits on this channel: it wakes at once when the epoch ends (its sender
+    // dropped, also when the work panics) instead of after its sleep
+    let (alive, ended) = std::sync::mpsc::channel::<()>();
     let start = Instant::now();
     std::thread::scope(|s| {
-        s.spawn(|| {
+        s.spawn(move || {
             let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
             let mut spinner = None;
             // (GRINNDER_PROGRESS_SECONDS: another interval, for tests)
@@ -567,8 +569,9 @@ fn with_ticker<R>(epoch: usize, steps: Option<u64>, work: impl FnOnce() -> R) ->
                 .filter(|v| v.is_finite() && *v > 0.0)
                 .map_or(Duration::from_secs(30), Duration::from_secs_f64);
             let mut next_line = every;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(100));
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                ended.recv_timeout(Duration::from_millis(100))
+            {
                 let t = start.elapsed();
                 let (phase, done, bytes) = progress::activity();
                 let what = format!(
@@ -590,9 +593,8 @@ fn with_ticker<R>(epoch: usize, steps: Option<u64>, work: impl FnOnce() -> R) ->
                 s.finish_and_clear();
             }
         });
-        let r = work();
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
-        r
+        let _alive = alive;
+        work()
     })
 }
 
