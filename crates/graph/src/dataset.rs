@@ -143,7 +143,7 @@ pub(crate) fn check_split(origin: &Path, name: &str, ids: &[u32], n: usize) -> R
         } else if node <= 1 {
             // 0 and 1 listed again and again: a mask (one flag per node) read as node ids
             format!(
-                "{name} split: node {node} is duplicated (listed more than once); if this is a mask (one 0/1 per node), give it as booleans (numpy `mask.astype(bool)`): {name}_mask= in Python, {name}_mask.npy in an npy folder"
+                "{name} split: node {node} is duplicated (listed more than once); if this is a mask (one 0/1 per node), give it with dtype bool (numpy `mask.astype(bool)`): {name}_mask= in Python, {name}_mask.npy in an npy folder"
             )
         } else {
             format!("{name} split: node {node} is duplicated (listed more than once)")
