@@ -52,7 +52,6 @@ impl TrainPlan {
         };
         self.config.feature_norm = prep.norm;
         self.config.feature_shift = prep.shift;
-        self.feature_norm_given = true;
         match prep.norm {
             grinnder_engine::FeatureNorm::Row => tracing::info!(
                 "feature norm row: no feature value is negative (bag-of-words or TF-IDF), so each \

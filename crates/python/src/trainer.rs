@@ -124,6 +124,10 @@ fn build(py: Python<'_>, ds: Arc<Graph>, cfg: &Config, file: Option<&ModelFile>)
     // what the keywords leave open, chosen from the machine (as the command does)
     let mut cfg = cfg.clone();
     let cfg = &mut cfg;
+    if file.is_none() {
+        // (a model file brings its own preprocessing: no pass over the features for it)
+        cfg.plan.settle_feature_norm(&ds);
+    }
     match cfg.plan.device {
         Device::Cpu => {
             if cfg.plan.precision != grinnder_cli::args::PrecisionArg::F32 {
@@ -173,11 +177,9 @@ fn build(py: Python<'_>, ds: Arc<Graph>, cfg: &Config, file: Option<&ModelFile>)
     }
 }
 
-/// The feature norm where none was given ([`grinnder_cli::plan::TrainPlan::settle_feature_norm`])
-/// and [`grinnder_cli::budgets::settle`] (its reasons are what `grinnder info` prints for the same
+/// [`grinnder_cli::budgets::settle`] (its reasons are what `grinnder info` prints for the same
 /// settings).
 fn settle(plan: &mut grinnder_cli::plan::TrainPlan, ds: &Graph, gpu_free: Option<u64>) -> PyResult<()> {
-    plan.settle_feature_norm(ds);
     grinnder_cli::budgets::settle(plan, ds, gpu_free).map_err(any_error)?;
     Ok(())
 }
