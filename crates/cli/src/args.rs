@@ -717,8 +717,8 @@ pub struct PredictArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Run layer by layer and partition by partition over this many partitions (the tiered
-    /// executor) [default: the whole graph at once, or 4 when another executor flag below is
-    /// given; under mpirun one per rank].
+    /// executor) [default: chosen from the machine — the whole graph at once where it fits —
+    /// or 4 when another executor flag below is given; under mpirun one per rank].
     #[arg(long)]
     pub parts: Option<usize>,
     /// Partitioner of the tiered executor [default: multilevel].

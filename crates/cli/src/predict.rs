@@ -47,7 +47,7 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
     );
     let model = ModelFile::load(&a.model_file)?;
     let arch = model.arch.clone();
-    let tiered = tiered_config(&a, launch.as_ref().map_or(1, |l| l.groups.global.size()))?;
+    let mut tiered = tiered_config(&a, launch.as_ref().map_or(1, |l| l.groups.global.size()))?;
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
     let layers = arch.layers;
     if let Some(&l) = a.embed.iter().find(|&&l| l + 1 >= layers) {
@@ -66,7 +66,7 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
         model.note.as_ref().map_or(String::new(), |n| format!(" ({n})"))
     );
     // the GPU and the output folder are settled before the dataset loads
-    let gpu = match device {
+    let mut gpu = match device {
         Device::Cuda(n) => Some(crate::train::open_gpu(
             n,
             byte_size(a.gpu_mem.clone())?,
@@ -85,6 +85,9 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
     if ds.num_classes == 0 {
         // a graph without labels: predict into the model's classes
         ds.num_classes = arch.classes as u32;
+    }
+    if launch.is_none() {
+        settle_budgets(&a, &mut tiered, &model, &ds, gpu.as_mut())?;
     }
     let nodes = requested_nodes(&a.nodes, &ds)?;
     let rows = nodes.as_ref().map_or(ds.num_nodes(), Vec::len) as u64;
@@ -163,12 +166,10 @@ fn report(o: &Out, path: &Path, p: &Prediction, rows: u64) {
 
 /// The tiered executor's settings, where any is given (or under mpirun).
 fn tiered_config(a: &PredictArgs, ranks: usize) -> anyhow::Result<Option<TieredConfig>> {
-    let host_mem = byte_size(a.host_mem.clone())?;
-    let block_cache = byte_size(a.block_cache.clone())?;
     let any = a.parts.is_some()
         || a.partitioner.is_some()
-        || host_mem.is_some()
-        || block_cache.is_some()
+        || a.host_mem.is_some()
+        || a.block_cache.is_some()
         || a.storage_dir.is_some()
         || a.cache_mode.is_some()
         || a.tier_dtype.is_some();
@@ -183,10 +184,15 @@ fn tiered_config(a: &PredictArgs, ranks: usize) -> anyhow::Result<Option<TieredC
     if let Some(d) = &a.storage_dir {
         anyhow::ensure!(d.is_dir(), "--storage-dir {} is not an existing directory", d.display());
     }
+    tiered_settings(a, parts).map(Some)
+}
+
+/// The tiered executor's settings over `parts` partitions, the flags given kept.
+fn tiered_settings(a: &PredictArgs, parts: usize) -> anyhow::Result<TieredConfig> {
     let mut tc = TieredConfig::in_ram(parts, a.partitioner.unwrap_or_default().method(0));
     tc.partition_cache = a.cache_dir.clone().or_else(crate::args::default_cache_dir);
-    tc.host_mem = host_mem;
-    tc.cache_bytes = block_cache;
+    tc.host_mem = byte_size(a.host_mem.clone())?;
+    tc.cache_bytes = byte_size(a.block_cache.clone())?;
     tc.storage_dir = a.storage_dir.clone();
     tc.gpu_mem = byte_size(a.gpu_mem.clone())?;
     tc.cache_mode = match a.cache_mode.unwrap_or(CacheModeArg::Auto) {
@@ -198,7 +204,34 @@ fn tiered_config(a: &PredictArgs, ranks: usize) -> anyhow::Result<Option<TieredC
         TierDtypeArg::F32 => grinnder_engine::TierDtype::F32,
         TierDtypeArg::Bf16 => grinnder_engine::TierDtype::Bf16,
     };
-    Ok(Some(tc))
+    Ok(tc)
+}
+
+/// What the flags leave open, chosen from the machine as `train` chooses it
+/// ([`crate::budgets::settle_predict`]), each choice logged; the GPU's budget set where one was
+/// chosen. One process only: ranks keep their partition per rank.
+fn settle_budgets(
+    a: &PredictArgs,
+    tiered: &mut Option<TieredConfig>,
+    model: &ModelFile,
+    ds: &Dataset,
+    gpu: Option<&mut grinnder_cuda::Cuda>,
+) -> anyhow::Result<()> {
+    let mut gpu_mem = byte_size(a.gpu_mem.clone())?;
+    let given = gpu_mem;
+    let free = gpu.as_ref().map(|g| g.mem_info().0 as u64);
+    let w = crate::budgets::inference_workload(model, ds);
+    let fresh = |parts| tiered_settings(a, parts).expect("the flags were read once already");
+    for r in crate::budgets::settle_predict(tiered, a.parts.is_some(), &mut gpu_mem, &w, free, fresh)? {
+        tracing::info!("plan: {r}");
+    }
+    if let Some(t) = tiered.as_mut() {
+        t.gpu_mem = gpu_mem;
+    }
+    if let (Some(g), true) = (gpu, gpu_mem != given) {
+        g.set_memory_budget(gpu_mem)?;
+    }
+    Ok(())
 }
 
 /// `--nodes`: every node (`None`), a split, or the ids (or a boolean mask) of an `.npy` file.

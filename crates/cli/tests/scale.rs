@@ -152,7 +152,8 @@ fn with_no_flags_a_graph_larger_than_the_machine_is_partitioned_to_fit_it() {
     run(&["-q", "generate", "--preset", "igb-medium-like", "--scale", "0.005", "--seed", "1", "--out", &g]);
     // the whole graph in memory, as the planner chooses on this machine: its peak
     let whole = d("whole.jsonl");
-    let o = run(&["train", &g, "--epochs", "2", "--metrics-out", &whole]);
+    let model = d("m.safetensors");
+    let o = run(&["train", &g, "--epochs", "2", "--metrics-out", &whole, "--save-model", &model]);
     let log = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(log.contains("the whole graph in host memory"), "{log}");
     let peak = peak_host_bytes(Path::new(&whole));
@@ -179,5 +180,25 @@ fn with_no_flags_a_graph_larger_than_the_machine_is_partitioned_to_fit_it() {
     // partitioned, the same training (exact for any partitioning, dropout included)
     for (a, b) in losses(Path::new(&parts)).iter().zip(&losses(Path::new(&whole))) {
         assert!((a - b).abs() <= 1e-5 * b.abs(), "loss {a} against the whole graph's {b}");
+    }
+    // predict with no flags: the whole graph outside the group, partitioned within it (its
+    // inference needs less than training, so the group is made tighter for it), the same logits
+    let (free, tight) = (d("free"), d("tight"));
+    let o = run(&["predict", &g, "--model-file", &model, "--out", &free]);
+    let log = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(log.contains("the whole graph in host memory"), "{log}");
+    let inner = Cgroup::new(&format!("{name}-predict"), limit / 2).expect("a second group");
+    let o = inner.run(&["predict", &g, "--model-file", &model, "--out", &tight], dir.path());
+    let log = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{:?}: {log}", o.status);
+    assert!(log.contains("plan: ") && log.contains("partitions"), "{log}");
+    let logits = |dir: &str| {
+        let a = grinnder_graph::io::npy::Npy::open(&Path::new(dir).join("logits.npy")).unwrap();
+        a.to_f32().unwrap().to_vec()
+    };
+    let (want, got) = (logits(&free), logits(&tight));
+    assert_eq!(want.len(), got.len());
+    for (a, b) in got.iter().zip(&want) {
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "logit {a} against the whole graph's {b}");
     }
 }

@@ -21,6 +21,8 @@ pub struct Workload {
     pub edge_values: u64,
     /// Bytes of a computed element (4: f32).
     pub elem: u64,
+    /// Inference only (`predict`): no gradients, a layer's output and a temporary.
+    pub inference: bool,
 }
 
 /// What the machine has.
@@ -41,6 +43,14 @@ pub struct Given {
     /// A flag of the tiered executor was given (`--host-mem`, `--storage-dir`, …): it trains
     /// partitioned even where the whole graph would fit.
     pub tiered: bool,
+}
+
+impl Given {
+    /// No budget and no partition count given: the partitions are the executor's to double
+    /// where a working set does not fit ([`crate::TieredConfig::auto_parts`]).
+    pub fn auto_parts(&self) -> bool {
+        self.parts.is_none() && self.host_mem.is_none() && self.gpu_mem.is_none()
+    }
 }
 
 /// The chosen budgets.
@@ -109,11 +119,13 @@ fn gib(b: u64) -> String {
 }
 
 /// The in-memory trainer's bytes on its device: the graph with its transpose and values, the
-/// features, and per layer its output, its gradient and a temporary as wide as the wider side.
+/// features, and per layer its output, its gradient (not in inference) and a temporary as wide
+/// as the wider side.
 pub fn in_memory_bytes(w: &Workload) -> u64 {
     let layers = w.widths.len().saturating_sub(1);
     let (i, o) = (|l: usize| w.widths[l], |l: usize| w.widths[l + 1]);
-    let per_layer: u64 = (0..layers).map(|l| w.nodes * (2 * o(l) + i(l).max(o(l)))).sum();
+    let kept = if w.inference { 1 } else { 2 };
+    let per_layer: u64 = (0..layers).map(|l| w.nodes * (kept * o(l) + i(l).max(o(l)))).sum();
     graph_bytes(w)
         + w.nodes * w.widths[0] * w.elem
         + per_layer * w.elem
@@ -242,11 +254,19 @@ mod tests {
             widths: vec![128, 256, 172],
             edge_values: 0,
             elem: 4,
+            inference: false,
         }
     }
 
     fn products() -> Workload {
-        Workload { nodes: 2_449_029, edges: 123_718_280, widths: vec![100, 256, 47], edge_values: 0, elem: 4 }
+        Workload {
+            nodes: 2_449_029,
+            edges: 123_718_280,
+            widths: vec![100, 256, 47],
+            edge_values: 0,
+            elem: 4,
+            inference: false,
+        }
     }
 
     #[test]
@@ -299,6 +319,17 @@ mod tests {
     }
 
     #[test]
+    fn inference_needs_less_than_training() {
+        let train = products();
+        let infer = Workload { inference: true, ..products() };
+        assert!(in_memory_bytes(&infer) < in_memory_bytes(&train));
+        // a 16 GiB host without a GPU: products-like trains partitioned, predicts whole
+        let room = Room { host: 16 * G, gpu_free: None };
+        assert!(choose(&train, room, Given::default()).unwrap().parts.is_some());
+        assert_eq!(choose(&infer, room, Given::default()).unwrap().parts, None);
+    }
+
+    #[test]
     fn a_gpu_too_small_for_the_structure_is_refused_naming_the_fix() {
         let e =
             choose(&papers(), Room { host: 125 * G, gpu_free: Some(24 * G) }, Given::default()).unwrap_err();
@@ -313,6 +344,7 @@ mod tests {
             widths: vec![1024, 256, 19],
             edge_values: 0,
             elem: 4,
+            inference: false,
         };
         assert!(in_memory_bytes(&w) > 24 * G, "{}", gib(in_memory_bytes(&w)));
         let b = choose(&w, Room { host: 23 * G, gpu_free: None }, Given::default()).unwrap();

@@ -130,10 +130,21 @@ pub struct TieredConfig {
 /// The host memory a run may use when no budget was given: every block stays in RAM while
 /// the blocks outside the GPU tier fit in `bytes` beside what the process holds; otherwise
 /// `bytes` becomes the budget, with block files in `storage_dir`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct HostAuto {
     pub bytes: u64,
     pub storage_dir: Option<PathBuf>,
+    /// Called once where the blocks are kept under `bytes` (the CLI has its allocator return
+    /// freed memory to the system at once from then on, as under `--host-mem`: without it a
+    /// prediction in a 200 MiB control group was killed at 201 MiB of anonymous memory).
+    pub on_budget: Option<fn()>,
+}
+
+/// Equal budgets and directories (the hook, a function pointer, has no meaningful equality).
+impl PartialEq for HostAuto {
+    fn eq(&self, other: &Self) -> bool {
+        (self.bytes, &self.storage_dir) == (other.bytes, &other.storage_dir)
+    }
 }
 
 impl TieredConfig {

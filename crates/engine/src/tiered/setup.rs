@@ -223,6 +223,9 @@ impl<'a, B: Backend> Executor<'a, B> {
             host_auto: None,
             ..tc.clone()
         };
+        if let Some(f) = auto.on_budget {
+            f();
+        }
         tracing::info!(
             "host: the blocks outside the GPU tier do not fit in the {:.2} GiB this machine leaves the run: a host budget of that size, blocks beyond it in {}",
             auto.bytes as f64 / GIB,
