@@ -133,7 +133,14 @@ fn generate(a: GenerateArgs) -> anyhow::Result<()> {
                 .context("cannot write")? // (the error names the path)
                 .with_feature_dtype(dtype);
             let g = generate::generate_streaming(&cfg, &mut |c| w.push_cols(c)).with_context(context)?;
-            w.finish(&g.row_ptr, &g.labels, g.num_classes, &g.splits, &g.features).with_context(context)?;
+            let rest = native::Rest {
+                labels: &g.labels,
+                num_classes: g.num_classes,
+                splits: &g.splits,
+                features: &g.features,
+                edge_weight: None,
+            };
+            w.finish(&g.row_ptr, rest).with_context(context)?;
         }
         GenFormat::Npy => {
             let mut w = exchange::ExchangeWriter::create(&a.out, e)

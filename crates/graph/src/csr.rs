@@ -223,6 +223,19 @@ impl Csr {
             .all(|v| self.row(v).iter().all(|&u| self.row(u as usize).binary_search(&(v as u32)).is_ok()))
     }
 
+    /// The same graph with `v → u` added for every `u → v` (deduplicated, no self loops): a
+    /// directed graph's structure for partitioners, whose cut is the same in either direction.
+    pub fn symmetrised(&self) -> Csr {
+        let ptr = self.row_ptr();
+        let row_of = |e: usize| (ptr.partition_point(|&p| p <= e as u64) - 1) as u32;
+        Csr::from_pairs(
+            self.num_nodes() as u64,
+            self.num_edges(),
+            |e| (self.col_idx[e], row_of(e)),
+            BuildOptions::default(),
+        )
+    }
+
     /// Number of self loops.
     pub fn num_self_loops(&self) -> usize {
         (0..self.num_nodes())
@@ -338,6 +351,10 @@ mod tests {
             let want = serial_reference(n, &edges, opts);
             for (v, row) in want.iter().enumerate() {
                 proptest::prop_assert_eq!(csr.row(v), row.as_slice());
+            }
+            if !symmetrise && dedup && self_loops == SelfLoops::Drop {
+                let sym = BuildOptions { symmetrise: true, ..opts };
+                proptest::prop_assert_eq!(csr.symmetrised(), Csr::from_edges(n as u64, &s, &d, sym).unwrap());
             }
             if symmetrise && dedup {
                 proptest::prop_assert!(csr.is_symmetric());

@@ -48,6 +48,12 @@ pub struct Dataset {
     pub labels: Buf<i32>,
     pub num_classes: u32,
     pub splits: Splits,
+    /// Whether the edges were taken as given (`--directed`: a node aggregates over its
+    /// in-neighbours, PyG's flow source → target) instead of made symmetric.
+    pub directed: bool,
+    /// One weight per stored edge, aligned with `graph.col_idx()` (PyG's `edge_weight`,
+    /// crate::edge_weight); `None`: every edge weighs 1.
+    pub edge_weight: Option<Buf<f32>>,
 }
 
 impl Dataset {
@@ -80,6 +86,24 @@ impl Dataset {
         }
         for (name, ids) in self.splits.named() {
             check_split(origin, name, ids, n)?;
+        }
+        self.validate_weights(origin)
+    }
+
+    /// One finite, non-negative weight per stored edge, where there are weights.
+    fn validate_weights(&self, origin: &Path) -> Result<()> {
+        let Some(w) = &self.edge_weight else { return Ok(()) };
+        if w.len() != self.graph.num_edges() {
+            return Err(GraphError::invalid(
+                origin,
+                format!("{} edge weights for {} stored edges", w.len(), self.graph.num_edges()),
+            ));
+        }
+        if let Some((e, x)) = crate::edge_weight::find_bad(w) {
+            return Err(GraphError::invalid(
+                origin,
+                format!("weight of stored edge {e} is {x}: edge weights are finite and not negative"),
+            ));
         }
         Ok(())
     }

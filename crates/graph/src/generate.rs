@@ -773,6 +773,8 @@ impl Generated {
             labels: self.labels.into(),
             num_classes: self.num_classes,
             splits: self.splits,
+            directed: false,
+            edge_weight: None,
         })
     }
 }

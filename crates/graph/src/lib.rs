@@ -13,6 +13,7 @@ compile_error!("grinnder's file formats are little-endian and are mapped without
 pub mod buf;
 pub mod csr;
 pub mod dataset;
+pub mod edge_weight;
 pub mod error;
 pub mod features;
 pub mod generate;

@@ -132,6 +132,9 @@ pub fn induced(ds: &Dataset, nodes: &[u32], keep: usize) -> SubDataset {
             valid: split(&ds.splits.valid),
             test: split(&ds.splits.test),
         },
+        directed: ds.directed,
+        // (weighted graphs train whole or by partitions, never on shares: the engine refuses)
+        edge_weight: None,
     };
     SubDataset { ds: sub, ids: nodes.to_vec(), degree }
 }

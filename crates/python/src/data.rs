@@ -213,6 +213,7 @@ impl Dataset {
         let edges = ro.as_slice().map_err(|e| value_error(format!("edge_index: {e}")))?;
         let a = Arrays {
             edge_index: edges,
+            edge_weight: None,
             features: features.into(),
             dim: shape[1],
             labels: labels.as_deref(),

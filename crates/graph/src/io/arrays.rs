@@ -27,6 +27,7 @@ pub struct Origins {
     pub features: PathBuf,
     pub labels: PathBuf,
     pub splits: [PathBuf; 3],
+    pub edge_weight: PathBuf,
 }
 
 impl Origins {
@@ -38,6 +39,7 @@ impl Origins {
             features: "x".into(),
             labels: "y".into(),
             splits: ["train_idx".into(), "valid_idx".into(), "test_idx".into()],
+            edge_weight: "edge_weight".into(),
         }
     }
 }
@@ -47,6 +49,9 @@ pub struct Arrays<'a> {
     /// Sources then targets (`[2, E]` row-major, as PyG's `edge_index`): every directed edge
     /// messages use; symmetrised, deduplicated and freed of self loops as `opts.build` says.
     pub edge_index: &'a [i64],
+    /// One weight per edge of `edge_index` (PyG's `edge_weight`), in its order; `None`:
+    /// unweighted. Merged as the edges are ([`crate::edge_weight`]).
+    pub edge_weight: Option<&'a [f32]>,
     /// `N × dim` row-major, float32 or narrower.
     pub features: FeatureData,
     pub dim: usize,
@@ -98,8 +103,10 @@ pub fn dataset(name: &str, a: Arrays<'_>, o: &Origins, opts: &LoadOptions) -> Re
         return Err(GraphError::invalid(&o.edges, format!("edge {i}: node id {v} is outside 0..{n}")));
     }
     let spin = crate::progress::spinner("csr");
-    let graph = Csr::from_pairs(n, src.len(), |i| (src[i] as u32, dst[i] as u32), opts.build);
+    let pair = |i: usize| (src[i] as u32, dst[i] as u32);
+    let graph = Csr::from_pairs(n, src.len(), pair, opts.build);
     spin.finish_and_clear();
+    let edge_weight = a.edge_weight.map(|w| weights(&graph, w, (src.len(), pair), o, opts)).transpose()?;
     let [train, valid, test] = a.splits;
     let split = |ids: Option<&[i64]>, k: usize, what: &str| -> Result<Buf<u32>> {
         let v = split_ids(&o.splits[k], ids.unwrap_or(&[]), n)?;
@@ -117,10 +124,42 @@ pub fn dataset(name: &str, a: Arrays<'_>, o: &Origins, opts: &LoadOptions) -> Re
         labels: labels.into(),
         num_classes,
         splits,
+        directed: !opts.build.symmetrise,
+        edge_weight: edge_weight.map(Buf::Owned),
     };
     ds.validate(&o.whole)?;
     ds.splits.check_disjoint(&o.whole, opts.allow_split_overlap)?;
     Ok(ds)
+}
+
+/// The weight of every entry of `graph`, built from the `len` edges `pair(i)`: one finite,
+/// non-negative weight per edge, the copies of an edge agreeing (errors name the edge, and
+/// both arrays where the counts differ).
+fn weights(
+    graph: &Csr,
+    w: &[f32],
+    (len, pair): (usize, impl Fn(usize) -> (u32, u32) + Sync),
+    o: &Origins,
+    opts: &LoadOptions,
+) -> Result<Vec<f32>> {
+    if w.len() != len {
+        return Err(GraphError::invalid(
+            &o.edge_weight,
+            format!(
+                "{} weights, but {} has {len} edges: one weight per edge (per column of edge_index), in its order",
+                w.len(),
+                o.edges.display()
+            ),
+        ));
+    }
+    if let Some((i, x)) = crate::edge_weight::find_bad(w) {
+        return Err(GraphError::invalid(
+            &o.edge_weight,
+            format!("the weight of edge {i} is {x}: edge weights must be finite and not negative"),
+        ));
+    }
+    crate::edge_weight::align(graph, len, pair, |i| w[i], opts.build)
+        .map_err(|d| GraphError::invalid(&o.edge_weight, d.message(!opts.build.symmetrise)))
 }
 
 /// Labels as the dataset keeps them: `-1` or a class id, one per node.

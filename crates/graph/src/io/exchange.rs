@@ -2,7 +2,9 @@
 //! (`bench/pyg_baseline.py`):
 //!
 //! ```text
-//! edge_index.npy  int64 [2, E]   row 0 source, row 1 target; symmetrised, no self loops or duplicates
+//! edge_index.npy  int64 [2, E]   row 0 source, row 1 target; symmetrised (unless --directed),
+//!                                no self loops or duplicates
+//! edge_weight.npy float32 [E]    optional: one weight per edge of edge_index (PyG's edge_weight)
 //! node_feat.npy   float32 [N, F]
 //! node_label.npy  int64 [N]      (-1: no label)
 //! train_idx.npy, valid_idx.npy, test_idx.npy   int64 node ids
@@ -19,6 +21,7 @@ use super::arrays::{Arrays, Origins};
 use super::native::FeatureSource;
 use super::npy::{DType, Npy, NpyWriter};
 use super::LoadOptions;
+use crate::buf::Buf;
 use crate::csr::Csr;
 use crate::dataset::{Dataset, Splits};
 use crate::error::{GraphError, Result};
@@ -52,7 +55,7 @@ pub(crate) fn checked_pairs(
 }
 
 /// The layout, as a message listing it.
-pub const LAYOUT: &str = "edge_index.npy (integers [2, E]: sources, then targets), node_feat.npy (floats [N, F]), node_label.npy (integers [N], -1: no label), and per split train/valid/test either {split}_idx.npy (node ids) or {split}_mask.npy (bool [N]; PyG's val_mask.npy for valid)";
+pub const LAYOUT: &str = "edge_index.npy (integers [2, E]: sources, then targets; optionally edge_weight.npy, floats [E]), node_feat.npy (floats [N, F]), node_label.npy (integers [N], -1: no label), and per split train/valid/test either {split}_idx.npy (node ids) or {split}_mask.npy (bool [N]; PyG's val_mask.npy for valid)";
 
 const SPLITS: [&str; 3] = ["train", "valid", "test"];
 
@@ -92,7 +95,14 @@ fn origins(dir: &Path) -> Result<Origins> {
             format!("an npy dataset folder is missing {}; the layout is {LAYOUT}", missing.join(", ")),
         ));
     }
-    Ok(Origins { whole: dir.to_path_buf(), edges, features, labels, splits })
+    Ok(Origins {
+        whole: dir.to_path_buf(),
+        edges,
+        features,
+        labels,
+        splits,
+        edge_weight: dir.join("edge_weight.npy"),
+    })
 }
 
 /// A split's node ids from its file: ids as stored, or the positions of a boolean mask's true
@@ -119,6 +129,31 @@ fn split_ids(path: &Path, n: u64) -> Result<Vec<i64>> {
         ));
     }
     Ok(flags.iter().enumerate().filter(|(_, &f)| f == 1).map(|(i, _)| i as i64).collect())
+}
+
+/// The edge weights of `edge_weight.npy` where the folder has one: floats `[E]` (or `[E, 1]`),
+/// float64 narrowed to float32.
+fn read_weights(path: &Path) -> Result<Option<Buf<f32>>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let npy = Npy::open(path)?;
+    let one_col = npy.shape.len() == 2 && npy.shape[1] == 1;
+    if !(npy.shape.len() == 1 || one_col) {
+        return Err(GraphError::format(
+            path,
+            0,
+            format!("expected shape [E] (one weight per edge of edge_index.npy), found {:?}", npy.shape),
+        ));
+    }
+    if !matches!(npy.dtype, DType::F32 | DType::F64) {
+        return Err(GraphError::format(
+            path,
+            0,
+            format!("expected float32 or float64 weights, found {:?}", npy.dtype),
+        ));
+    }
+    npy.to_f32().map(Some)
 }
 
 /// Loads an exchange-layout folder (through [`super::arrays::dataset`]: the checks and messages
@@ -168,9 +203,11 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
         ));
     }
     let edge_index = edges.to_i64()?;
+    let edge_weight = read_weights(&o.edge_weight)?;
     let splits = o.splits.iter().map(|p| split_ids(p, n)).collect::<Result<Vec<_>>>()?;
     let a = Arrays {
         edge_index: &edge_index,
+        edge_weight: edge_weight.as_deref(),
         features,
         dim,
         labels: Some(&labels),
@@ -279,7 +316,12 @@ pub fn write(
     w.finish(graph.row_ptr(), labels, splits, features)
 }
 
-/// Writes an in-memory dataset.
+/// Writes an in-memory dataset (its edge weights, where it has them, as `edge_weight.npy` in
+/// the order of `edge_index.npy`).
 pub fn save(ds: &Dataset, dir: &Path) -> Result<()> {
-    write(dir, &ds.graph, &ds.labels, &ds.splits, &ds.features)
+    write(dir, &ds.graph, &ds.labels, &ds.splits, &ds.features)?;
+    match &ds.edge_weight {
+        Some(w) => super::npy::write_array(&dir.join("edge_weight.npy"), DType::F32, &[w.len() as u64], w),
+        None => Ok(()),
+    }
 }

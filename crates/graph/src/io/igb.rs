@@ -114,6 +114,8 @@ pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Dataset> {
         labels: labels.into(),
         num_classes: opts.igb_classes,
         splits: igb_split(n as usize),
+        directed: !opts.build.symmetrise,
+        edge_weight: None,
     };
     ds.validate(dir)?;
     Ok(ds)

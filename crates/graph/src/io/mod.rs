@@ -158,5 +158,29 @@ pub fn open(path: &Path, format: Format, opts: &LoadOptions) -> Result<Dataset> 
         // the exchange layout's builder checks it (`arrays::dataset`)
         ds.splits.check_disjoint(path, opts.allow_split_overlap)?;
     }
+    if format == Format::Native {
+        check_direction(path, &ds, !opts.build.symmetrise)?;
+    }
     Ok(ds)
+}
+
+/// A native file holds its graph as built when it was converted: directed (edges as given) or
+/// made symmetric. A run that asks for the other is refused, naming the fix (its structure
+/// cannot be turned back into the source's edges, nor should a directed one silently be
+/// trained as undirected).
+fn check_direction(path: &Path, ds: &Dataset, directed: bool) -> Result<()> {
+    let msg = match (ds.directed, directed) {
+        (true, false) => {
+            "holds a directed graph (converted with --directed: its edges as given); load it with \
+             --directed (directed=True in Python), or convert the source again without --directed \
+             for the undirected graph"
+        }
+        (false, true) => {
+            "holds an undirected graph (its edges were made symmetric when it was converted), so \
+             the edges' directions are not in it; convert the source again with --directed \
+             (grinnder convert SOURCE OUT.grnd --directed), or train without --directed"
+        }
+        _ => return Ok(()),
+    };
+    Err(GraphError::invalid(path, msg))
 }

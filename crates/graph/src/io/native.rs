@@ -5,8 +5,12 @@
 //! u32[..], `features` [N·F] of f32, f16 or bf16 (the features' entry in the section table
 //! names the type; version 1 files, all f32, hold 0 there, and a file with narrow features is
 //! version 2, so that a build that reads only version 1 refuses it instead of misreading
-//! it). The header holds magic, format version, counts, the section table and its own
-//! checksum. Every section is checksummed as a tree: xxh3 of each chunk
+//! it). A graph with edge weights has an eighth section, `edge_weight` f32[E] aligned with
+//! `col_idx`, and a graph whose edges were taken as given (`--directed`) says so in the
+//! header's flags (byte 4080, bit 0): both make the file version 3, which older builds refuse
+//! (they would train unweighted or on one direction without a word); every other file keeps
+//! its version. The header holds magic, format version, counts, flags, the section table and
+//! its own checksum. Every section is checksummed as a tree: xxh3 of each chunk
 //! (64 MiB, or a whole number of feature rows), then xxh3 of the chunk hashes; chunks verify in
 //! parallel. Opening maps the file and verifies; nothing is copied, so features larger than RAM
 //! are paged in on use. Files are written to a temporary name, synced, then renamed.
@@ -33,6 +37,12 @@ pub const MAGIC: &[u8; 8] = b"GRINNDER";
 pub const VERSION: u32 = 1;
 /// The format version of files with narrow (f16, bf16) features.
 pub const VERSION_NARROW: u32 = 2;
+/// The format version of files with edge weights or a directed graph (any feature type).
+pub const VERSION_GRAPH: u32 = 3;
+/// Where the header's flags are (a u64 below the checksum; zero in every older file).
+const FLAGS_AT: usize = HEADER_BYTES - 16;
+/// Flag: the edges were taken as given, not made symmetric.
+const FLAG_DIRECTED: u64 = 1;
 const HEADER_BYTES: usize = 4096;
 const ALIGN: u64 = 4096;
 const CHUNK_BYTES: u64 = 64 << 20;
@@ -50,8 +60,11 @@ enum Kind {
     Valid = 5,
     Test = 6,
     Features = 7,
+    EdgeWeight = 8,
 }
 
+/// The sections every file has, in table order; a weighted graph's file has
+/// [`Kind::EdgeWeight`] after them.
 const KINDS: [Kind; 7] =
     [Kind::RowPtr, Kind::ColIdx, Kind::Labels, Kind::Train, Kind::Valid, Kind::Test, Kind::Features];
 
@@ -65,6 +78,7 @@ impl Kind {
             Kind::Valid => "valid",
             Kind::Test => "test",
             Kind::Features => "features",
+            Kind::EdgeWeight => "edge_weight",
         }
     }
     fn elem_bytes(self) -> u64 {
@@ -214,6 +228,8 @@ pub struct NativeWriter {
     written_cols: u64,
     /// How the features are stored (`None`: as the source stores them).
     feature_dtype: Option<FeatureDtype>,
+    /// The edges were taken as given (the header's directed flag).
+    directed: bool,
 }
 
 impl NativeWriter {
@@ -237,6 +253,7 @@ impl NativeWriter {
             col,
             written_cols: 0,
             feature_dtype: None,
+            directed: false,
         })
     }
 
@@ -244,6 +261,12 @@ impl NativeWriter {
     /// source's) instead of as the source stores them.
     pub fn with_feature_dtype(mut self, dtype: Option<FeatureDtype>) -> NativeWriter {
         self.feature_dtype = dtype;
+        self
+    }
+
+    /// Marks the graph as directed (its edges taken as given): the file is then version 3.
+    pub fn with_directed(mut self, directed: bool) -> NativeWriter {
+        self.directed = directed;
         self
     }
 
@@ -257,29 +280,16 @@ impl NativeWriter {
     }
 
     /// Writes `graph`'s columns, then [`NativeWriter::finish`]es with the rest.
-    pub fn finish_graph(
-        mut self,
-        graph: &Csr,
-        labels: &[i32],
-        num_classes: u32,
-        splits: &Splits,
-        features: &dyn FeatureSource,
-    ) -> Result<()> {
+    pub fn finish_graph(mut self, graph: &Csr, rest: Rest<'_>) -> Result<()> {
         for piece in graph.col_idx().chunks(CHUNK_BYTES as usize / 4) {
             self.push_cols(piece)?;
         }
-        self.finish(graph.row_ptr(), labels, num_classes, splits, features)
+        self.finish(graph.row_ptr(), rest)
     }
 
     /// Writes the remaining sections and the header, syncs, and renames into place.
-    pub fn finish(
-        mut self,
-        row_ptr: &[u64],
-        labels: &[i32],
-        num_classes: u32,
-        splits: &Splits,
-        features: &dyn FeatureSource,
-    ) -> Result<()> {
+    pub fn finish(mut self, row_ptr: &[u64], rest: Rest<'_>) -> Result<()> {
+        let Rest { labels, num_classes, splits, features, edge_weight } = rest;
         let n = self.num_nodes as usize;
         assert_eq!(row_ptr.len(), n + 1, "row_ptr has N + 1 entries");
         assert_eq!(row_ptr[n], self.written_cols, "row_ptr ends at the number of columns written");
@@ -307,15 +317,18 @@ impl NativeWriter {
             FeatureDtype::F16 => write_features::<half::f16>(out, features)?,
             FeatureDtype::Bf16 => write_features::<half::bf16>(out, features)?,
         });
+        if let Some(w) = edge_weight {
+            assert_eq!(w.len() as u64, self.written_cols, "one weight per column written");
+            sections.push(out.section(Kind::EdgeWeight, w)?);
+        }
         let tmp = out.path.clone();
         out.w.flush().map_err(|e| GraphError::io(&tmp, e))?;
         let mut file = self.out.w.into_inner().map_err(|e| GraphError::io(&tmp, e.into_error()))?;
         let header = encode_header(
             &self.name,
-            self.num_nodes,
-            self.written_cols,
-            features.dim() as u64,
+            [self.num_nodes, self.written_cols, features.dim() as u64],
             num_classes,
+            self.directed,
             &sections,
         );
         file.seek(SeekFrom::Start(0)).map_err(|e| GraphError::io(&tmp, e))?;
@@ -325,7 +338,19 @@ impl NativeWriter {
     }
 }
 
-/// Writes a dataset whose features come from `features` (streamed in parallel batches).
+/// What a file holds besides its structure (what [`NativeWriter::finish`] writes after the
+/// columns).
+pub struct Rest<'a> {
+    pub labels: &'a [i32],
+    pub num_classes: u32,
+    pub splits: &'a Splits,
+    pub features: &'a dyn FeatureSource,
+    /// One weight per column written (`None`: an unweighted graph, no section).
+    pub edge_weight: Option<&'a [f32]>,
+}
+
+/// Writes an unweighted, undirected dataset whose features come from `features` (streamed in
+/// parallel batches).
 pub fn write(
     path: &Path,
     name: &str,
@@ -335,13 +360,8 @@ pub fn write(
     splits: &Splits,
     features: &dyn FeatureSource,
 ) -> Result<()> {
-    NativeWriter::create(path, name, graph.num_nodes() as u64)?.finish_graph(
-        graph,
-        labels,
-        num_classes,
-        splits,
-        features,
-    )
+    let rest = Rest { labels, num_classes, splits, features, edge_weight: None };
+    NativeWriter::create(path, name, graph.num_nodes() as u64)?.finish_graph(graph, rest)
 }
 
 /// The features' section, its values stored as `E` (converted from the source's float32 rows
@@ -408,11 +428,28 @@ fn write_features<E: FeatureElem>(out: &mut Out, src: &dyn FeatureSource) -> Res
     })
 }
 
-fn encode_header(name: &str, n: u64, e: u64, dim: u64, classes: u32, sections: &[Section]) -> Vec<u8> {
+/// The header of a file of `[nodes, edges, feature columns]` (see the module docs for the
+/// version each file gets).
+fn encode_header(
+    name: &str,
+    [n, e, dim]: [u64; 3],
+    classes: u32,
+    directed: bool,
+    sections: &[Section],
+) -> Vec<u8> {
     let mut h = vec![0u8; HEADER_BYTES];
     h[..8].copy_from_slice(MAGIC);
     let narrow = sections.iter().any(|s| s.dtype != 0);
-    h[8..12].copy_from_slice(&if narrow { VERSION_NARROW } else { VERSION }.to_le_bytes());
+    let graph = directed || sections.len() > KINDS.len();
+    let version = if graph {
+        VERSION_GRAPH
+    } else if narrow {
+        VERSION_NARROW
+    } else {
+        VERSION
+    };
+    h[8..12].copy_from_slice(&version.to_le_bytes());
+    h[FLAGS_AT..FLAGS_AT + 8].copy_from_slice(&(if directed { FLAG_DIRECTED } else { 0 }).to_le_bytes());
     h[12..16].copy_from_slice(&(HEADER_BYTES as u32).to_le_bytes());
     h[16..24].copy_from_slice(&n.to_le_bytes());
     h[24..32].copy_from_slice(&e.to_le_bytes());
@@ -446,6 +483,10 @@ pub struct Header {
     pub num_classes: u32,
     /// How the features are stored.
     pub feature_dtype: FeatureDtype,
+    /// The edges were taken as given (`--directed`), not made symmetric.
+    pub directed: bool,
+    /// The file holds edge weights.
+    pub weighted: bool,
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -467,10 +508,10 @@ fn decode_header(path: &Path, b: &[u8], file_len: u64) -> Result<(Header, Vec<Se
         return Err(err(0, "not a grinnder dataset (bad magic)".into()));
     }
     let version = u32_at(b, 8);
-    if version != VERSION && version != VERSION_NARROW {
+    if ![VERSION, VERSION_NARROW, VERSION_GRAPH].contains(&version) {
         return Err(err(
             8,
-            format!("format version {version}, this build reads versions {VERSION} and {VERSION_NARROW}"),
+            format!("format version {version}, this build reads versions {VERSION} to {VERSION_GRAPH}"),
         ));
     }
     let sum = u64_at(b, HEADER_BYTES - 8);
@@ -486,15 +527,26 @@ fn decode_header(path: &Path, b: &[u8], file_len: u64) -> Result<(Header, Vec<Se
         feat_dim: u64_at(b, 32),
         num_classes: u32_at(b, 40),
         feature_dtype: FeatureDtype::F32,
+        directed: u64_at(b, FLAGS_AT) & FLAG_DIRECTED != 0,
+        weighted: false,
     };
     let mut header = header;
     crate::csr::check_node_count(header.num_nodes)?;
+    let flags = u64_at(b, FLAGS_AT);
+    if flags & !FLAG_DIRECTED != 0 || (flags != 0 && version != VERSION_GRAPH) {
+        return Err(err(FLAGS_AT, format!("flags {flags:#x} this version does not have")));
+    }
     let count = u32_at(b, 44) as usize;
-    if count != KINDS.len() {
+    // a weighted graph's file (version 3) has the edge weights' section too
+    let kinds: &[Kind] = &[&KINDS[..], &[Kind::EdgeWeight]].concat();
+    let expected =
+        if version == VERSION_GRAPH { [KINDS.len(), kinds.len()].to_vec() } else { vec![KINDS.len()] };
+    if !expected.contains(&count) {
         return Err(err(44, format!("{count} sections, expected {}", KINDS.len())));
     }
+    header.weighted = count > KINDS.len();
     let mut sections = Vec::with_capacity(count);
-    for (i, &kind) in KINDS.iter().enumerate() {
+    for (i, &kind) in kinds[..count].iter().enumerate() {
         let at = TABLE_AT + i * SECTION_ENTRY;
         let s = Section {
             kind,
@@ -507,11 +559,12 @@ fn decode_header(path: &Path, b: &[u8], file_len: u64) -> Result<(Header, Vec<Se
         if u32_at(b, at) != kind as u32 {
             return Err(err(at, format!("section {i} should be {}", kind.name())));
         }
-        // an element type only where the version has one: the features of a version-2 file
+        // an element type only where the version has one: the features of a version-2 or 3 file
         let dtype = match (kind, version) {
             (Kind::Features, VERSION_NARROW) => {
                 FeatureDtype::from_code(s.dtype).filter(|d| *d != FeatureDtype::F32)
             }
+            (Kind::Features, VERSION_GRAPH) => FeatureDtype::from_code(s.dtype),
             _ => (s.dtype == 0).then_some(FeatureDtype::F32),
         };
         let Some(dtype) = dtype else {
@@ -528,6 +581,7 @@ fn decode_header(path: &Path, b: &[u8], file_len: u64) -> Result<(Header, Vec<Se
             Kind::RowPtr => Some((header.num_nodes + 1) * 8),
             Kind::ColIdx => Some(header.num_edges * 4),
             Kind::Labels => Some(header.num_nodes * 4),
+            Kind::EdgeWeight => Some(header.num_edges * 4),
             Kind::Features => {
                 header.num_nodes.checked_mul(header.feat_dim).and_then(|x| x.checked_mul(elem_bytes))
             }
@@ -659,6 +713,8 @@ pub fn open(path: &Path, verify: Verify) -> Result<Dataset> {
             valid: buf(path, &map, view(4, 4))?,
             test: buf(path, &map, view(5, 4))?,
         },
+        directed: header.directed,
+        edge_weight: if header.weighted { Some(buf(path, &map, view(7, 4))?) } else { None },
     };
     ds.validate(path)?;
     Ok(ds)
@@ -671,11 +727,15 @@ pub fn save(ds: &Dataset, path: &Path) -> Result<()> {
 
 /// [`save`] with the features stored as `dtype` (`None`: as they are).
 pub fn save_as(ds: &Dataset, path: &Path, dtype: Option<FeatureDtype>) -> Result<()> {
-    NativeWriter::create(path, &ds.name, ds.graph.num_nodes() as u64)?.with_feature_dtype(dtype).finish_graph(
-        &ds.graph,
-        &ds.labels,
-        ds.num_classes,
-        &ds.splits,
-        &ds.features,
-    )
+    let rest = Rest {
+        labels: &ds.labels,
+        num_classes: ds.num_classes,
+        splits: &ds.splits,
+        features: &ds.features,
+        edge_weight: ds.edge_weight.as_deref(),
+    };
+    NativeWriter::create(path, &ds.name, ds.graph.num_nodes() as u64)?
+        .with_feature_dtype(dtype)
+        .with_directed(ds.directed)
+        .finish_graph(&ds.graph, rest)
 }

@@ -120,10 +120,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let spin = crate::progress::spinner("csr");
     let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
     spin.finish_and_clear();
-    let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let ds = Dataset { name, graph, features, labels: labels.into(), num_classes, splits };
-    ds.validate(&dir)?;
-    Ok(ds)
+    checked(&dir, graph, features, (labels, num_classes), splits, opts)
 }
 
 /// The split of an OGB folder (either layout): `split/<name>/{train,valid,test}.csv.gz`, the
@@ -284,6 +281,32 @@ fn load_ids(path: &Path, n: u64) -> Result<Vec<u32>> {
             .collect::<Result<Vec<u32>>>()
     })?;
     Ok(blocks.into_iter().flatten().collect())
+}
+
+/// The dataset of a folder, validated: its edges symmetrised or taken as given as `opts` says
+/// (the CSV and the binary layout alike).
+pub(super) fn checked(
+    dir: &Path,
+    graph: Csr,
+    features: Features,
+    (labels, num_classes): (Vec<i32>, u32),
+    splits: Splits,
+    opts: &LoadOptions,
+) -> Result<Dataset> {
+    let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let directed = !opts.build.symmetrise;
+    let ds = Dataset {
+        name,
+        graph,
+        features,
+        labels: labels.into(),
+        num_classes,
+        splits,
+        directed,
+        edge_weight: None,
+    };
+    ds.validate(dir)?;
+    Ok(ds)
 }
 
 /// Writes `ds` in the OGB raw layout (each undirected edge once, as OGB ships them), with the

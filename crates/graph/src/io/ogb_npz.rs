@@ -65,10 +65,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset> {
     let graph = Csr::from_edges(n, &src, &dst, opts.build)?;
     spin.finish_and_clear();
     drop((src, dst));
-    let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let ds = Dataset { name, graph, features, labels: labels.into(), num_classes, splits };
-    ds.validate(&dir)?;
-    Ok(ds)
+    super::ogb::checked(&dir, graph, features, (labels, num_classes), splits, opts)
 }
 
 /// The one number of a `[1]` array (`num_nodes_list`, `num_edges_list`).

@@ -44,6 +44,8 @@ pub fn tiny(n: u32, dim: usize, seed: u64) -> Dataset {
             valid: ids[third..2 * third].to_vec().into(),
             test: ids[2 * third..].to_vec().into(),
         },
+        directed: false,
+        edge_weight: None,
     }
 }
 
