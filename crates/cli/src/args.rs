@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use grinnder_graph::io::{native::Verify, Format, LoadOptions};
-use grinnder_graph::NonFinite;
+use grinnder_graph::{BuildOptions, NonFinite};
 
 /// Full-graph GNN training on graphs larger than GPU memory.
 #[derive(Parser, Debug)]
@@ -120,8 +120,7 @@ pub enum BenchWhat {
         #[arg(long, value_delimiter = ',', default_value = "16,47,64,100,128,256")]
         widths: Vec<usize>,
     },
-    /// Dense `C = op(A)·op(B)` through the backend's GEMM at one shape, each transposition,
-    /// FP32 and TF32.
+    /// Dense `C = op(A)·op(B)` through the backend's GEMM at one shape, each transposition, FP32 and TF32.
     Gemm {
         /// Rows of C.
         #[arg(long, default_value_t = 140_000)]
@@ -205,8 +204,13 @@ pub struct Input {
     /// Accept a dataset whose splits share nodes (warned about) instead of refusing it.
     #[arg(long)]
     pub allow_split_overlap: bool,
-    /// Number of classes, when the labels do not reach the last one [default: the largest
-    /// label + 1].
+    /// Take the edges as given instead of making them symmetric: each node aggregates over its
+    /// in-neighbours (PyG's flow: edge_index[0] the source, edge_index[1] the target). A model
+    /// file records it; predict with the same flag. Edge weights (GCN alone takes them): an npy
+    /// folder's edge_weight.npy, a .grnd file's own, with or without this flag.
+    #[arg(long)]
+    pub directed: bool,
+    /// Number of classes, when the labels do not reach the last one [default: the largest label + 1].
     #[arg(long)]
     pub num_classes: Option<u32>,
 }
@@ -512,8 +516,7 @@ pub struct TrainSettings {
     /// GAT: dropout on attention coefficients [default: the --dropout value].
     #[arg(help_heading = "Model", long)]
     pub attn_dropout: Option<f64>,
-    /// GIN: ε, a node's own row weighs 1 + ε in its sum (the initial value with --train-eps)
-    /// [default: 0].
+    /// GIN: ε, a node's own row weighs 1 + ε in its sum (the initial value with --train-eps) [default: 0].
     #[arg(help_heading = "Model", long, allow_negative_numbers = true)]
     pub gin_eps: Option<f64>,
     /// GIN: train ε (PyG's train_eps) [default: false].
@@ -749,8 +752,7 @@ pub struct PredictArgs {
     /// --tf32=true / --tf32=false).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub tf32: Option<bool>,
-    /// Under mpirun: consecutive ranks that share a server [default: the ranks MPI finds on
-    /// each machine].
+    /// Under mpirun: consecutive ranks that share a server [default: the ranks MPI finds per machine].
     #[arg(long)]
     pub ranks_per_server: Option<usize>,
     /// Write one JSON object per output file written (rows, time, bytes moved per tier).
@@ -864,6 +866,7 @@ impl Input {
             igb_classes: self.igb_classes,
             verify: if self.skip_feature_checksums { Verify::SkipFeatures } else { Verify::Full },
             allow_split_overlap: self.allow_split_overlap,
+            build: BuildOptions { symmetrise: !self.directed, ..BuildOptions::default() },
             ..LoadOptions::default()
         })
     }

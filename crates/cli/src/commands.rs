@@ -187,11 +187,13 @@ fn partition(a: PartitionArgs) -> anyhow::Result<()> {
             "parts", "balance", "edge cut", "halo volume", "repl.", "time s", "peak RSS"
         );
     }
+    // a directed graph is cut as training cuts it: on its symmetric structure
+    let symmetric = ds.directed.then(|| ds.graph.symmetrised());
+    let cut = symmetric.as_ref().unwrap_or(&ds.graph);
     for &parts in &a.parts {
         let t = Instant::now();
         let cache = a.cache();
-        let (p, outcome) =
-            grinnder_partition::partition_cached(&ds.graph, parts, a.method(), cache.as_deref())?;
+        let (p, outcome) = grinnder_partition::partition_cached(cut, parts, a.method(), cache.as_deref())?;
         let seconds = t.elapsed().as_secs_f64();
         let cached = matches!(outcome, grinnder_partition::CacheOutcome::Hit(_));
         tracing::debug!("partition cache: {outcome:?}");

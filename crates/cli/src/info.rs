@@ -21,6 +21,10 @@ struct Info {
     name: String,
     nodes: usize,
     directed_edges: usize,
+    /// The edges as given (`--directed`), not made symmetric.
+    directed: bool,
+    /// The graph has edge weights.
+    edge_weight: bool,
     features: usize,
     classes: u32,
     train: usize,
@@ -148,6 +152,8 @@ pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
         name: ds.name.clone(),
         nodes: ds.num_nodes(),
         directed_edges: ds.graph.num_edges(),
+        directed: ds.directed,
+        edge_weight: ds.edge_weight.is_some(),
         features: ds.features.dim,
         classes: ds.num_classes,
         train: ds.splits.train.len(),
@@ -179,7 +185,9 @@ pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
     }
     println!("dataset        {}", i.name);
     println!("nodes          {}", i.nodes);
-    println!("edges          {} directed (symmetrised, no self loops or duplicates)", i.directed_edges);
+    let how = if i.directed { "as given (--directed)" } else { "made symmetric" };
+    let weights = if i.edge_weight { ", weighted" } else { "" };
+    println!("edges          {} directed ({how}, no self loops or duplicates{weights})", i.directed_edges);
     println!("features       {} per node, stored as {}", i.features, i.feature_dtype);
     println!("classes        {}", i.classes);
     println!("split          train {} / valid {} / test {}", i.train, i.valid, i.test);

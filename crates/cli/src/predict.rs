@@ -47,6 +47,8 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
     );
     let model = ModelFile::load(&a.model_file)?;
     let arch = model.arch.clone();
+    // a graph read in the other direction than the model's is refused before it loads
+    arch.check_directed(a.input.directed, &a.model_file)?;
     let mut tiered = tiered_config(&a, launch.as_ref().map_or(1, |l| l.groups.global.size()))?;
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
     let layers = arch.layers;
@@ -82,6 +84,7 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
     let path = a.input.path()?;
     let mut ds = crate::load::open(&path, &a.input, tiered.as_ref().and_then(|t| t.host_mem))?;
     arch.check_dataset(&ds, &a.model_file)?;
+    arch.check_graph(&ds, &a.model_file)?;
     if ds.num_classes == 0 {
         // a graph without labels: predict into the model's classes
         ds.num_classes = arch.classes as u32;
@@ -135,7 +138,12 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
             }
         }
     }
-    // the last pass of each output
+    print_totals(done, device_peak);
+    Ok(())
+}
+
+/// The last pass of each output: times, peak memory and storage traffic, as one line.
+fn print_totals(done: Vec<Vec<Prediction>>, device_peak: Option<u64>) {
     let done: Vec<Prediction> = done.into_iter().filter_map(|mut p| p.pop()).collect();
     let (compute, write): (f64, f64) =
         done.iter().fold((0.0, 0.0), |s, p| (s.0 + p.compute_s, s.1 + p.write_s));
@@ -152,7 +160,6 @@ pub fn run(a: PredictArgs) -> anyhow::Result<()> {
         read as f64 / 1048576.0,
         written as f64 / 1048576.0
     );
-    Ok(())
 }
 
 fn report(o: &Out, path: &Path, p: &Prediction, rows: u64) {

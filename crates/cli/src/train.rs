@@ -174,6 +174,9 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let ds = crate::load::open(&path, &a.input, host_mem)?;
     plan.settle_feature_norm(&ds);
     check_model(&plan, &ds, gpu.is_some())?;
+    // (weights where they cannot be used are refused before budgets and partitions)
+    let whole_graph = plan.minibatch.is_none() && plan.expansion == grinnder_engine::Expansion::Plain;
+    grinnder_engine::config::check_edge_weights(&ds, plan.config.model.kind, whole_graph)?;
     if launch.is_none() {
         settle_budgets(&mut plan, &ds, gpu.as_mut())?;
     }

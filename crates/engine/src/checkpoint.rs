@@ -124,6 +124,11 @@ pub fn dataset_fingerprint(ds: &Dataset) -> String {
         ds.features.dim as u64,
         ds.num_classes as u64,
     ];
+    // (an unweighted graph's fingerprint as before)
+    let parts = match &ds.edge_weight {
+        Some(w) => [parts, vec![xxh3_64(as_bytes(&w[..]))]].concat(),
+        None => parts,
+    };
     format!("{:016x}", xxh3_64(as_bytes(&parts)))
 }
 

@@ -90,6 +90,38 @@ impl std::fmt::Display for FeatureNorm {
     }
 }
 
+/// Refuses edge weights where they cannot be used, naming the fix: with a layer that takes
+/// none (PyG's `SAGEConv`, `GATConv` and `GINConv` have no `edge_weight`), and in the modes
+/// that build their adjacency from samples or shares (`whole_graph`: false), whose
+/// normalisations have no weights.
+pub fn check_edge_weights(
+    ds: &Dataset,
+    kind: grinnder_nn::Kind,
+    whole_graph: bool,
+) -> Result<(), TrainError> {
+    if ds.edge_weight.is_none() {
+        return Ok(());
+    }
+    if !kind.takes_edge_weight() {
+        return Err(TrainError::Config(format!(
+            "the graph has edge weights, but {kind} layers take none (PyG's {} has no edge_weight); \
+             drop the weights (remove edge_weight.npy, or leave out edge_weight= in Python) or \
+             train with --model gcn (model=\"gcn\")",
+            kind.pyg_layer()
+        )));
+    }
+    if !whole_graph {
+        return Err(TrainError::Config(
+            "edge weights train on the whole graph, in memory or by partitions (--mode full, \
+             --parts), not in mini-batches or server shares, whose normalisations are made from \
+             samples without weights; train with --mode full and --expansion none, or drop the \
+             weights"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses datasets the trainers cannot train on, with the reason.
 pub fn check_dataset(ds: &Dataset) -> Result<(), TrainError> {
     for (split, ids) in ds.splits.named() {

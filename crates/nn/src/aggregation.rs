@@ -30,17 +30,25 @@ impl Aggregation {
         self == Aggregation::GcnNorm
     }
 
-    /// The whole graph's adjacency (`csr` without self loops): the structure and one value
-    /// per entry, aligned with its column indices.
-    pub fn adjacency(self, csr: &Csr) -> (Csr, Vec<f64>) {
-        match self {
-            Aggregation::GcnNorm => {
+    /// The whole graph's adjacency (`csr` without self loops, rows its targets: directed or
+    /// symmetric alike): the structure and one value per entry, aligned with its column
+    /// indices. `weight`: the edge weights aligned with `csr`'s entries, which only GCN's
+    /// normalisation takes (PyG's `gcn_norm`; SAGE's, GIN's and GAT's layers have none, and
+    /// the trainer refuses weights with them before an adjacency is made).
+    pub fn adjacency(self, csr: &Csr, weight: Option<&[f32]>) -> (Csr, Vec<f64>) {
+        assert!(
+            weight.is_none() || self == Aggregation::GcnNorm,
+            "{self:?} takes no edge weights (the trainer refuses them)"
+        );
+        match (self, weight) {
+            (Aggregation::GcnNorm, Some(w)) => norm::gcn_norm_weighted(csr, w),
+            (Aggregation::GcnNorm, None) => {
                 let looped = csr.with_self_loops();
                 let v = norm::gcn_norm(&looped);
                 (looped, v)
             }
-            Aggregation::Mean => (csr.clone(), norm::mean_norm(csr)),
-            Aggregation::Sum => (csr.clone(), vec![1.0; csr.num_edges()]),
+            (Aggregation::Mean, _) => (csr.clone(), norm::mean_norm(csr)),
+            (Aggregation::Sum, _) => (csr.clone(), vec![1.0; csr.num_edges()]),
         }
     }
 

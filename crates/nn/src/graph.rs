@@ -59,16 +59,18 @@ impl<B: Backend> Graph<B> {
     /// The whole graph, from a CSR without self loops, with every aggregation's adjacency
     /// (tests and small graphs; executors use [`Graph::with`]).
     pub fn new(b: &B, csr: &Csr) -> Self {
-        Self::with(b, csr, &[Aggregation::GcnNorm, Aggregation::Mean, Aggregation::Sum])
+        Self::with(b, csr, None, &[Aggregation::GcnNorm, Aggregation::Mean, Aggregation::Sum])
     }
 
-    /// The whole graph with the adjacencies of the given aggregations.
-    pub fn with(b: &B, csr: &Csr, aggregations: &[Aggregation]) -> Self {
+    /// The whole graph with the adjacencies of the given aggregations; `weight`: its edge
+    /// weights, aligned with `csr`'s entries (GCN's normalisation alone takes them,
+    /// [`Aggregation::adjacency`]).
+    pub fn with(b: &B, csr: &Csr, weight: Option<&[f32]>, aggregations: &[Aggregation]) -> Self {
         let n = csr.num_nodes();
         let adjacencies = aggregations
             .iter()
             .map(|&a| {
-                let (s, v) = a.adjacency(csr);
+                let (s, v) = a.adjacency(csr, weight);
                 (a, Adjacency::new(b, &sparse(&s), &v))
             })
             .collect();

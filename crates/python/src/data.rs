@@ -98,6 +98,21 @@ fn int64s(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
     Ok(ro.as_slice().map_err(value_error)?.to_vec())
 }
 
+/// Edge weights as float32 values (PyG's `edge_weight`: one per edge, `[E]` or `[E, 1]`).
+fn weights_of(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f32>> {
+    let a = contiguous(obj, "float32")?;
+    let shape: Vec<usize> = a.getattr("shape")?.extract()?;
+    if !(shape.len() == 1 || shape.len() == 2 && shape[1] == 1) {
+        return Err(value_error(format!(
+            "edge_weight: expected one weight per edge, [E], got shape {shape:?}"
+        )));
+    }
+    let a = a.call_method1("reshape", (-1,))?;
+    let arr = a.cast::<PyArray1<f32>>().map_err(|e| value_error(format!("edge_weight: {e}")))?;
+    let ro = arr.readonly();
+    Ok(ro.as_slice().map_err(value_error)?.to_vec())
+}
+
 /// A split given as indices or as a boolean mask (not both).
 fn split(
     idx: Option<&Bound<'_, PyAny>>,
@@ -127,8 +142,9 @@ fn alias<'a, 'py>(
     }
 }
 
-fn load_options(non_finite: &str, allow_split_overlap: bool) -> PyResult<LoadOptions> {
+fn load_options(non_finite: &str, allow_split_overlap: bool, directed: bool) -> PyResult<LoadOptions> {
     Ok(LoadOptions {
+        build: grinnder_graph::BuildOptions { symmetrise: !directed, ..Default::default() },
         non_finite: match non_finite {
             "refuse" => grinnder_graph::NonFinite::Refuse,
             "report" => grinnder_graph::NonFinite::Report,
@@ -144,7 +160,12 @@ impl Dataset {
     /// A dataset from arrays (numpy arrays, torch tensors, or anything numpy takes).
     ///
     /// `edge_index`: int [2, E], source then target of every edge messages use (made
-    /// symmetric, without self loops and duplicates, as OGB's loaders do). `x`: float [N, F];
+    /// symmetric, without self loops and duplicates, as OGB's loaders do; with
+    /// `directed=True` taken as given: each node aggregates over its in-neighbours, PyG's
+    /// flow source → target). `edge_weight`: float [E], one weight per edge (PyG's
+    /// `edge_weight`, used by GCN as `gcn_norm` uses it; other models refuse it); copies of an
+    /// edge (and, made symmetric, an edge and its reverse) are one edge and must have one
+    /// weight. `x`: float [N, F];
     /// read in place when it is a C-contiguous float32 array (keep it unchanged), converted once
     /// otherwise. `y`: int [N] (or [N, 1]), -1 (or NaN) for no label; `None`: no labels (a graph
     /// to predict on; give `num_classes`). Splits as index arrays (`train_idx`, …) or boolean
@@ -155,7 +176,7 @@ impl Dataset {
     #[staticmethod]
     #[pyo3(signature = (edge_index, x, y=None, train_idx=None, valid_idx=None, test_idx=None, *,
         train_mask=None, valid_mask=None, test_mask=None, val_idx=None, val_mask=None, num_classes=None,
-        name="arrays", non_finite="refuse", allow_split_overlap=false))]
+        name="arrays", non_finite="refuse", allow_split_overlap=false, edge_weight=None, directed=false))]
     #[allow(clippy::too_many_arguments)]
     fn from_arrays(
         py: Python<'_>,
@@ -174,8 +195,11 @@ impl Dataset {
         name: &str,
         non_finite: &str,
         allow_split_overlap: bool,
+        edge_weight: Option<&Bound<'_, PyAny>>,
+        directed: bool,
     ) -> PyResult<Dataset> {
-        let opts = load_options(non_finite, allow_split_overlap)?;
+        let opts = load_options(non_finite, allow_split_overlap, directed)?;
+        let weights = edge_weight.map(weights_of).transpose()?;
         // features: read in place where they already are C-contiguous float32
         let xa = contiguous(x, "float32")?;
         let shape = shape_of(&xa, "x", &["nodes", "features"])?;
@@ -213,7 +237,7 @@ impl Dataset {
         let edges = ro.as_slice().map_err(|e| value_error(format!("edge_index: {e}")))?;
         let a = Arrays {
             edge_index: edges,
-            edge_weight: None,
+            edge_weight: weights.as_deref(),
             features: features.into(),
             dim: shape[1],
             labels: labels.as_deref(),
@@ -229,9 +253,11 @@ impl Dataset {
 
     /// A dataset from a PyG `Data` (or anything with `edge_index`, `x`, `y` and split masks or
     /// indices): `train_mask`/`train_idx`, `val_mask`/`valid_mask`/`valid_idx`,
-    /// `test_mask`/`test_idx`. The same rules as `from_arrays`.
+    /// `test_mask`/`test_idx`, and `edge_weight` where it has one. The same rules as
+    /// `from_arrays` (`directed=True`: the edges as given).
     #[staticmethod]
-    #[pyo3(signature = (data, *, num_classes=None, name="pyg", non_finite="refuse", allow_split_overlap=false))]
+    #[pyo3(signature = (data, *, num_classes=None, name="pyg", non_finite="refuse", allow_split_overlap=false,
+        directed=false))]
     fn from_pyg(
         py: Python<'_>,
         data: &Bound<'_, PyAny>,
@@ -239,6 +265,7 @@ impl Dataset {
         name: &str,
         non_finite: &str,
         allow_split_overlap: bool,
+        directed: bool,
     ) -> PyResult<Dataset> {
         let get = |names: &[&str]| -> PyResult<Option<Bound<'_, PyAny>>> {
             for n in names {
@@ -272,6 +299,8 @@ impl Dataset {
             name,
             non_finite,
             allow_split_overlap,
+            get(&["edge_weight"])?.as_ref(),
+            directed,
         )
     }
 
@@ -285,10 +314,24 @@ impl Dataset {
         self.inner.num_nodes()
     }
 
-    /// Directed edges after symmetrisation (each undirected edge counts twice).
+    /// Directed edges as the dataset holds them: after symmetrisation each undirected edge
+    /// counts twice; with `directed=True` each edge once.
     #[getter]
     fn num_edges(&self) -> usize {
         self.inner.graph.num_edges()
+    }
+
+    /// Whether the edges were taken as given (`directed=True`) instead of made symmetric.
+    #[getter]
+    fn directed(&self) -> bool {
+        self.inner.directed
+    }
+
+    /// The edge weights aligned with `edge_index()` (float32 [E]), or `None` for an
+    /// unweighted graph: what PyG's `GCNConv` takes as `edge_weight` to compute what grinnder
+    /// computes.
+    fn edge_weight<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<f32>>> {
+        self.inner.edge_weight.as_ref().map(|w| PyArray1::from_vec(py, w.to_vec()))
     }
 
     #[getter]
@@ -321,7 +364,8 @@ impl Dataset {
     }
 
     /// Every directed edge as PyG's `edge_index` (int64 [2, E]: sources, then targets), as the
-    /// dataset holds them (symmetric, without self loops and duplicates).
+    /// dataset holds them (symmetric unless `directed`, without self loops and duplicates):
+    /// the edges to give PyG to compute what grinnder computes.
     fn edge_index<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray2<i64>>> {
         let g = &self.inner.graph;
         let (ptr, cols) = (g.row_ptr(), g.col_idx());
@@ -362,12 +406,15 @@ impl Dataset {
 
 /// Loads a dataset the way `grinnder train DATASET` does: a `.grnd` file, an OGB node-property
 /// folder, an IGB folder or an npy exchange folder, recognised by its content (`format` forces
-/// one: "native", "ogb", "igb", "npy"). Options are the CLI's (`--split`, `--non-finite`, …).
+/// one: "native", "ogb", "igb", "npy"). Options are the CLI's (`--split`, `--non-finite`, …;
+/// `directed=True` is `--directed`: the edges as given, not made symmetric). An npy folder's
+/// `edge_weight.npy` gives the edge weights.
 /// A file that cannot be read raises `OSError`, bad content `ValueError`, naming the file and
 /// the line or byte.
 #[pyfunction]
 #[pyo3(signature = (path, *, format="auto", split=None, non_finite="refuse", num_nodes=None,
-    igb_classes=19, skip_feature_checksums=false, allow_split_overlap=false, num_classes=None))]
+    igb_classes=19, skip_feature_checksums=false, allow_split_overlap=false, num_classes=None,
+    directed=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn load_dataset(
     py: Python<'_>,
@@ -380,6 +427,7 @@ pub fn load_dataset(
     skip_feature_checksums: bool,
     allow_split_overlap: bool,
     num_classes: Option<u32>,
+    directed: bool,
 ) -> PyResult<Dataset> {
     use grinnder_cli::args::{Input, InputFormat, NonFiniteArg};
     let input = Input {
@@ -403,6 +451,7 @@ pub fn load_dataset(
         skip_feature_checksums,
         allow_split_overlap,
         num_classes,
+        directed,
     };
     let mut opts = input.options().map_err(|e| value_error(format!("{e:#}")))?;
     // an npz archive declaring more than this machine has is refused before it is inflated

@@ -15,7 +15,7 @@ use super::{Arch, ModelFileError, MODEL_FILE_BYTES_MAX};
 const HEADER_BYTES_MAX: u64 = 100_000_000;
 
 /// The metadata entries grinnder writes; a file grinnder wrote holds no others.
-const KNOWN_KEYS: [&str; 17] = [
+const KNOWN_KEYS: [&str; 19] = [
     "model",
     "layers",
     "hidden",
@@ -28,6 +28,8 @@ const KNOWN_KEYS: [&str; 17] = [
     "classes",
     "feature_norm",
     "feature_shift",
+    "directed",
+    "edge_weight",
     "format",
     "producer",
     "params",

@@ -50,12 +50,31 @@ pub struct Arch {
     pub feature_norm: FeatureNorm,
     /// The statistic of `feature_norm` on the training graph ([`FeatureNorm::Row`]'s shift).
     pub feature_shift: f64,
+    /// The adjacency it was trained on: the edges as given (`--directed`) or made symmetric,
+    /// and with edge weights or without; `None` where the file does not say (one saved by
+    /// PyG): whatever the run gives is taken.
+    pub graph: Option<GraphKind>,
+}
+
+/// The adjacency a model was trained on (the metadata entries `directed` and `edge_weight`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GraphKind {
+    pub directed: bool,
+    pub edge_weight: bool,
+}
+
+impl GraphKind {
+    /// The adjacency of `ds`.
+    pub fn of(ds: &Dataset) -> GraphKind {
+        GraphKind { directed: ds.directed, edge_weight: ds.edge_weight.is_some() }
+    }
 }
 
 impl Arch {
-    /// The architecture `cfg` trains on a dataset of `in_features` and `classes`, its
+    /// The architecture `cfg` trains on `ds` (its feature width, classes and adjacency), its
     /// features preprocessed with `shift`.
-    pub fn of(cfg: &TrainConfig, in_features: usize, classes: usize, shift: f64) -> Arch {
+    pub fn of(cfg: &TrainConfig, ds: &Dataset, shift: f64) -> Arch {
+        let (in_features, classes) = (ds.features.dim, ds.num_classes as usize);
         let m = &cfg.model;
         Arch {
             kind: m.kind,
@@ -70,6 +89,7 @@ impl Arch {
             classes,
             feature_norm: cfg.feature_norm,
             feature_shift: shift,
+            graph: Some(GraphKind::of(ds)),
         }
     }
 
@@ -122,7 +142,42 @@ impl Arch {
             self.classes,
             norm_name(self.feature_norm)
         );
+        if let Some(g) = self.graph {
+            s += if g.directed { ", directed graph" } else { ", undirected graph" };
+            if g.edge_weight {
+                s += ", edge weights";
+            }
+        }
         s
+    }
+
+    /// Refuses a dataset whose adjacency is not the one the model was trained on (another
+    /// direction, or weights where it had none or none where it had them), naming the fix.
+    pub fn check_graph(&self, ds: &Dataset, path: &Path) -> Result<(), ModelFileError> {
+        self.check_directed(ds.directed, path)?;
+        let Some(g) = self.graph.filter(|g| g.edge_weight != ds.edge_weight.is_some()) else { return Ok(()) };
+        let reason = if g.edge_weight {
+            "was trained with edge weights, and this graph has none; give it its weights \
+             (edge_weight.npy beside edge_index.npy, edge_weight= in Python)"
+        } else {
+            "was trained without edge weights, and this graph has them; drop them (remove \
+             edge_weight.npy, leave out edge_weight= in Python), or train a model with them"
+        };
+        Err(ModelFileError::Graph { path: path.to_path_buf(), reason: reason.into() })
+    }
+
+    /// Refuses a graph read in the other direction than the model's training graph
+    /// (`directed`: the edges taken as given), naming the flag: before a graph is loaded.
+    pub fn check_directed(&self, directed: bool, path: &Path) -> Result<(), ModelFileError> {
+        let Some(g) = self.graph.filter(|g| g.directed != directed) else { return Ok(()) };
+        let reason = if g.directed {
+            "was trained on a directed graph (its edges as given, --directed); give --directed \
+             (directed=True in Python) so that the graph is aggregated as it was in training"
+        } else {
+            "was trained on an undirected graph (its edges made symmetric); leave out --directed \
+             (directed=False in Python) so that the graph is aggregated as it was in training"
+        };
+        Err(ModelFileError::Graph { path: path.to_path_buf(), reason: reason.into() })
     }
 
     /// Refuses a dataset the model cannot run on: another feature width, or labels of more
@@ -146,7 +201,7 @@ impl Arch {
     }
 
     fn metadata(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut m = vec![
             ("model", self.kind.name().into()),
             ("layers", self.layers.to_string()),
             ("hidden", self.hidden.to_string()),
@@ -159,7 +214,12 @@ impl Arch {
             ("classes", self.classes.to_string()),
             ("feature_norm", norm_name(self.feature_norm).into()),
             ("feature_shift", self.feature_shift.to_string()),
-        ]
+        ];
+        if let Some(g) = self.graph {
+            m.push(("directed", g.directed.to_string()));
+            m.push(("edge_weight", g.edge_weight.to_string()));
+        }
+        m
     }
 }
 
@@ -214,6 +274,9 @@ pub enum ModelFileError {
          graphs with the features and classes it was trained on"
     )]
     Dataset { path: PathBuf, what: String, file: usize, here: usize },
+    /// The dataset's adjacency is not the model's (direction, weights).
+    #[error("model file {path} {reason}")]
+    Graph { path: PathBuf, reason: String },
 }
 
 impl From<ModelFileError> for crate::config::TrainError {
@@ -508,6 +571,7 @@ fn arch_of(tensors: &[Tensor], meta: &HashMap<String, String>, path: &Path) -> R
             }
         })?,
         feature_shift: m.get("feature_shift", 0.0, |s| s.parse().ok().filter(|x: &f64| x.is_finite()))?,
+        graph: graph_kind(&m, parse_bool)?,
     };
     let seen = check::Seen {
         layers: layers_seen,
@@ -519,6 +583,24 @@ fn arch_of(tensors: &[Tensor], meta: &HashMap<String, String>, path: &Path) -> R
     };
     check::agrees(&arch, &seen, path)?;
     Ok(arch)
+}
+
+/// The adjacency a file's model was trained on: its entries; a file grinnder wrote before
+/// they existed was trained on an undirected, unweighted graph (the only kind there was); a
+/// file of another producer without them says nothing (`None`).
+fn graph_kind(
+    m: &Meta<'_>,
+    parse_bool: impl Fn(&str) -> Option<bool> + Copy,
+) -> Result<Option<GraphKind>, ModelFileError> {
+    let said = m.meta.contains_key("directed") || m.meta.contains_key("edge_weight");
+    let grinnders = m.meta.get("producer").is_some_and(|p| p.starts_with("grinnder"));
+    if !said && !grinnders {
+        return Ok(None);
+    }
+    Ok(Some(GraphKind {
+        directed: m.get("directed", false, parse_bool)?,
+        edge_weight: m.get("edge_weight", false, parse_bool)?,
+    }))
 }
 
 /// Metadata entries, parsed or defaulted.
@@ -559,6 +641,7 @@ mod tests {
             classes: 3,
             feature_norm: FeatureNorm::Row,
             feature_shift: -0.5,
+            graph: Some(GraphKind { directed: true, edge_weight: true }),
         };
         // heads only where the family has them
         Arch { heads: a.model_config().heads_of_hidden(), ..a }
@@ -601,7 +684,8 @@ mod tests {
             )
             .unwrap();
             let back = ModelFile::from_bytes(&bytes, Path::new("pyg.safetensors")).unwrap();
-            let want = Arch { feature_norm: FeatureNorm::None, feature_shift: 0.0, ..arch(kind) };
+            let want =
+                Arch { feature_norm: FeatureNorm::None, feature_shift: 0.0, graph: None, ..arch(kind) };
             // ε is read from the eps tensor where the family has one
             let has_eps = f.tensors.iter().any(|t| t.name.ends_with(".eps"));
             let want = if has_eps { want } else { Arch { gin_eps: 0.0, ..want } };

@@ -337,7 +337,11 @@ pub fn shared_partitioning(
     tc: &TieredConfig,
 ) -> Result<Partitioning, TrainError> {
     let partition = || {
-        let (p, outcome) = partition_cached(&ds.graph, tc.parts, tc.method, tc.partition_cache.as_deref())
+        // a directed graph is cut on its symmetric structure (a cut edge costs a halo row in
+        // either direction); the partitions' graphs keep the directed in-edges
+        let symmetric = ds.directed.then(|| ds.graph.symmetrised());
+        let graph = symmetric.as_ref().unwrap_or(&ds.graph);
+        let (p, outcome) = partition_cached(graph, tc.parts, tc.method, tc.partition_cache.as_deref())
             .map_err(|e| TrainError::Partition(e.to_string()))?;
         match &outcome {
             grinnder_partition::CacheOutcome::Hit(f) => {

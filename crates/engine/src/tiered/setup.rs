@@ -119,7 +119,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         // (a server's share: the whole graph's degrees)
         let aggregation = model.aggregation();
         let (csr, vals): (Csr, Vec<f64>) = match sub {
-            None => aggregation.adjacency(&ds.graph),
+            None => aggregation.adjacency(&ds.graph, ds.edge_weight.as_deref()),
             Some(s) => aggregation.share_adjacency(&ds.graph, &s.degree),
         };
         // node ids of dropout keys: the whole graph's

@@ -24,7 +24,7 @@ impl<'a, B: Backend> FullGraph<'a, B> {
     pub(super) fn new(b: &'a B, ds: &'a Dataset, cfg: &TrainConfig) -> Self {
         let mut model = Model::init(b, cfg.model.clone(), ds.features.dim, ds.num_classes as usize);
         // only the adjacency the model's layers aggregate over
-        let graph = Graph::with(b, &ds.graph, &[model.aggregation()]);
+        let graph = Graph::with(b, &ds.graph, ds.edge_weight.as_deref(), &[model.aggregation()]);
         let x = features(b, ds, cfg.features());
         model.prepare(b, &graph, &x);
         // GCN's layer 0 reads only `Â x` from here: the features need not stay beside it

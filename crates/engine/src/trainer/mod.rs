@@ -131,6 +131,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     ) -> Result<Self, TrainError> {
         let path = file.path.clone().unwrap_or_default();
         file.arch.check_dataset(ds, &path)?;
+        file.arch.check_graph(ds, &path)?;
         if ds.num_classes as usize != file.arch.classes {
             return Err(TrainError::Config(format!(
                 "the dataset declares {} classes and the model predicts {}: give the dataset the model's class count",
@@ -145,6 +146,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
     fn set_up(b: &'a B, ds: &'a Dataset, cfg: TrainConfig, mode: Mode<'a, B>) -> Result<Self, TrainError> {
         let elem = std::mem::size_of::<B::T>() as u64;
         crate::budgets::check_model(&cfg.model, ds.features.dim, ds.num_classes as usize, elem)?;
+        let whole_graph = match &mode {
+            Mode::FullGraph | Mode::Tiered(_) => true,
+            Mode::Ranks { expansion, .. } => *expansion == Expansion::Plain,
+            Mode::MiniBatch { .. } | Mode::Cooperative { .. } => false,
+        };
+        crate::config::check_edge_weights(ds, cfg.model.kind, whole_graph)?;
         let (engine, group): (Box<dyn Engine<B> + 'a>, Option<&'a dyn Comm>) = match mode {
             Mode::FullGraph => (Box::new(full_graph::FullGraph::new(b, ds, &cfg)), None),
             Mode::Tiered(tc) => (Box::new(partitioned::Partitioned::one_process(b, ds, &cfg, &tc)?), None),
@@ -346,7 +353,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
     pub fn model_file(&mut self, which: Weights) -> ModelFile {
         let ds = self.ds;
         let shift = shift_of(ds, self.cfg.features());
-        let arch = Arch::of(&self.cfg, ds.features.dim, ds.num_classes as usize, shift);
+        let arch = Arch::of(&self.cfg, ds, shift);
         if let (Weights::BestValid, Some(t), Some((epoch, valid, _))) = (which, &self.best_state, self.best) {
             let mut f = ModelFile::capture(self.b, self.engine.model(), arch, None);
             f.tensors = t.clone();

@@ -57,6 +57,22 @@ impl Kind {
             Kind::Gin => Aggregation::Sum,
         }
     }
+
+    /// Whether the family's layer takes edge weights: GCN alone, as in PyG (`GCNConv` has
+    /// `edge_weight`; `SAGEConv`, `GATConv` and `GINConv` have none).
+    pub fn takes_edge_weight(self) -> bool {
+        self == Kind::Gcn
+    }
+
+    /// PyG's layer of the family (`GCNConv`, …), for messages.
+    pub fn pyg_layer(self) -> &'static str {
+        match self {
+            Kind::Gcn => "GCNConv",
+            Kind::Sage => "SAGEConv",
+            Kind::Gat => "GATConv",
+            Kind::Gin => "GINConv",
+        }
+    }
 }
 
 /// Normalisation between layers.
