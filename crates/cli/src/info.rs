@@ -185,7 +185,7 @@ pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
     }
     println!("dataset        {}", i.name);
     println!("nodes          {}", i.nodes);
-    let how = if i.directed { "as given (--directed)" } else { "made symmetric" };
+    let how = if i.directed { "as given, --directed" } else { "made symmetric" };
     let weights = if i.edge_weight { ", weighted" } else { "" };
     println!("edges          {} directed ({how}, no self loops or duplicates{weights})", i.directed_edges);
     println!("features       {} per node, stored as {}", i.features, i.feature_dtype);

@@ -75,7 +75,7 @@ fn a_directed_weighted_graph_trains_by_partitions_as_in_memory_and_predicts_with
     let d = |x: &str| dir.path().join(x);
     let m = d("m.safetensors");
     let info = ok(&["info", s(&g), "--directed"]);
-    assert!(info.contains("as given (--directed)") && info.contains("weighted"), "{info}");
+    assert!(info.contains("as given, --directed") && info.contains("weighted"), "{info}");
     let train = |name: &str, extra: &[&str]| {
         let mut args = vec!["-q", "train", s(&g), "--epochs", "4", "--metrics-out"];
         let metrics = d(name);
