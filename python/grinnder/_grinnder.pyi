@@ -22,6 +22,7 @@ def load_dataset(
     skip_feature_checksums: bool = False,
     allow_split_overlap: bool = False,
     num_classes: Optional[int] = None,
+    directed: bool = False,
 ) -> "Dataset":
     """Load a dataset as ``grinnder train DATASET`` does.
 
@@ -45,6 +46,10 @@ def load_dataset(
     num_classes
         The class count, where the labels do not reach the last class (default: the largest
         label + 1; classes without a node are warned about).
+    directed
+        Take the edges as given (``--directed``): each node aggregates over its in-neighbours
+        (PyG's flow, source to target), no symmetrisation. An npy folder's ``edge_weight.npy``
+        gives edge weights either way.
 
     Raises
     ------
@@ -81,6 +86,8 @@ class Dataset:
         name: str = "arrays",
         non_finite: str = "refuse",
         allow_split_overlap: bool = False,
+        edge_weight: Optional[ArrayLike] = None,
+        directed: bool = False,
     ) -> "Dataset":
         """A dataset from arrays.
 
@@ -88,7 +95,14 @@ class Dataset:
         ----------
         edge_index
             int [2, E]: source then target of every edge messages use; made symmetric, without
-            self loops and duplicates, as OGB's loaders do.
+            self loops and duplicates, as OGB's loaders do (``directed=True``: taken as given,
+            each node aggregating over its in-neighbours, PyG's flow source to target).
+        edge_weight
+            float [E]: one weight per edge, finite and not negative (PyG's ``edge_weight``);
+            GCN uses it as PyG's ``gcn_norm`` does, the other models refuse it. Copies of an
+            edge (and, made symmetric, an edge and its reverse) are one edge and must carry one
+            weight (merge them first: ``torch_geometric.utils.coalesce(edge_index,
+            edge_weight, reduce="sum")``).
         x
             float [N, F]. Read in place when it is a C-contiguous float32 array (a CPU float32
             tensor is one): keep it unchanged while the dataset lives. Anything else is
@@ -120,10 +134,11 @@ class Dataset:
         name: str = "pyg",
         non_finite: str = "refuse",
         allow_split_overlap: bool = False,
+        directed: bool = False,
     ) -> "Dataset":
         """A dataset from a PyG ``Data`` (duck-typed: ``edge_index``, ``x``, ``y`` and
-        ``train_mask``/``val_mask``/``test_mask`` or ``train_idx``/``valid_idx``/``test_idx``),
-        by the rules of ``from_arrays``."""
+        ``train_mask``/``val_mask``/``test_mask`` or ``train_idx``/``valid_idx``/``test_idx``,
+        and ``edge_weight`` where it has one), by the rules of ``from_arrays``."""
 
     @property
     def name(self) -> str: ...
@@ -131,7 +146,10 @@ class Dataset:
     def num_nodes(self) -> int: ...
     @property
     def num_edges(self) -> int:
-        """Directed edges after symmetrisation (each undirected edge counts twice)."""
+        """Directed edges as held: after symmetrisation each undirected edge counts twice."""
+    @property
+    def directed(self) -> bool:
+        """Whether the edges were taken as given (``directed=True``), not made symmetric."""
     @property
     def num_features(self) -> int: ...
     @property
@@ -144,7 +162,10 @@ class Dataset:
     def labels(self) -> npt.NDArray[np.int32]:
         """One label per node, -1 where none."""
     def edge_index(self) -> npt.NDArray[np.int64]:
-        """Every directed edge as PyG's ``edge_index`` [2, E] (symmetric, no self loops)."""
+        """Every directed edge as PyG's ``edge_index`` [2, E] (symmetric unless ``directed``, no
+        self loops or duplicates): what PyG must be given to compute grinnder's logits."""
+    def edge_weight(self) -> Optional[npt.NDArray[np.float32]]:
+        """The edge weights aligned with ``edge_index()`` (float32 [E]); None: unweighted."""
     def features(self) -> npt.NDArray[np.float32]:
         """The node features [N, F] (a copy)."""
 

@@ -49,9 +49,10 @@ class Stack(nn.Module):
         self.convs = nn.ModuleList(convs)
         self.norms = nn.ModuleList([nn.LayerNorm(width) for _ in range(layers - 1)]) if norm else None
 
-    def forward(self, x, edge_index, upto=None):
+    def forward(self, x, edge_index, upto=None, edge_weight=None):
         for l, conv in enumerate(self.convs[:upto]):
-            h = conv(x, edge_index)
+            # (GCNConv alone takes edge weights, as in grinnder)
+            h = conv(x, edge_index) if edge_weight is None else conv(x, edge_index, edge_weight)
             if l + 1 < len(self.convs):
                 if self.norms is not None:
                     h = self.norms[l](h)
