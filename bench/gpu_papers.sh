@@ -4,8 +4,9 @@
 # baseline at .gpu/old/grinnder with OLD=1), with the flags given, each command's wall time,
 # its epoch lines, phases and peaks.
 #
-#   SCALE=0.5 DTYPE=f16 bench/gpu_papers.sh [TRAIN FLAGS...]     e.g. --parts 32 --gpu-mem 48GiB
-#   (no flags: the budgets the run chooses from the machine)
+#   SCALE=0.5 DTYPE=f16 [BAR=1] [PREDICT=1] bench/gpu_papers.sh [TRAIN FLAGS...]   e.g. --parts 32 --gpu-mem 48GiB
+#   (BAR=1: train's defaults but the model; no flags: the budgets the run chooses from the machine; TAG names the run's files, so that
+#   several runs of one call keep theirs)
 # Results under $OUT (or /tmp/gpu-out).
 set -uo pipefail
 out=${OUT:-/tmp/gpu-out}
@@ -22,8 +23,11 @@ if [ ! -f "$data/g.grnd" ]; then
     --scale "$scale" --seed 0 --feature-dtype "${DTYPE:-f16}" --out "$data/g.grnd"
   ls -la "$data/g.grnd"
 fi
-common=(--device cuda --model gcn --layers "${LAYERS:-2}" --hidden 256 --dropout 0 --input-dropout 0
-  --weight-decay 0 --feature-norm none --epochs "${EPOCHS:-2}" --eval-every 0 --cache-dir "$data/cache")
+common=(--device cuda --model gcn --layers "${LAYERS:-2}" --hidden 256 --epochs "${EPOCHS:-2}"
+  --cache-dir "$data/cache")
+# BAR=1: the command as written (every other setting its default); else no dropout,
+# no weight decay, no evaluation, features as stored (the figures of BENCHMARKS.md's P runs)
+[ -n "${BAR:-}" ] || common+=(--dropout 0 --input-dropout 0 --weight-decay 0 --feature-norm none --eval-every 0)
 run() { # tag binary [flags...]
   local tag=$1 bin=$2
   shift 2
@@ -40,10 +44,20 @@ except OSError:
 for r in rows:
     t = r.get("tier")
     if "epoch" in r and t:
-        print(f"  epoch {r['epoch']}: {r['epoch_s']:.2f} s  gather {t['gather_s']:.2f}  compute {t['compute_s']:.2f}"
+        print(f"  epoch {r['epoch']}: loss {r.get('loss')!r}  {r['epoch_s']:.2f} s  gather {t['gather_s']:.2f}  compute {t['compute_s']:.2f}"
               f"  write-back {t['write_back_s']:.2f}  up {t['upload_bytes'] / 1e9:.1f} GB  down {t['download_bytes'] / 1e9:.1f} GB"
               f"  host peak {r['peak_host_bytes'] / 2**30:.1f} GiB  GPU peak {(r.get('peak_device_bytes') or 0) / 2**30:.1f} GiB")
 PY
 }
-run new .gpu/bin/grinnder "$@"
+[ -z "${PREDICT:-}" ] || common+=(--save-model "$data/m.safetensors")
+run "${TAG:-new}" .gpu/bin/grinnder "$@"
+if [ -n "${PREDICT:-}" ]; then # PREDICT=1: every node's class, then the test split's logits
+  for what in "class all" "logits test"; do
+    set -- $what
+    /usr/bin/time -f "predict $1 of $2: %e s wall, peak RSS %M kB" .gpu/bin/grinnder predict "$data/g.grnd" \
+      --model-file "$data/m.safetensors" --device cuda --output "$1" --nodes "$2" --out "$data/pred-$1" \
+      --cache-dir "$data/cache" > "$out/predict-$1.log" 2>&1
+    grep -E "plan:|→|predicted|error|wall" "$out/predict-$1.log" | cut -c1-400
+  done
+fi
 [ -z "${OLD:-}" ] || run old .gpu/old/grinnder "$@"
