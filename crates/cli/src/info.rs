@@ -67,13 +67,17 @@ struct RunPlan {
     reasons: Vec<String>,
 }
 
-/// What `train` would choose for `plan` (the flags as given) on this machine.
+/// What `train` would choose for `plan` (the flags as given) on this machine, and the plan so
+/// settled. Made before anything of the run is set up: the device's free memory is measured
+/// before this process takes any of it (an `info --tier-dtype bf16` that set up its partition
+/// graphs first saw 24 of an H100's 79 GiB free, its own graphs holding the rest, and refused a
+/// graph that fits, 2026-12-05).
 fn run_plan(
     plan: &TrainPlan,
     ds: &Dataset,
     host_mem: Option<u64>,
     gpu_mem: Option<u64>,
-) -> anyhow::Result<RunPlan> {
+) -> anyhow::Result<(RunPlan, TrainPlan)> {
     let mut p = plan.clone();
     p.gpu_mem = p.gpu_mem.or(gpu_mem);
     if let (Some(h), None) = (host_mem, p.tiered.as_ref()) {
@@ -88,12 +92,13 @@ fn run_plan(
     };
     let reasons = crate::budgets::settle(&mut p, ds, free)?;
     let t = p.tiered.as_ref();
-    Ok(RunPlan {
+    let r = RunPlan {
         parts: t.map(|t| t.parts),
         gpu_mem: p.gpu_mem,
         host_mem_auto: t.and_then(|t| t.host_auto.as_ref()).map(|h| h.bytes),
         reasons,
-    })
+    };
+    Ok((r, p))
 }
 
 /// What `info` shows of the tiered executor.
@@ -139,15 +144,17 @@ pub fn run(mut a: InfoArgs) -> anyhow::Result<()> {
     let (hidden, layers) = (plan.config.model.hidden, plan.config.model.layers);
     let d = stats::degree_summary(&ds);
     let full = stats::full_graph_bytes(&ds, hidden, layers);
-    let tiered = match (&plan.tiered, plan.device) {
-        (None, _) => None,
-        (Some(_), Device::Cpu) => Some(tiered_info(&Cpu::<f32>::new(), &ds, &plan, rates)?),
-        (Some(_), Device::Cuda(n)) => {
-            let g = crate::train::open_gpu(n, plan.gpu_mem, plan.tf32, "plan")?;
-            Some(tiered_info(&g, &ds, &plan, rates)?)
+    // the budgets first, then the executor's plan under them (the partitions and budgets the
+    // run would take), where the flags ask for the tiered executor
+    let (run_plan, settled) = run_plan(&plan, &ds, host_mem, gpu_mem)?;
+    let tiered = match (&plan.tiered, settled.tiered.is_some(), settled.device) {
+        (None, _, _) | (_, false, _) => None,
+        (Some(_), true, Device::Cpu) => Some(tiered_info(&Cpu::<f32>::new(), &ds, &settled, rates)?),
+        (Some(_), true, Device::Cuda(n)) => {
+            let g = crate::train::open_gpu(n, settled.gpu_mem, settled.tf32, "plan")?;
+            Some(tiered_info(&g, &ds, &settled, rates)?)
         }
     };
-    let run_plan = run_plan(&plan, &ds, host_mem, gpu_mem)?;
     let i = Info {
         name: ds.name.clone(),
         nodes: ds.num_nodes(),
