@@ -223,7 +223,10 @@ class Trainer:
         """A trainer holding a model file's model (``Trainer.save``, ``grinnder train
         --save-model``, or a PyG model saved with safetensors), to predict on ``dataset`` (any
         graph of the model's feature width). ``settings`` set how it runs: ``parts``,
-        ``host_mem``, ``storage_dir``, ``device``, ``gpu_mem``."""
+        ``host_mem``, ``storage_dir``, ``device``, ``gpu_mem``. A file that cannot be read
+        raises ``OSError``; a dataset the model does not fit (another feature width, more
+        classes, another direction, weights it was not trained with) ``ValueError``, naming
+        the fix."""
     def train_epoch(self) -> Figures:
         """Train one epoch; its figures: ``epoch`` (counted from 0: the first call's is 0, and
         ``epochs_done`` is then 1), ``loss``, ``epoch_s``, ``eval_s``, ``train_acc``/

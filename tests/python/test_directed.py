@@ -95,7 +95,7 @@ def test_weights_where_they_cannot_be_used_are_refused_naming_the_fix(cora, tmp_
     t.fit(progress=False)
     m = str(tmp_path / "m.safetensors")
     t.save(m)
-    with pytest.raises(OSError, match="trained on a directed graph.*directed=True"):
+    with pytest.raises(ValueError, match="trained on a directed graph.*directed=True"):
         gr.Trainer.load(m, dataset(cora, ei, edge_weight=w))
-    with pytest.raises(OSError, match="trained with edge weights.*edge_weight="):
+    with pytest.raises(ValueError, match="trained with edge weights.*edge_weight="):
         gr.Trainer.load(m, dataset(cora, ei, directed=True))

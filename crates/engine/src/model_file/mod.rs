@@ -280,8 +280,17 @@ pub enum ModelFileError {
 }
 
 impl From<ModelFileError> for crate::config::TrainError {
+    /// A dataset the model does not fit (its features, classes, direction or weights) is a
+    /// setting refused (Python's `ValueError`), as the dataset's own checks are; a file that
+    /// cannot be read, written or parsed stays a file's error (`OSError`).
     fn from(e: ModelFileError) -> Self {
-        crate::config::TrainError::ModelFile(e.to_string())
+        use crate::config::TrainError;
+        match e {
+            ModelFileError::Dataset { .. } | ModelFileError::Graph { .. } => {
+                TrainError::Config(e.to_string())
+            }
+            e => TrainError::ModelFile(e.to_string()),
+        }
     }
 }
 
