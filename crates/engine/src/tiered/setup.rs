@@ -148,7 +148,15 @@ impl<'a, B: Backend> Executor<'a, B> {
         let phase = grinnder_graph::progress::phase("partition blocks");
         let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key, in_pieces);
         drop(phase);
-        let plan = make_plan(&model, &parts, tc, elem as usize, pre, crate::process::mapped_bytes(ds));
+        let plan = make_plan(
+            &model,
+            &parts,
+            tc,
+            elem as usize,
+            pre,
+            crate::process::mapped_bytes(ds),
+            b.device_memory().is_some(),
+        );
         check_budget(&plan, tc)?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
@@ -246,14 +254,15 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.block_list().iter().filter(|(id, _)| !self.tiers.on_device(*id)).map(|(_, b)| b).sum();
         let need = self.plan.resident_bytes + self.plan.working_bytes + outside;
         let fits = need + host_margin(auto.bytes) <= auto.bytes;
-        if fits {
-            tracing::info!(
-                "host: every block in RAM ({:.2} GiB of blocks outside the GPU tier, {:.2} GiB in all with what the process holds, within {:.2} GiB)",
-                outside as f64 / GIB,
-                need as f64 / GIB,
-                auto.bytes as f64 / GIB
-            );
-        }
+        tracing::info!(
+            "host: {} ({:.2} GiB of blocks outside the GPU tier beside {:.2} GiB the process holds and a {:.2} GiB working set: {:.2} GiB in all and a margin, against {:.2} GiB)",
+            if fits { "every block in RAM" } else { "the blocks do not all fit in RAM" },
+            outside as f64 / GIB,
+            self.plan.resident_bytes as f64 / GIB,
+            self.plan.working_bytes as f64 / GIB,
+            need as f64 / GIB,
+            auto.bytes as f64 / GIB
+        );
         fits
     }
 
