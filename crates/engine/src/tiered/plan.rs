@@ -25,6 +25,8 @@ pub struct Plan {
     pub mode: CacheMode,
     /// Whole-run activation and gradient bytes (what the cache would need to hold everything).
     pub block_bytes: u64,
+    /// The largest block's bytes.
+    pub largest_block_bytes: u64,
     /// The GPU tier (with `gpu_mem`): its block budget and what was placed there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DevicePlan>,
@@ -267,6 +269,7 @@ pub(super) fn make_plan<B: Backend>(
         cache_bytes,
         mode,
         block_bytes,
+        largest_block_bytes: largest_block,
         device: None,
     }
 }

@@ -157,7 +157,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             crate::process::mapped_bytes(ds),
             b.device_memory().is_some(),
         );
-        check_budget(&plan, tc)?;
+        let keep_read_files = check_budget(&plan, tc)?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
             mode: plan.mode,
@@ -166,7 +166,10 @@ impl<'a, B: Backend> Executor<'a, B> {
         };
         // each store (each rank's too) makes a private directory of its own inside the given one
         let dir = tc.storage_dir.as_deref().filter(|_| !plan_only);
-        let store = Store::new(store_cfg, dir, tc.keep_storage).map_err(io_err)?;
+        let mut store = Store::new(store_cfg, dir, tc.keep_storage).map_err(io_err)?;
+        if !keep_read_files {
+            store.remove_files_once_read();
+        }
         let mut ex = Executor {
             b,
             model,
@@ -588,7 +591,9 @@ fn host_part<B: Backend>(
 /// timing may still move.
 const BASE_DRIFT_BYTES: u64 = 2 << 20;
 
-fn check_budget(plan: &Plan, tc: &TieredConfig) -> Result<(), TrainError> {
+/// Refuses a plan the host budget or the storage directory cannot hold; whether block files
+/// outlive their blocks' reads ([`check_storage`]).
+fn check_budget(plan: &Plan, tc: &TieredConfig) -> Result<bool, TrainError> {
     if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
         let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
         if need > h {
@@ -617,28 +622,41 @@ fn check_budget(plan: &Plan, tc: &TieredConfig) -> Result<(), TrainError> {
     if let (Some(_), Some(dir)) = (plan.cache_bytes, &tc.storage_dir) {
         let free = files::free_bytes(dir)
             .map_err(|e| TrainError::Storage(format!("storage directory {}: {e}", dir.display())))?;
-        check_storage(plan, free, dir)?;
+        return check_storage(plan, free, dir);
     }
-    Ok(())
+    Ok(true)
 }
 
-/// Refuses a storage directory with less free space than the block files may take. Not the
-/// spill (blocks beyond the host cache) but every block: a block evicted once keeps its file
-/// while it is read back clean (so that a second eviction writes nothing), and an epoch cycles
-/// every block through the cache. Measured: papers-like at scale 0.5 planned a 37 GiB spill
-/// into 40 GB of free disk, and an epoch filled the disk 90 s in with the blocks' 98 GiB of
-/// files (H100, 2026-12-05).
-fn check_storage(plan: &Plan, free: u64, dir: &std::path::Path) -> Result<(), TrainError> {
-    let Some(cache) = plan.cache_bytes else { return Ok(()) };
+/// Refuses a storage directory with less free space than the block files may take; whether
+/// a block's file may outlive the block's read back into RAM. Kept, the files grow to every
+/// block outside the host cache (an epoch cycles every block through it, and a block read
+/// back clean keeps its file so that leaving again writes nothing): papers-like at scale 0.5
+/// planned a 37 GiB spill into 40 GB of free disk and filled it 90 s into an epoch with 98 GiB
+/// of files (H100, 2026-12-05). Where the disk holds the spill (what does not fit the cache,
+/// and two of the largest blocks in flight) but not every block, each file goes once its block
+/// is read (written again when the block leaves again); where it holds less, refused.
+fn check_storage(plan: &Plan, free: u64, dir: &std::path::Path) -> Result<bool, TrainError> {
+    let Some(cache) = plan.cache_bytes else { return Ok(true) };
     if plan.block_bytes <= cache || free >= plan.block_bytes {
-        return Ok(());
+        return Ok(true);
+    }
+    let spill = plan.block_bytes - cache + 2 * plan.largest_block_bytes;
+    if free >= spill {
+        tracing::info!(
+            "storage: {:.1} MiB free in {} holds the {:.1} MiB of blocks beyond the host cache but not every block's file ({:.1} MiB): each file is removed once its block is read back, and written again when the block leaves again",
+            mib(free),
+            dir.display(),
+            mib(spill),
+            mib(plan.block_bytes)
+        );
+        return Ok(false);
     }
     Err(TrainError::Storage(format!(
-        "storage directory {} has {:.1} MiB free, but the block files may take {:.1} MiB (every block that leaves the {:.1} MiB host cache keeps its file; the blocks need {:.1} MiB): free space there, give a --storage-dir on a larger disk, halve the blocks with --tier-dtype bf16, or give more --gpu-mem or --host-mem",
+        "storage directory {} has {:.1} MiB free, but the blocks beyond the {:.1} MiB host cache take {:.1} MiB (of {:.1} MiB of blocks): free space there, give a --storage-dir on a larger disk, halve the blocks with --tier-dtype bf16, or give more --gpu-mem or --host-mem",
         dir.display(),
         mib(free),
-        mib(plan.block_bytes),
         mib(cache),
+        mib(spill),
         mib(plan.block_bytes)
     )))
 }
@@ -728,19 +746,28 @@ mod tests {
             cache_bytes: Some(cache),
             mode: CacheMode::PartitionLru,
             block_bytes: blocks,
+            largest_block_bytes: 5 << 20,
             device: None,
         }
     }
 
-    /// The free space asked of a storage directory is every block's, not the spill beyond
-    /// the cache: 60 of 100 cached, 50 free (the 40 spilled would fit) is refused.
+    /// Where the storage directory holds every block's file, files outlive their reads; where
+    /// it holds only the spill beyond the cache (and two of the largest blocks), each goes once
+    /// read; below that, refused.
     #[test]
-    fn storage_must_hold_every_block_file() {
+    fn storage_holds_every_block_file_or_the_spill() {
         let dir = std::path::Path::new("/scratch");
-        let e = check_storage(&plan(60, 100), 50, dir).unwrap_err().to_string();
-        assert!(e.contains("/scratch") && e.contains("--tier-dtype bf16"), "{e}");
-        assert!(check_storage(&plan(60, 100), 100, dir).is_ok());
+        const M: u64 = 1 << 20;
+        // every block's file fits: kept after reads
+        assert!(check_storage(&plan(60 * M, 100 * M), 100 * M, dir).unwrap());
+        // the spill (40, and two blocks of 5 in flight) fits, every block does not: removed
+        assert!(!check_storage(&plan(60 * M, 100 * M), 50 * M, dir).unwrap());
+        let e = check_storage(&plan(60 * M, 100 * M), 50 * M - 1, dir).unwrap_err().to_string();
+        assert!(
+            e.contains("/scratch") && e.contains("--tier-dtype bf16") && e.contains("take 50.0 MiB"),
+            "{e}"
+        );
         // blocks within the cache write no file
-        assert!(check_storage(&plan(100, 100), 0, dir).is_ok());
+        assert!(check_storage(&plan(100 * M, 100 * M), 0, dir).unwrap());
     }
 }

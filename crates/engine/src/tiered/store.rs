@@ -212,6 +212,10 @@ pub struct Store<T: Scalar> {
     /// The first error of an asynchronous write, reported at the next call.
     deferred: Option<io::Error>,
     keep_files: bool,
+    /// Whether a block's file outlives the block's read back into RAM (so that evicting it
+    /// again, unchanged, writes nothing): the files then grow to every block's bytes. Off
+    /// ([`Store::remove_files_once_read`]) where the disk holds only the spill.
+    keep_read_files: bool,
     /// The run's private storage directory (removed on drop unless `keep_files`).
     run_dir: Option<crate::scratch::RunDir>,
     stats: TierStats,
@@ -260,9 +264,32 @@ impl<T: Scalar> Store<T> {
             prefetch_bytes: 0,
             deferred: None,
             keep_files,
+            keep_read_files: true,
             run_dir,
             stats: TierStats::default(),
         })
+    }
+
+    /// From now on a block's file is removed once the block is back in RAM, and when the block
+    /// is replaced: the files hold only what is not in RAM (the spill beyond the budget), at
+    /// the price of writing a block again each time it leaves, changed or not.
+    pub fn remove_files_once_read(&mut self) {
+        self.keep_read_files = false;
+    }
+
+    /// Removes block `id`'s file where the files hold the spill alone.
+    fn spill_only(&mut self, id: BlockId) {
+        if self.keep_read_files {
+            return;
+        }
+        let Some(e) = self.entries.get_mut(&id) else { return };
+        if e.on_disk {
+            if let Some(f) = &self.files {
+                f.remove(&id.file_name());
+            }
+            e.on_disk = false;
+            e.dirty = true;
+        }
     }
 
     /// Bytes held: resident blocks, writes in flight, prefetched buffers.
@@ -416,6 +443,11 @@ impl<T: Scalar> Store<T> {
         self.poll(false)?;
         self.remove_ram(id);
         self.forget_prefetch(id);
+        if !self.keep_read_files {
+            // the file of the version replaced goes now, not when this one is written
+            self.wait_writes(id)?;
+            self.spill_only(id);
+        }
         let version = self.entries.get(&id).map_or(0, |e| e.version + 1);
         let data = self.encode(data);
         let bytes = data.bytes();
@@ -669,6 +701,7 @@ impl<T: Scalar> Store<T> {
         e.data = Some(data);
         e.dirty = false;
         self.resident += bytes;
+        self.spill_only(id);
         self.make_room(Some(id))?;
         Ok(true)
     }

@@ -179,3 +179,61 @@ fn a_small_block_spilled_through_a_large_kept_file_buffer_comes_back_exactly() {
         }
     }
 }
+
+/// With files removed once read, the storage directory holds only the blocks that are not in
+/// RAM (the spill), the data comes back exactly, and a block that leaves again is written
+/// again; kept (the default), the files grow to every block that ever left.
+#[test]
+fn files_removed_once_read_hold_the_spill_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let block = |k: usize| (0..800).map(|i| (i * 3 + k) as f32 * 0.25).collect::<Vec<f32>>();
+    for keep in [true, false] {
+        // room for two 100 × 8 f32 blocks of the six
+        let cfg = StoreConfig {
+            budget: Some(2 * 3200),
+            mode: CacheMode::PartitionLru,
+            dtype: TierDtype::F32,
+            faults: Faults::default(),
+        };
+        let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
+        if !keep {
+            s.remove_files_once_read();
+        }
+        let files = |s: &mut Store<f32>| {
+            s.sync().unwrap();
+            let dir = std::fs::read_dir(s.storage_dir().unwrap()).unwrap();
+            dir.filter(|f| f.as_ref().unwrap().file_name().to_string_lossy().ends_with(".blk")).count()
+        };
+        // the blocks not in RAM
+        let spilled = |s: &Store<f32>| 6 - s.resident_bytes() as usize / 3200;
+        for p in 0..6 {
+            s.put(id(0, p), 100, 8, block(p)).unwrap();
+        }
+        assert!(files(&mut s) >= 4);
+        let mut out = vec![0f32; 800];
+        // two passes over every block, as epochs cycle them
+        for _ in 0..2 {
+            for p in 0..6 {
+                s.read_rows(id(0, p), None, &mut out).unwrap();
+                assert_eq!(out, block(p));
+                let n = files(&mut s);
+                if keep {
+                    assert!(n >= spilled(&s), "{n}");
+                } else {
+                    assert_eq!(n, spilled(&s), "the spill alone");
+                }
+            }
+        }
+        if keep {
+            assert_eq!(files(&mut s), 6, "every block left RAM once and kept its file");
+        } else {
+            assert!(files(&mut s) < 6);
+        }
+        // a replaced block's old file goes at once, not when the new version is written
+        s.put(id(0, 0), 100, 8, block(9)).unwrap();
+        s.read_rows(id(0, 0), None, &mut out).unwrap();
+        assert_eq!(out, block(9));
+        let st = s.take_stats();
+        assert!(st.storage_write_bytes > 0 && st.storage_read_bytes > 0, "{st:?}");
+    }
+}
