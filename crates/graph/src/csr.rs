@@ -189,6 +189,14 @@ impl Csr {
         self.row_ptr.is_mapped() || self.col_idx.is_mapped()
     }
 
+    /// Hands the pages of a mapped structure back to the system (`MADV_DONTNEED`, see
+    /// [`crate::buf::Buf::release`]): they leave the resident set and are read again from the
+    /// file if touched. Owned memory stays as it is.
+    pub fn release_pages(&self) {
+        self.row_ptr.release(0..self.row_ptr.len());
+        self.col_idx.release(0..self.col_idx.len());
+    }
+
     pub fn row_ptr(&self) -> &[u64] {
         &self.row_ptr
     }

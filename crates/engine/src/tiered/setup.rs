@@ -122,6 +122,9 @@ impl<'a, B: Backend> Executor<'a, B> {
             None => aggregation.adjacency(&ds.graph, ds.edge_weight.as_deref()),
             Some(s) => aggregation.share_adjacency(&ds.graph, &s.degree),
         };
+        // the run reads the dataset's structure no more: a mapped file's pages go back (12.9
+        // GiB of papers-like at full size, counted as held until now)
+        ds.graph.release_pages();
         // node ids of dropout keys: the whole graph's
         let key = |v: u32| sub.map_or(v, |s| s.ids[v as usize]);
         let mut pg = PartitionedGraph::build(&csr, &partitioning, &[&vals]);
@@ -148,15 +151,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         let phase = grinnder_graph::progress::phase("partition blocks");
         let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key, in_pieces);
         drop(phase);
-        let plan = make_plan(
-            &model,
-            &parts,
-            tc,
-            elem as usize,
-            pre,
-            crate::process::mapped_bytes(ds),
-            b.device_memory().is_some(),
-        );
+        let (mapped, device) = (crate::process::mapped_bytes(ds, true), b.device_memory().is_some());
+        let plan = make_plan(&model, &parts, tc, elem as usize, pre, mapped, device);
         let keep_read_files = check_budget(&plan, tc)?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
