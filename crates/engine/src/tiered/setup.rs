@@ -138,15 +138,12 @@ impl<'a, B: Backend> Executor<'a, B> {
         // the narrow result), which spares a second set of blocks as large as the features.
         let pre =
             model.precomputes_input() && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
-        // under a host budget, `Â x` is built a piece of columns at a time where a partition's
-        // input rows exceed a piece
+        // under a host budget, `Â x` is built a piece of columns at a time where two
+        // partitions' input rows would take much of the budget ([`input::in_pieces`])
+        let most_cols = pg.partitions.iter().map(|g| g.columns() as u64).max().unwrap_or(0);
         let in_pieces = pre
             && !keeps_features(&model, pre)
-            && tc.host_mem.is_some()
-            && pg
-                .partitions
-                .iter()
-                .any(|g| g.columns() as u64 * model.dim(0) as u64 * elem > input::input_piece_bytes());
+            && tc.host_mem.is_some_and(|h| input::in_pieces(most_cols * model.dim(0) as u64 * elem, h));
         drop(phase);
         let phase = grinnder_graph::progress::phase("partition blocks");
         let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key, in_pieces);
