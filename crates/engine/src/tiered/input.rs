@@ -17,8 +17,9 @@ pub(super) fn input_piece_bytes() -> u64 {
 /// read meanwhile) would take more than an eighth of the budget. In pieces, every partition's
 /// adjacency waits on the host (12 bytes an entry) and the rows are read a piece at a time:
 /// papers-like at scale 0.5 over 32 partitions under `--host-mem 100GiB` took 268.8 s for its
-/// first blocks in pieces where the whole rows (4.8 GB for two partitions) took 28.5 s (H100,
-/// 2026-12-06). With `GRINNDER_INPUT_PIECE_BYTES` set (a diagnostic), wherever the rows exceed
+/// first blocks in pieces (while the store spilled 38 GiB to disk: the two causes were not
+/// separated) where, with no host budget, the whole rows (4.8 GB for two partitions) took
+/// 28.5 s (H100, 2026-12-06). With `GRINNDER_INPUT_PIECE_BYTES` set (a diagnostic), wherever the rows exceed
 /// a piece, as tests ask.
 pub(super) fn in_pieces(rows_bytes: u64, host: u64) -> bool {
     if std::env::var_os("GRINNDER_INPUT_PIECE_BYTES").is_some() {
