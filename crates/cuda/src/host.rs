@@ -430,6 +430,9 @@ impl Slot {
         let floats = |b: &PinnedBuf| b.buf.len() / 4;
         if self.0.as_ref().is_none_or(|b| floats(b) < n) {
             let len = n.max(self.0.as_ref().map_or(0, |b| floats(b) * 3 / 2)).max(1 << 16);
+            // the old buffer goes first (its copies have finished): the host never holds both,
+            // as the memory plan counts (`plan.rs::staged_elems`)
+            self.0 = None;
             self.0 = Some(PinnedBuf::new(ctx, len * 4));
         }
         let b = self.0.as_mut().expect("allocated");

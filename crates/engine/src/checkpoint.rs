@@ -124,6 +124,9 @@ pub fn dataset_fingerprint(ds: &Dataset) -> String {
         ds.features.dim as u64,
         ds.num_classes as u64,
     ];
+    // the hash read the whole structure: where it is a mapped file's, its pages go back (a
+    // checkpointed run fingerprints after setup, whose plan no longer counts them)
+    ds.graph.release_pages();
     // (an unweighted graph's fingerprint as before)
     let parts = match &ds.edge_weight {
         Some(w) => [parts, vec![xxh3_64(as_bytes(&w[..]))]].concat(),

@@ -122,13 +122,14 @@ impl<'a, B: Backend> Executor<'a, B> {
             None => aggregation.adjacency(&ds.graph, ds.edge_weight.as_deref()),
             Some(s) => aggregation.share_adjacency(&ds.graph, &s.degree),
         };
-        // the run reads the dataset's structure no more: a mapped file's pages go back (12.9
-        // GiB of papers-like at full size, counted as held until now)
-        ds.graph.release_pages();
         // node ids of dropout keys: the whole graph's
         let key = |v: u32| sub.map_or(v, |s| s.ids[v as usize]);
         let mut pg = PartitionedGraph::build(&csr, &partitioning, &[&vals]);
         drop((csr, vals));
+        // the run reads the dataset's structure no more (SAGE's and GIN's adjacency was a view
+        // of it until here): a mapped file's pages go back (12.9 GiB of papers-like at full
+        // size, counted as held until now)
+        ds.graph.release_pages();
         let mirrors = mirror_rows(&mut pg, &local);
         // the fixed input's aggregation is kept where it is no wider than layer 0's output
         // (aggregating the narrower side), or where layer 0 reads nothing else: then it
