@@ -311,6 +311,9 @@ impl<'a, B: Backend> Executor<'a, B> {
                     let x = self.gather(0, q, true)?;
                     self.put_aggregate(q, x)?;
                 }
+                // (the gathers staged the columns' input rows: wider than any epoch's transfer
+                // where the input is wider than the layers, and not in the plan's working set)
+                self.b.release_staging();
             }
         }
         self.tiers.store.take_stats();
