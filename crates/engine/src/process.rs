@@ -37,13 +37,13 @@ fn file_mapped_bytes() -> Option<u64> {
     Some(total)
 }
 
-/// Bytes of `ds` in memory-mapped files that stay resident (touched by verification and
-/// training): all of the graph (unless `graph_released`: its pages handed back once the
-/// partitions' graphs are made), labels and splits; of features viewed from a file, the piece
-/// a read holds before handing the pages back ([`crate::features::FEATURE_PAGES_BYTES`]).
-pub fn mapped_bytes(ds: &grinnder_graph::Dataset, graph_released: bool) -> u64 {
+/// Bytes of `ds` in memory-mapped files that stay resident through training (touched by
+/// verification and training): labels and splits; of features viewed from a file, the piece a
+/// read holds before handing the pages back ([`crate::features::FEATURE_PAGES_BYTES`]). Not
+/// the graph's structure: the executor hands its pages back once the partitions' graphs are
+/// made, before it plans.
+pub fn mapped_bytes(ds: &grinnder_graph::Dataset) -> u64 {
     let size = |mapped: bool, bytes: usize| if mapped { bytes as u64 } else { 0 };
-    let g = &ds.graph;
     let s = &ds.splits;
     let f = &ds.features.data;
     let features = if f.is_file_view() {
@@ -52,7 +52,6 @@ pub fn mapped_bytes(ds: &grinnder_graph::Dataset, graph_released: bool) -> u64 {
         size(f.is_mapped(), f.bytes() as usize)
     };
     features
-        + size(g.is_mapped() && !graph_released, g.row_ptr().len() * 8 + g.col_idx().len() * 4)
         + size(ds.labels.is_mapped(), ds.labels.len() * 4)
         + [&s.train, &s.valid, &s.test].iter().map(|b| size(b.is_mapped(), b.len() * 4)).sum::<u64>()
 }

@@ -193,8 +193,8 @@ impl Csr {
     /// [`crate::buf::Buf::release`]): they leave the resident set and are read again from the
     /// file if touched. Owned memory stays as it is.
     pub fn release_pages(&self) {
-        self.row_ptr.release(0..self.row_ptr.len());
-        self.col_idx.release(0..self.col_idx.len());
+        self.row_ptr.release_all();
+        self.col_idx.release_all();
     }
 
     pub fn row_ptr(&self) -> &[u64] {

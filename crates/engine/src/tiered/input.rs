@@ -19,13 +19,11 @@ pub(super) fn input_piece_bytes() -> u64 {
 /// papers-like at scale 0.5 over 32 partitions under `--host-mem 100GiB` took 268.8 s for its
 /// first blocks in pieces (while the store spilled 38 GiB to disk: the two causes were not
 /// separated) where, with no host budget, the whole rows (4.8 GB for two partitions) took
-/// 28.5 s (H100, 2026-12-06). With `GRINNDER_INPUT_PIECE_BYTES` set (a diagnostic), wherever the rows exceed
-/// a piece, as tests ask.
+/// 28.5 s (H100, 2026-12-06). Never where the rows fit one piece; with
+/// `GRINNDER_INPUT_PIECE_BYTES` set (a diagnostic), wherever they exceed one, as tests ask.
 pub(super) fn in_pieces(rows_bytes: u64, host: u64) -> bool {
-    if std::env::var_os("GRINNDER_INPUT_PIECE_BYTES").is_some() {
-        return rows_bytes > input_piece_bytes();
-    }
-    rows_bytes > input_piece_bytes() && 2 * rows_bytes > host / 8
+    let diagnostic = std::env::var_os("GRINNDER_INPUT_PIECE_BYTES").is_some();
+    rows_bytes > input_piece_bytes() && (diagnostic || 2 * rows_bytes > host / 8)
 }
 
 /// A partition's adjacency on the host, kept from its graph's construction until `Â x` is

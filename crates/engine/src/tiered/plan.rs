@@ -135,8 +135,8 @@ pub(super) fn device_elems<B: Backend>(model: &Model<B>, p: &Part<B>, pre: bool,
         .unwrap_or(0)
 }
 
-/// The most elements a partition's largest transfer (`own` rows, `cols` columns) between the host and a device holds, as
-/// the executor moves blocks of the host's store (its page-locked blocks the device reads and
+/// The most elements a partition's largest transfer between the host and a device holds (`own`
+/// rows, `cols` columns), as the executor moves blocks of the host's store (its page-locked blocks the device reads and
 /// writes itself): per layer, the rows it gathers (the columns' rows; on layer 0's precomputed
 /// aggregation the own rows) at the width it gathers them (a split layer's output width: it
 /// aggregates the transformed rows), and what it writes back (a split layer's gradient of the

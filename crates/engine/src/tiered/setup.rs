@@ -149,7 +149,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let phase = grinnder_graph::progress::phase("partition blocks");
         let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key, in_pieces);
         drop(phase);
-        let (mapped, device) = (crate::process::mapped_bytes(ds, true), b.device_memory().is_some());
+        let (mapped, device) = (crate::process::mapped_bytes(ds), b.device_memory().is_some());
         let plan = make_plan(&model, &parts, tc, elem as usize, pre, mapped, device);
         let keep_read_files = check_budget(&plan, tc)?;
         let store_cfg = StoreConfig {

@@ -277,12 +277,14 @@ impl<T: Scalar> Store<T> {
         self.keep_read_files = false;
     }
 
-    /// Removes block `id`'s file where the files hold the spill alone.
-    fn spill_only(&mut self, id: BlockId) {
+    /// Removes block `id`'s file (once its writes in flight are done) where the files hold the
+    /// spill alone.
+    fn spill_only(&mut self, id: BlockId) -> io::Result<()> {
         if self.keep_read_files {
-            return;
+            return Ok(());
         }
-        let Some(e) = self.entries.get_mut(&id) else { return };
+        self.wait_writes(id)?;
+        let Some(e) = self.entries.get_mut(&id) else { return Ok(()) };
         if e.on_disk {
             if let Some(f) = &self.files {
                 f.remove(&id.file_name());
@@ -290,6 +292,7 @@ impl<T: Scalar> Store<T> {
             e.on_disk = false;
             e.dirty = true;
         }
+        Ok(())
     }
 
     /// Bytes held: resident blocks, writes in flight, prefetched buffers.
@@ -443,11 +446,8 @@ impl<T: Scalar> Store<T> {
         self.poll(false)?;
         self.remove_ram(id);
         self.forget_prefetch(id);
-        if !self.keep_read_files {
-            // the file of the version replaced goes now, not when this one is written
-            self.wait_writes(id)?;
-            self.spill_only(id);
-        }
+        // the file of the version replaced goes now, not when this one is written
+        self.spill_only(id)?;
         let version = self.entries.get(&id).map_or(0, |e| e.version + 1);
         let data = self.encode(data);
         let bytes = data.bytes();
@@ -701,7 +701,7 @@ impl<T: Scalar> Store<T> {
         e.data = Some(data);
         e.dirty = false;
         self.resident += bytes;
-        self.spill_only(id);
+        self.spill_only(id)?;
         self.make_room(Some(id))?;
         Ok(true)
     }
