@@ -107,6 +107,7 @@ impl Cuda {
         let pool = pool::keep_freed_memory(&ctx);
         let blas = CudaBlas::new(stream.clone()).map_err(err)?;
         let dummy_u32 = stream.alloc_zeros::<u32>(1).map_err(err)?;
+        let dummy_f32 = stream.alloc_zeros::<f32>(1).map_err(err)?;
         tracing::info!(
             "CUDA device {ordinal}: {} (sm_{major}{minor}), {:.1} GiB",
             ctx.name().unwrap_or_default(),
@@ -146,6 +147,7 @@ impl Cuda {
             blas,
             k: Kernels { _module: module, f },
             dummy_u32,
+            dummy_f32,
             side: std::sync::OnceLock::new(),
             ahead: Default::default(),
             side_time: Default::default(),

@@ -2,6 +2,7 @@
 //! attention kernels, edge dropout.
 
 use super::*;
+use crate::spmm::SpValues;
 
 impl GraphOps for Cuda {
     fn spmm(&self, s: &DSparse, vals: &DMat, transpose: bool, x: &DMat, beta: f64, out: &mut DMat) {
@@ -30,7 +31,31 @@ impl GraphOps for Cuda {
                 Err(e) => tracing::warn!("cuSPARSE SpMM failed ({e}); grinnder's kernel runs instead"),
             }
         }
-        self.spmm_ours(s, vals, transpose, x, beta, out);
+        self.spmm_ours(s, SpValues::Entries(vals), transpose, x, beta, out);
+    }
+    fn spmm_factored(
+        &self,
+        s: &DSparse,
+        rows: Option<&DMat>,
+        cols: Option<&DMat>,
+        transpose: bool,
+        x: &DMat,
+        beta: f64,
+        out: &mut DMat,
+    ) {
+        let _p = self.span_shaped(if transpose { "spmm (transposed)" } else { "spmm" }, || {
+            format!("{}x{} nnz {} width {} (factored)", approx(s.rows), approx(s.cols), approx(s.nnz), x.cols)
+        });
+        let (n, inner) = if transpose { (s.cols, s.rows) } else { (s.rows, s.cols) };
+        assert_eq!(x.rows, inner, "spmm: x rows");
+        assert_eq!((out.rows, out.cols), (n, x.cols), "spmm: output shape");
+        assert!(rows.is_none_or(|f| (f.rows, f.cols) == (s.rows, 1)), "one row factor per row");
+        assert!(cols.is_none_or(|f| (f.rows, f.cols) == (s.cols, 1)), "one column factor per column");
+        if n == 0 || x.cols == 0 {
+            return;
+        }
+        // grinnder's kernels alone: cuSPARSE takes a value per entry
+        self.spmm_ours(s, SpValues::Factored(rows, cols), transpose, x, beta, out);
     }
     fn sddmm(&self, s: &DSparse, a: &DMat, b: &DMat, out: &mut DMat) {
         let _p = self.span("sddmm");

@@ -72,18 +72,23 @@ extern "C" __global__ void edge_dropout(const u64* ptr, const u32* idx, i64 rows
 // ---- sparse ----
 
 // out[r, :] = beta · out[r, :] + Σ_e vals[e, head(col)] · x[idx[e], :]; one warp per row.
+// Factored values (vc 0, no value per entry): entry e of row r weighs out_f[r] · in_f[idx[e]]
+// (bit 1 of `factors`: in_f given, bit 2: out_f; an absent factor is 1), summed as values per
+// entry are.
 // The row's entries are read 32 at a time, coalesced (index, entry position, value), and
 // broadcast lane to lane; columns go in tiles of 256 (8 per lane, in registers). The gathers of
 // consecutive entries are independent, so several are in flight per warp.
 #define SPMM_PER_LANE 8
 extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u32* perm, int has_perm,
-                                const float* vals, int vc, const float* x, int d, float* out, i64 rows,
+                                const float* vals, int vc, const float* in_f, const float* out_f, int factors,
+                                const float* x, int d, float* out, i64 rows,
                                 float beta) {
     i64 r = global_warp();
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
     u64 s = ptr[r], e = ptr[r + 1];
-    int f = d / vc;
+    int f = vc > 0 ? d / vc : d;
+    float scale = (factors & 2) ? out_f[r] : 1.0f;
     for (int c0 = 0; c0 < d; c0 += 32 * SPMM_PER_LANE) {
         float acc[SPMM_PER_LANE];
 #pragma unroll
@@ -96,7 +101,9 @@ extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u32* perm,
             if (k < e) {
                 my_col = idx[k];
                 my_ent = has_perm ? perm[k] : k;
-                if (vc == 1) my_val = vals[my_ent];
+                my_val = vc == 1 ? vals[my_ent] : 1.0f;
+            if (factors & 1) my_val *= in_f[my_col];
+            my_val *= scale;
             }
             int n = (int)(e - base < 32 ? e - base : 32);
 #pragma unroll 4
@@ -108,7 +115,7 @@ extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u32* perm,
 #pragma unroll
                 for (int i = 0; i < SPMM_PER_LANE; ++i) {
                     int c = c0 + i * 32 + lane;
-                    if (c < d) acc[i] += (vc == 1 ? w : vals[ent * vc + c / f]) * xr[c];
+                    if (c < d) acc[i] += (vc <= 1 ? w : vals[ent * vc + c / f]) * xr[c];
                 }
             }
         }
@@ -123,14 +130,16 @@ extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u32* perm,
 // The same product for narrow rows (d ≤ 64): a half-warp per row, up to 4 columns per lane,
 // so two rows' gathers are in flight per warp and few lanes idle.
 extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u32* perm, int has_perm,
-                                  const float* vals, int vc, const float* x, int d, float* out, i64 rows,
+                                  const float* vals, int vc, const float* in_f, const float* out_f, int factors,
+                                const float* x, int d, float* out, i64 rows,
                                   float beta) {
     i64 r = global_thread() >> 4;
     int lane = threadIdx.x & 15;
     unsigned mask = (threadIdx.x & 16) ? 0xffff0000u : 0x0000ffffu;
     if (r >= rows) return;
     u64 s = ptr[r], e = ptr[r + 1];
-    int f = d / vc;
+    int f = vc > 0 ? d / vc : d;
+    float scale = (factors & 2) ? out_f[r] : 1.0f;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (u64 base = s; base < e; base += 16) {
         u64 k = base + lane;
@@ -140,7 +149,9 @@ extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u32* per
         if (k < e) {
             my_col = idx[k];
             my_ent = has_perm ? perm[k] : k;
-            if (vc == 1) my_val = vals[my_ent];
+            my_val = vc == 1 ? vals[my_ent] : 1.0f;
+            if (factors & 1) my_val *= in_f[my_col];
+            my_val *= scale;
         }
         int n = (int)(e - base < 16 ? e - base : 16);
 #pragma unroll 4
@@ -152,7 +163,7 @@ extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u32* per
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 int c = i * 16 + lane;
-                if (c < d) acc[i] += (vc == 1 ? w : vals[ent * vc + c / f]) * xr[c];
+                if (c < d) acc[i] += (vc <= 1 ? w : vals[ent * vc + c / f]) * xr[c];
             }
         }
     }
@@ -166,13 +177,15 @@ extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u32* per
 // The same product for rows of a multiple of 4 floats: 16-byte loads, two per lane per tile
 // of 256 columns (x and out rows are 16-byte aligned: d % 4 == 0, allocations 256-byte aligned).
 extern "C" __global__ void spmm_v4(const u64* ptr, const u32* idx, const u32* perm, int has_perm,
-                                   const float* vals, int vc, const float* x, int d, float* out, i64 rows,
+                                   const float* vals, int vc, const float* in_f, const float* out_f, int factors,
+                                const float* x, int d, float* out, i64 rows,
                                    float beta) {
     i64 r = global_warp();
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
     u64 s = ptr[r], e = ptr[r + 1];
-    int f = d / vc;
+    int f = vc > 0 ? d / vc : d;
+    float scale = (factors & 2) ? out_f[r] : 1.0f;
     int d4 = d >> 2;
     const float4* x4 = (const float4*)x;
     float4* out4 = (float4*)out;
@@ -188,7 +201,9 @@ extern "C" __global__ void spmm_v4(const u64* ptr, const u32* idx, const u32* pe
             if (k < e) {
                 my_col = idx[k];
                 my_ent = has_perm ? perm[k] : k;
-                if (vc == 1) my_val = vals[my_ent];
+                my_val = vc == 1 ? vals[my_ent] : 1.0f;
+            if (factors & 1) my_val *= in_f[my_col];
+            my_val *= scale;
             }
             int n = (int)(e - base < 32 ? e - base : 32);
 #pragma unroll 4
@@ -200,7 +215,7 @@ extern "C" __global__ void spmm_v4(const u64* ptr, const u32* idx, const u32* pe
                 for (int i = 0; i < 2; ++i) {
                     int q = q0 + i * 32 + lane;
                     if (q < d4) {
-                        float ww = vc == 1 ? w : vals[ent * vc + (q * 4) / f];
+                        float ww = vc <= 1 ? w : vals[ent * vc + (q * 4) / f];
                         float4 v = x4[(u64)col * d4 + q];
                         acc[i].x += ww * v.x;
                         acc[i].y += ww * v.y;

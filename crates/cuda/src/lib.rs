@@ -101,8 +101,9 @@ pub struct DSparse {
     col_idx: CudaSlice<u32>,
     t_row_ptr: CudaSlice<u64>,
     t_col_idx: CudaSlice<u32>,
-    /// 32-bit: a partition's structure has fewer than 2³² entries (checked at upload)
-    t_perm: CudaSlice<u32>,
+    /// 32-bit: a partition's structure has fewer than 2³² entries (checked at upload); `None`
+    /// for a structure sent without it ([`SparseMatrix::without_entry_order`]: factored values)
+    t_perm: Option<CudaSlice<u32>>,
     /// node ids of rows and columns for edge-dropout keys
     ids: Option<(CudaSlice<u32>, CudaSlice<u32>)>,
     /// 32-bit offsets for cuSPARSE (where it is present and the structure is small enough)
@@ -156,6 +157,7 @@ pub struct Cuda {
     k: Kernels,
     /// placeholders for absent optional pointer arguments
     dummy_u32: CudaSlice<u32>,
+    dummy_f32: CudaSlice<f32>,
 }
 
 fn err<E: std::fmt::Debug>(e: E) -> CudaError {

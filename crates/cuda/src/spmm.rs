@@ -15,6 +15,13 @@ pub enum SpmmKernel {
     CuSparse,
 }
 
+/// The values an SpMM multiplies by: one per entry (per head), or factors of the rows and the
+/// columns (`GraphOps::spmm_factored`).
+pub(crate) enum SpValues<'a> {
+    Entries(&'a DMat),
+    Factored(Option<&'a DMat>, Option<&'a DMat>),
+}
+
 /// An SpMM shape: rows, columns and entries of the structure, the width, transposed.
 pub(crate) type SpmmShape = (usize, usize, usize, usize, bool);
 
@@ -45,7 +52,7 @@ impl Cuda {
     pub(crate) fn spmm_ours(
         &self,
         s: &DSparse,
-        vals: &DMat,
+        vals: SpValues<'_>,
         transpose: bool,
         x: &DMat,
         beta: f64,
@@ -53,20 +60,37 @@ impl Cuda {
     ) {
         let rows = if transpose { s.cols } else { s.rows };
         let (ptr, idx) = if transpose { (&s.t_row_ptr, &s.t_col_idx) } else { (&s.row_ptr, &s.col_idx) };
-        let has_perm = transpose as i32;
-        let perm = if transpose { &s.t_perm } else { &self.dummy_u32 };
-        let (vc, d, r64, beta) = (vals.cols as i32, x.cols as i32, rows as i64, beta as f32);
+        let none = &self.dummy_f32;
+        // values per entry (read through the transpose's entry order), or the factors of the
+        // output's side and the gathered side
+        let (perm, v, vc, (in_f, out_f)) = match vals {
+            SpValues::Entries(v) => {
+                let perm = match (transpose, &s.t_perm) {
+                    (false, _) => None,
+                    (true, Some(p)) => Some(p),
+                    (true, None) => {
+                        panic!("a structure kept without its transpose's entry order multiplies only factored values")
+                    }
+                };
+                (perm, &v.data, v.cols as i32, (None, None))
+            }
+            SpValues::Factored(r, c) => (None, none, 0, if transpose { (r, c) } else { (c, r) }),
+        };
+        let factors = in_f.is_some() as i32 | (out_f.is_some() as i32) << 1;
+        let (in_f, out_f) = (in_f.map_or(none, |f| &f.data), out_f.map_or(none, |f| &f.data));
+        let (has_perm, perm) = (perm.is_some() as i32, perm.unwrap_or(&self.dummy_u32));
+        let (d, r64, beta) = (x.cols as i32, rows as i64, beta as f32);
         // narrow rows: a half-warp each; rows of whole 16-byte vectors (in one head per vector):
         // vector loads; otherwise the general kernel
         let (name, cfg) = match self.spmm_kernel {
             SpmmKernel::Warp => ("spmm", warps(rows)),
             _ if x.cols <= 64 => ("spmm16", grid(rows * 16)),
-            _ if x.cols % 4 == 0 && (x.cols / vals.cols) % 4 == 0 => ("spmm_v4", warps(rows)),
+            _ if x.cols % 4 == 0 && (x.cols / vc.max(1) as usize) % 4 == 0 => ("spmm_v4", warps(rows)),
             _ => ("spmm", warps(rows)),
         };
         let mut l = self.stream.launch_builder(self.func(name));
-        l.arg(ptr).arg(idx).arg(perm).arg(&has_perm).arg(&vals.data).arg(&vc).arg(&x.data).arg(&d);
-        l.arg(&mut out.data).arg(&r64).arg(&beta);
+        l.arg(ptr).arg(idx).arg(perm).arg(&has_perm).arg(v).arg(&vc).arg(in_f).arg(out_f).arg(&factors);
+        l.arg(&x.data).arg(&d).arg(&mut out.data).arg(&r64).arg(&beta);
         // SAFETY: the structure's indices are below x's rows (checked when it was built).
         unsafe { l.launch(cfg) }.expect("CUDA spmm");
     }
@@ -91,8 +115,9 @@ impl Cuda {
         }
         let mut vt = self.output(s.nnz, 1);
         let n = s.nnz as i64;
+        let perm = s.t_perm.as_ref().ok_or("a structure without its transpose's entry order")?;
         let mut l = self.stream.launch_builder(self.func("permute"));
-        l.arg(&vals.data).arg(&s.t_perm).arg(&n).arg(&mut vt.data);
+        l.arg(&vals.data).arg(perm).arg(&n).arg(&mut vt.data);
         // SAFETY: t_perm holds positions below nnz.
         unsafe { l.launch(grid(s.nnz)) }.expect("CUDA permute");
         let shape = (s.cols, s.rows, s.nnz);
@@ -131,7 +156,7 @@ impl Cuda {
             Ok::<f64, String>(t.elapsed().as_secs_f64() * 500.0)
         };
         let mut run_ours = |o: &mut DMat| {
-            self.spmm_ours(s, vals, transpose, x, 0.0, o);
+            self.spmm_ours(s, SpValues::Entries(vals), transpose, x, 0.0, o);
             Ok(())
         };
         let ours = time(&mut run_ours, scratch).expect("CUDA spmm");

@@ -91,6 +91,8 @@ impl Cuda {
     /// the CPU).
     pub(crate) fn sparse_on(&self, stream: &Arc<CudaStream>, s: &SparseMatrix) -> DSparse {
         let built;
+        // a structure sent without its entry order keeps none on the device either
+        let keep_perm = !s.has_transpose() || s.has_entry_order();
         let (t_row_ptr, t_col_idx, t_perm) = if s.has_transpose() {
             (&s.t_row_ptr, &s.t_col_idx, &s.t_perm)
         } else {
@@ -106,13 +108,13 @@ impl Cuda {
             col_idx: up32(&s.col_idx),
             t_row_ptr: self.upload_slice_on(stream, t_row_ptr),
             t_col_idx: up32(t_col_idx),
-            t_perm: {
+            t_perm: keep_perm.then(|| {
                 assert!(
                     s.nnz() <= u32::MAX as usize,
                     "a sparse structure on the GPU holds under 2^32 entries"
                 );
                 up32(&t_perm.iter().map(|&e| e as u32).collect::<Vec<u32>>())
-            },
+            }),
             ids: self.upload_ids(stream, s),
             csr32: (self.sparse_lib.is_some() && s.nnz().max(s.rows).max(s.cols) < i32::MAX as usize).then(
                 || cusparse::Csr32 {
@@ -139,7 +141,10 @@ impl Cuda {
     /// indices and the CSR position of each entry, as [`SparseMatrix`] stores them.
     pub fn transpose_to_host(&self, s: &DSparse) -> (Vec<u64>, Vec<u32>, Vec<u64>) {
         let down = |v: &CudaSlice<u32>| self.stream.clone_dtoh(v).expect("CUDA download");
-        let perm = down(&s.t_perm).into_iter().take(s.nnz).map(u64::from).collect();
+        let perm = s
+            .t_perm
+            .as_ref()
+            .map_or(Vec::new(), |p| down(p).into_iter().take(s.nnz).map(u64::from).collect());
         let ptr = self.stream.clone_dtoh(&s.t_row_ptr).expect("CUDA download");
         (ptr, down(&s.t_col_idx).into_iter().take(s.nnz).collect(), perm)
     }
@@ -222,7 +227,7 @@ impl Cuda {
             col_idx,
             t_row_ptr,
             t_col_idx: self.adopt(t_col_idx),
-            t_perm: self.adopt(t_perm),
+            t_perm: Some(self.adopt(t_perm)),
             ids: self.upload_ids(stream, s),
             csr32: Some(cusparse::Csr32 { ptr, t_ptr: self.adopt(t_ptr) }),
         })

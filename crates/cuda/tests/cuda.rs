@@ -168,6 +168,41 @@ fn each_spmm_kernel_matches_the_cpu() {
     assert!(!g.spmm_choices().is_empty(), "Auto timed the shapes it met");
 }
 
+/// Factored values (one per row and one per column, the transpose's entry order not on the
+/// device) multiply as the CPU's, through each of grinnder's kernels.
+#[test]
+fn factored_spmm_matches_the_cpu_in_each_kernel() {
+    let Some(mut g) = gpu() else { return };
+    let c = &Cpu::<f32>::new();
+    let s = random_sparse(300, 200, 9, 6).without_entry_order();
+    let (cs, (rf, cf)) = (c.sparse(&s), (random(300, 1, 10), random(200, 1, 11)));
+    for kernel in [SpmmKernel::Auto, SpmmKernel::Warp] {
+        g.set_spmm(kernel);
+        let gs = g.sparse(&s);
+        let (grf, gcf) = (g.upload(&rf), g.upload(&cf));
+        for (rows_f, cols_f) in [(true, true), (true, false), (false, true), (false, false)] {
+            let (r, gr) = if rows_f { (Some(&rf), Some(&grf)) } else { (None, None) };
+            let (cl, gc) = if cols_f { (Some(&cf), Some(&gcf)) } else { (None, None) };
+            for d in [20, 64, 96, 100, 300] {
+                for (transpose, beta) in [(false, 0.0), (true, 0.0), (false, 0.5), (true, 0.5)] {
+                    let (n, inner) = if transpose { (200, 300) } else { (300, 200) };
+                    let x = random(inner, d, 8);
+                    let o0 = random(n, d, 9);
+                    let (mut want, mut got) = (o0.clone(), g.upload(&o0));
+                    c.spmm_factored(&cs, r, cl, transpose, &x, beta, &mut want);
+                    g.spmm_factored(&gs, gr, gc, transpose, &g.upload(&x), beta, &mut got);
+                    let e = rel(&g.download(&got), &want);
+                    assert!(
+                        e <= TOL,
+                        "factored {kernel:?} rows {rows_f} cols {cols_f} d={d} transpose={transpose} beta={beta}: relative error {e:.3e}"
+                    );
+                }
+            }
+        }
+    }
+    g.set_spmm(SpmmKernel::Auto);
+}
+
 /// Structures sent without their transpose (a mini-batch's blocks) are transposed on the
 /// device exactly as the CPU transposes them — entries of each transposed row in the same
 /// order, so transposed products sum in the same order — including columns with thousands of

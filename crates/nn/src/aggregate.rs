@@ -25,7 +25,7 @@ impl<B: Backend> AggCache<B> {
 /// `A x` (`g.rows` rows).
 pub fn aggregate<B: Backend>(b: &B, g: &Graph<B>, a: &Adjacency<B>, x: &B::Mat) -> B::Mat {
     let mut t = b.output(g.rows, b.dims(x).1);
-    b.spmm(&a.s, &a.vals, false, x, 0.0, &mut t);
+    a.spmm(b, false, x, 0.0, &mut t);
     t
 }
 
@@ -50,7 +50,7 @@ pub fn forward<B: Backend>(
     let mut h = b.output(b.dims(x).0, out_dim);
     b.gemm(1.0, x, false, &lin.weight.value, true, 0.0, &mut h);
     let mut y = b.output(g.rows, out_dim);
-    b.spmm(&a.s, &a.vals, false, &h, 0.0, &mut y);
+    a.spmm(b, false, &h, 0.0, &mut y);
     if let Some(bias) = &lin.bias {
         b.add_row(&bias.value, &mut y);
     }
@@ -81,13 +81,13 @@ pub fn backward<B: Backend>(
     let dx = dx_acc.as_mut().filter(|_| need_dx);
     if let Some(t) = agg {
         if let (Some(dt), Some(dx)) = (lin.backward(b, t, dy, need_dx), dx) {
-            b.spmm(&a.s, &a.vals, true, &dt, beta, dx);
+            a.spmm(b, true, &dt, beta, dx);
         }
     } else {
         // transform first: y = A h + b, h = x Wᵀ
         let out_dim = b.dims(dy).1;
         let mut dh = b.output(n, out_dim);
-        b.spmm(&a.s, &a.vals, true, dy, 0.0, &mut dh);
+        a.spmm(b, true, dy, 0.0, &mut dh);
         b.gemm(1.0, &dh, true, x, false, 1.0, &mut lin.weight.grad);
         if let Some(bias) = &mut lin.bias {
             b.col_sums(dy, 1.0, &mut bias.grad);

@@ -11,6 +11,7 @@
 use grinnder_graph::sample::Block;
 use grinnder_graph::{norm, Csr};
 use grinnder_tensor::SparseMatrix;
+use std::sync::Arc;
 
 /// The neighbourhood aggregation of a layer family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,6 +51,30 @@ impl Aggregation {
             (Aggregation::Mean, _) => (csr.clone(), norm::mean_norm(csr)),
             (Aggregation::Sum, _) => (csr.clone(), vec![1.0; csr.num_edges()]),
         }
+    }
+
+    /// The whole graph's structure ([`Aggregation::adjacency`]'s) with its values as
+    /// [`Factors`] of its nodes, where they factor so: without edge weights, every aggregation
+    /// (GCN's `d̂^{-1/2}` on both sides, SAGE's `1/deg` on the rows, GIN's ones). `None` with
+    /// weights.
+    pub fn factored(self, csr: &Csr, weight: Option<&[f32]>) -> Option<(Csr, Factors)> {
+        if weight.is_some() {
+            return None;
+        }
+        let inverse = |degrees: Vec<u32>, f: fn(f64) -> f64| -> Arc<[f64]> {
+            degrees.into_iter().map(|d| if d == 0 { 0.0 } else { f(d as f64) }).collect()
+        };
+        Some(match self {
+            Aggregation::GcnNorm => {
+                let looped = csr.with_self_loops();
+                let inv_sqrt = inverse(looped.degrees(), |d| 1.0 / d.sqrt());
+                (looped, Factors { rows: Some(inv_sqrt.clone()), cols: Some(inv_sqrt) })
+            }
+            Aggregation::Mean => {
+                (csr.clone(), Factors { rows: Some(inverse(csr.degrees(), |d| 1.0 / d)), cols: None })
+            }
+            Aggregation::Sum => (csr.clone(), Factors { rows: None, cols: None }),
+        })
     }
 
     /// A share of a graph (`csr`, without self loops) whose nodes have `whole_degree`
@@ -121,6 +146,22 @@ impl Aggregation {
     }
 }
 
+/// An adjacency's values as one factor per node (whole-graph ids): the entry of row `v` and
+/// column `u` is `rows[v] · cols[u]`, a factor absent is 1 ([`Aggregation::factored`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Factors {
+    pub rows: Option<Arc<[f64]>>,
+    pub cols: Option<Arc<[f64]>>,
+}
+
+impl Factors {
+    /// The factors of a sub-matrix whose rows are the nodes `rows` and columns the nodes `cols`.
+    pub fn of(&self, rows: &[u32], cols: &[u32]) -> (Option<Vec<f64>>, Option<Vec<f64>>) {
+        let pick = |f: &Arc<[f64]>, ids: &[u32]| ids.iter().map(|&v| f[v as usize]).collect();
+        (self.rows.as_ref().map(|f| pick(f, rows)), self.cols.as_ref().map(|f| pick(f, cols)))
+    }
+}
+
 /// Scales each row's neighbour entries (the self loop excepted, when `looped`) by
 /// (whole degree / degree here), where a row holds fewer neighbours than the whole graph.
 fn rescale_partial_rows(csr: &Csr, whole_degree: &[u32], looped: bool, v: &mut [f64]) {
@@ -136,5 +177,44 @@ fn rescale_partial_rows(csr: &Csr, whole_degree: &[u32], looped: bool, v: &mut [
                 v[e] *= scale;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grinnder_graph::BuildOptions;
+
+    /// The factors give every entry the value the aggregation gives it, on a directed graph
+    /// (rows and columns weigh differently) with a node that has no neighbours.
+    #[test]
+    fn factored_values_are_the_adjacencys_values() {
+        let (src, dst) = ([0u32, 1, 2, 2, 3, 0], [1u32, 2, 0, 1, 1, 3]);
+        let opts = BuildOptions { symmetrise: false, ..Default::default() };
+        let csr = Csr::from_edges(5, &src, &dst, opts).unwrap();
+        for a in [Aggregation::GcnNorm, Aggregation::Mean, Aggregation::Sum] {
+            let (want_s, want) = a.adjacency(&csr, None);
+            let (s, f) = a.factored(&csr, None).expect("no weights: factored");
+            assert_eq!(s, want_s, "{a:?}: the same structure");
+            let mut e = 0;
+            for r in 0..s.num_nodes() {
+                for &c in s.row(r) {
+                    let got = f.rows.as_ref().map_or(1.0, |v| v[r])
+                        * f.cols.as_ref().map_or(1.0, |v| v[c as usize]);
+                    assert!(
+                        (got - want[e]).abs() <= 1e-15 * want[e].abs(),
+                        "{a:?} ({r}, {c}): {got} vs {}",
+                        want[e]
+                    );
+                    e += 1;
+                }
+            }
+            assert_eq!(e, want.len());
+            assert!(
+                f.rows.iter().chain(&f.cols).flat_map(|v| v.iter()).all(|x| x.is_finite()),
+                "{a:?}: finite"
+            );
+        }
+        assert!(Aggregation::GcnNorm.factored(&csr, Some(&[1.0; 6])).is_none(), "weights do not factor");
     }
 }

@@ -83,7 +83,7 @@ impl<B: Backend> GinConv<B> {
             Some(t) => b.binary(Binary::Add, t, &mut s),
             None => {
                 let a = g.adjacency(Aggregation::Sum);
-                b.spmm(&a.s, &a.vals, false, x, 1.0, &mut s);
+                a.spmm(b, false, x, 1.0, &mut s);
             }
         }
         let mut a = self.lin1.forward(b, &s);
@@ -126,7 +126,7 @@ impl<B: Backend> GinConv<B> {
         }
         let adj = g.adjacency(Aggregation::Sum);
         let mut dx = b.output(g.cols, b.dims(&ds).1);
-        b.spmm(&adj.s, &adj.vals, true, &ds, 0.0, &mut dx);
+        adj.spmm(b, true, &ds, 0.0, &mut dx);
         let mut root = ds;
         b.unary(Unary::Scale(scale), &mut root);
         g.add_own_rows(b, &root, &mut dx);

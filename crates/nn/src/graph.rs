@@ -14,26 +14,59 @@ use crate::aggregation::Aggregation;
 /// A sparse structure and one value set on it.
 pub struct Adjacency<B: Backend> {
     pub s: B::Sparse,
-    pub vals: B::Mat,
+    pub vals: Values<B>,
     pub nnz: usize,
+}
+
+/// An adjacency's values: one per entry, or factors of its rows and columns.
+pub enum Values<B: Backend> {
+    Entries(B::Mat),
+    /// Entry `(r, c)` is `rows[r] · cols[c]` (a factor absent: 1): a normalisation kept per
+    /// node, 4 bytes a node where values per entry take 4 bytes an entry and their transposed
+    /// order 4 more (on papers-like at full size, 26 GiB of a GPU's partition graphs).
+    Factored {
+        rows: Option<B::Mat>,
+        cols: Option<B::Mat>,
+    },
 }
 
 impl<B: Backend> Adjacency<B> {
     pub fn new(b: &B, s: &SparseMatrix, vals: &[f64]) -> Self {
         let v = Self::values(s, vals);
-        Adjacency { s: b.sparse(s), vals: b.upload(&v), nnz: s.nnz() }
+        Adjacency { s: b.sparse(s), vals: Values::Entries(b.upload(&v)), nnz: s.nnz() }
     }
 
     /// [`Adjacency::new`] made ahead of its use, off the training thread
     /// ([`grinnder_tensor::HandOffs::sparse_ahead`]).
     pub fn ahead(b: &B, s: &SparseMatrix, vals: &[f64]) -> Self {
         let v = Self::values(s, vals);
-        Adjacency { s: b.sparse_ahead(s), vals: b.upload_ahead(&v), nnz: s.nnz() }
+        Adjacency { s: b.sparse_ahead(s), vals: Values::Entries(b.upload_ahead(&v)), nnz: s.nnz() }
+    }
+
+    /// The structure `s` (its transpose's entry order dropped: factored values need none)
+    /// with the values `rows[r] · cols[c]`.
+    pub fn factored(b: &B, s: SparseMatrix, rows: Option<&[f64]>, cols: Option<&[f64]>) -> Self {
+        let s = s.without_entry_order();
+        let up = |f: &[f64]| b.upload(&Mat::from_vec(f.len(), 1, f.iter().map(|&x| B::T::of(x)).collect()));
+        assert!(rows.is_none_or(|f| f.len() == s.rows), "one row factor per row");
+        assert!(cols.is_none_or(|f| f.len() == s.cols), "one column factor per column");
+        let vals = Values::Factored { rows: rows.map(up), cols: cols.map(up) };
+        Adjacency { s: b.sparse(&s), vals, nnz: s.nnz() }
     }
 
     fn values(s: &SparseMatrix, vals: &[f64]) -> Mat<B::T> {
         assert_eq!(vals.len(), s.nnz(), "one value per entry");
         Mat::from_vec(vals.len(), 1, vals.iter().map(|&x| B::T::of(x)).collect())
+    }
+
+    /// `out = op(A) x + beta · out` with `A` this adjacency (`transpose`: its transpose).
+    pub fn spmm(&self, b: &B, transpose: bool, x: &B::Mat, beta: f64, out: &mut B::Mat) {
+        match &self.vals {
+            Values::Entries(v) => b.spmm(&self.s, v, transpose, x, beta, out),
+            Values::Factored { rows, cols } => {
+                b.spmm_factored(&self.s, rows.as_ref(), cols.as_ref(), transpose, x, beta, out)
+            }
+        }
     }
 }
 

@@ -21,7 +21,7 @@ pub mod param;
 pub mod sage;
 pub mod work;
 
-pub use aggregation::Aggregation;
+pub use aggregation::{Aggregation, Factors};
 pub use graph::Graph;
 pub use model::{Kind, Model, ModelConfig, Norm};
 pub use optim::{OptimConfig, Optimizer};

@@ -324,6 +324,23 @@ pub trait GraphOps: Memory {
         out: &mut Self::Mat,
     );
 
+    /// `out = op(A) · x + beta · out` with `A`'s entry `(r, c)` = `rows[r] · cols[c]` over the
+    /// structure `s` (`rows` and `cols` column vectors of one factor per row and per column; one
+    /// absent: 1). A normalisation that factors so (GCN's `d̂^{-1/2}` on both sides, SAGE's
+    /// `1/deg` on the rows, GIN's ones) is kept per node instead of per entry, and the
+    /// transpose needs no entry order ([`SparseMatrix::without_entry_order`]).
+    #[allow(clippy::too_many_arguments)]
+    fn spmm_factored(
+        &self,
+        s: &Self::Sparse,
+        rows: Option<&Self::Mat>,
+        cols: Option<&Self::Mat>,
+        transpose: bool,
+        x: &Self::Mat,
+        beta: f64,
+        out: &mut Self::Mat,
+    );
+
     /// Sampled dense-dense product over the entries of `s`: `out[e, h] = a[r, block h] ·
     /// b[c, block h]` for entry `e = (r, c)`, `k = out.cols` blocks.
     fn sddmm(&self, s: &Self::Sparse, a: &Self::Mat, b: &Self::Mat, out: &mut Self::Mat);

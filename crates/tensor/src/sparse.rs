@@ -102,6 +102,21 @@ impl SparseMatrix {
         self
     }
 
+    /// The structure without its transpose's entry order (`t_perm`: 8 bytes an entry here, 4
+    /// on a device): for values that factor into one per row and one per column
+    /// ([`crate::GraphOps::spmm_factored`]), which the transpose reads without it. A product
+    /// with values per entry refuses it transposed.
+    pub fn without_entry_order(mut self) -> SparseMatrix {
+        self = self.with_transpose();
+        self.t_perm = Vec::new();
+        self
+    }
+
+    /// Whether the transpose's entry order is kept (see [`SparseMatrix::without_entry_order`]).
+    pub fn has_entry_order(&self) -> bool {
+        self.t_perm.len() == self.nnz()
+    }
+
     pub fn nnz(&self) -> usize {
         self.col_idx.len()
     }

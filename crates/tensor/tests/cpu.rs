@@ -113,6 +113,45 @@ fn spmm_and_its_transpose_match_dense_products() {
 }
 
 #[test]
+fn factored_values_multiply_as_the_values_they_factor() {
+    let cpu = Cpu::<f64>::new();
+    let (row_ptr, col_idx) = (vec![0, 2, 2, 5, 6, 7], vec![0, 3, 1, 2, 3, 0, 2]);
+    let full = SparseMatrix::new(5, 4, row_ptr, col_idx);
+    let s = full.clone().without_entry_order();
+    assert!(full.has_entry_order() && !s.has_entry_order() && s.has_transpose());
+    let (rf, cf) = (rand_mat(5, 1, 11), rand_mat(4, 1, 12));
+    let (x, g) = (rand_mat(4, 3, 13), rand_mat(5, 3, 14));
+    for (rows, cols) in [(Some(&rf), Some(&cf)), (Some(&rf), None), (None, Some(&cf)), (None, None)] {
+        // the values the factors stand for, entry by entry
+        let vals: Vec<f64> = (0..5)
+            .flat_map(|r| full.row_range(r).map(move |e| (r, e)))
+            .map(|(r, e)| {
+                let c = full.col_idx[e] as usize;
+                rows.map_or(1.0, |f| f.data[r]) * cols.map_or(1.0, |f| f.data[c])
+            })
+            .collect();
+        let vals = Mat::from_vec(7, 1, vals);
+        for (transpose, x, n) in [(false, &x, 5), (true, &g, 4)] {
+            for beta in [0.0, 0.5] {
+                let (mut want, mut got) = (rand_mat(n, 3, 15), rand_mat(n, 3, 15));
+                cpu.spmm(&cpu.sparse(&full), &vals, transpose, x, beta, &mut want);
+                cpu.spmm_factored(&cpu.sparse(&s), rows, cols, transpose, x, beta, &mut got);
+                assert!(got.max_rel_err(&want, 1e-12) < 1e-12, "transpose {transpose}, beta {beta}");
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "multiplies only factored values")]
+fn a_structure_without_entry_order_refuses_values_per_entry_transposed() {
+    let cpu = Cpu::<f64>::new();
+    let s = SparseMatrix::new(2, 2, vec![0, 1, 2], vec![1, 0]).without_entry_order();
+    let (vals, x) = (rand_mat(2, 1, 1), rand_mat(2, 3, 2));
+    cpu.spmm(&cpu.sparse(&s), &vals, true, &x, 0.0, &mut Mat::zeros(2, 3));
+}
+
+#[test]
 fn dropout_masks_are_keyed_and_consistent() {
     let cpu = Cpu::<f64>::new();
     let key = MaskKey { seed: 1, epoch: 2, site: 3 };

@@ -28,6 +28,23 @@ pub(super) fn in_pieces(rows_bytes: u64, host: u64) -> bool {
 
 /// A partition's adjacency on the host, kept from its graph's construction until `Â x` is
 /// built: rows are the own rows, columns own then halo.
+/// The value of every entry of a CSR structure whose values are factored: `rows[r] · cols[c]`.
+pub(super) fn entry_values(
+    row_ptr: &[u64],
+    col_idx: &[u32],
+    rows: Option<&[f64]>,
+    cols: Option<&[f64]>,
+) -> Vec<f64> {
+    let mut vals = Vec::with_capacity(col_idx.len());
+    for (r, w) in row_ptr.windows(2).enumerate() {
+        let rf = rows.map_or(1.0, |f| f[r]);
+        vals.extend(
+            col_idx[w[0] as usize..w[1] as usize].iter().map(|&c| rf * cols.map_or(1.0, |f| f[c as usize])),
+        );
+    }
+    vals
+}
+
 pub(super) struct HostAdjacency {
     pub row_ptr: Vec<u64>,
     pub col_idx: Vec<u32>,

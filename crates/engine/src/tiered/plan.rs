@@ -312,15 +312,20 @@ pub(super) fn mib(bytes: u64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn gcn(layers: usize) -> Model<grinnder_tensor::Cpu<f32>> {
-        let cfg = grinnder_nn::ModelConfig {
+    /// A plain model of `family` (no dropout, norm or residual; one head), `layers` deep.
+    pub(in crate::tiered) fn model_config(
+        family: &str,
+        layers: usize,
+        hidden: usize,
+    ) -> grinnder_nn::ModelConfig {
+        grinnder_nn::ModelConfig {
             // (the engine names no family: .ci/run)
-            kind: serde_json::from_str("\"gcn\"").expect("a family"),
+            kind: serde_json::from_str(&format!("\"{family}\"")).expect("a family"),
             layers,
-            hidden: 256,
+            hidden,
             dropout: 0.0,
             input_dropout: 0.0,
             norm: grinnder_nn::Norm::None,
@@ -330,8 +335,11 @@ mod tests {
             gin_eps: 0.0,
             train_eps: false,
             seed: 0,
-        };
-        Model::init(&grinnder_tensor::Cpu::new(), cfg, 128, 172)
+        }
+    }
+
+    fn gcn(layers: usize) -> Model<grinnder_tensor::Cpu<f32>> {
+        Model::init(&grinnder_tensor::Cpu::new(), model_config("gcn", layers, 256), 128, 172)
     }
 
     /// papers-like at scale 0.5 over 32 partitions, GCN-256 with 2 layers on layer 0's

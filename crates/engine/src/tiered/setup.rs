@@ -117,15 +117,20 @@ impl<'a, B: Backend> Executor<'a, B> {
         let phase = grinnder_graph::progress::phase("partition graphs");
         // the adjacency the model needs, with its whole-graph normalisation
         // (a server's share: the whole graph's degrees)
+        // — kept as factors per node where they factor (see `factored_adjacency`)
         let aggregation = model.aggregation();
-        let (csr, vals): (Csr, Vec<f64>) = match sub {
-            None => aggregation.adjacency(&ds.graph, ds.edge_weight.as_deref()),
-            Some(s) => aggregation.share_adjacency(&ds.graph, &s.degree),
+        let (mut pg, factors) = match factored_adjacency(ds, sub, &model) {
+            Some((csr, factors)) => (PartitionedGraph::build(&csr, &partitioning, &[]), Some(factors)),
+            None => {
+                let (csr, vals): (Csr, Vec<f64>) = match sub {
+                    None => aggregation.adjacency(&ds.graph, ds.edge_weight.as_deref()),
+                    Some(s) => aggregation.share_adjacency(&ds.graph, &s.degree),
+                };
+                (PartitionedGraph::build(&csr, &partitioning, &[&vals]), None)
+            }
         };
         // node ids of dropout keys: the whole graph's
         let key = |v: u32| sub.map_or(v, |s| s.ids[v as usize]);
-        let mut pg = PartitionedGraph::build(&csr, &partitioning, &[&vals]);
-        drop((csr, vals));
         // the run reads the dataset's structure no more (SAGE's and GIN's adjacency was a view
         // of it until here): a mapped file's pages go back (12.9 GiB of papers-like at full
         // size, counted as held until now)
@@ -147,7 +152,9 @@ impl<'a, B: Backend> Executor<'a, B> {
             && tc.host_mem.is_some_and(|h| input::in_pieces(most_cols * model.dim(0) as u64 * elem, h));
         drop(phase);
         let phase = grinnder_graph::progress::phase("partition blocks");
-        let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, aggregation, key, in_pieces);
+        let adjacency = (aggregation, factors.as_ref());
+        let parts = build_parts(b, ds, &partitioning, pg, &mirrors, &local, adjacency, key, in_pieces);
+        drop(factors);
         drop(phase);
         let (mapped, device) = (crate::process::mapped_bytes(ds), b.device_memory().is_some());
         let plan = make_plan(&model, &parts, tc, elem as usize, pre, mapped, device);
@@ -428,6 +435,25 @@ pub(super) fn input_ids<'r>(
     ids
 }
 
+/// The whole graph's adjacency for the model with its values as factors per node, where they
+/// factor and the layers read no entry order: GCN (no edge weights), SAGE and GIN on the whole
+/// graph. A partition's graph then holds 8 bytes an entry on a device (the structure and its
+/// transpose) against 16 with values per entry and their transposed order: on papers-like at
+/// full size (3.3 G entries with self loops) 26 GiB of GPU memory less, which decides whether
+/// the blocks fit GPU, host and disk (docs/beyond-memory.md). A server's share (GraNNDis)
+/// rescales partial rows per entry, and GAT reads its attention through the entry order.
+/// `GRINNDER_FACTORED=0` keeps values per entry everywhere (a diagnostic, for comparisons).
+fn factored_adjacency(
+    ds: &Dataset,
+    sub: Option<&SubgraphOf>,
+    model: &Model<impl Backend>,
+) -> Option<(Csr, grinnder_nn::Factors)> {
+    if sub.is_some() || model.weighs_entries() || std::env::var("GRINNDER_FACTORED").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    model.aggregation().factored(&ds.graph, ds.edge_weight.as_deref())
+}
+
 /// A partition's input rows on their way from the reader to the backend.
 enum InputRows<B: Backend> {
     /// In a page-locked block the reader gets back once its upload is queued.
@@ -493,7 +519,7 @@ fn build_parts<B: Backend>(
     pg: PartitionedGraph,
     mirrors: &std::collections::BTreeMap<usize, Vec<u32>>,
     local: &std::ops::Range<usize>,
-    aggregation: grinnder_nn::Aggregation,
+    (aggregation, factors): (grinnder_nn::Aggregation, Option<&grinnder_nn::Factors>),
     key: impl Fn(u32) -> u32 + Sync,
     in_pieces: bool,
 ) -> Vec<Part<B>> {
@@ -515,13 +541,16 @@ fn build_parts<B: Backend>(
         let made: Vec<(Part<B>, Option<HostStructure>)> = some
             .into_par_iter()
             .map(|(q, (g, split_rows))| {
-                host_part(ds, partitioning, q, g, split_rows, mirrors, local, &key, in_pieces)
+                host_part(ds, partitioning, q, g, split_rows, mirrors, local, (&key, factors), in_pieces)
             })
             .collect();
         for (mut part, structure) in made {
             if let Some((sm, vals)) = structure {
                 let (cols, col_ids) = (sm.cols, sm.col_ids.clone());
-                let adj = Adjacency::new(b, &sm, &vals);
+                let adj = match vals {
+                    PartValues::Entries(v) => Adjacency::new(b, &sm, &v),
+                    PartValues::Factored(r, c) => Adjacency::factored(b, sm, r.as_deref(), c.as_deref()),
+                };
                 part.graph = Graph::single(part.own, cols, aggregation, adj, col_ids);
             }
             parts.push(part);
@@ -531,7 +560,13 @@ fn build_parts<B: Backend>(
 
 /// A partition's structure (with its transpose and ids) and values, made on the host for its
 /// graph on the backend.
-type HostStructure = (SparseMatrix, Vec<f64>);
+type HostStructure = (SparseMatrix, PartValues);
+
+/// A partition's adjacency values: one per entry, or the factors of its rows and columns.
+enum PartValues {
+    Entries(Vec<f64>),
+    Factored(Option<Vec<f64>>, Option<Vec<f64>>),
+}
 
 /// Partition `q` made on the host (see [`build_parts`]), its graph empty, with the structure
 /// (its transpose and ids) and values its graph is made from; another rank's as the count of
@@ -541,11 +576,11 @@ fn host_part<B: Backend>(
     ds: &Dataset,
     partitioning: &Partitioning,
     q: usize,
-    g: grinnder_partition::PartitionGraph,
+    mut g: grinnder_partition::PartitionGraph,
     mut split_rows: [Vec<u32>; 3],
     mirrors: &std::collections::BTreeMap<usize, Vec<u32>>,
     local: &std::ops::Range<usize>,
-    key: &(impl Fn(u32) -> u32 + Sync),
+    (key, factors): (&(impl Fn(u32) -> u32 + Sync), Option<&grinnder_nn::Factors>),
     in_pieces: bool,
 ) -> (Part<B>, Option<HostStructure>) {
     let graph = Graph { rows: 0, cols: 0, adjacencies: Vec::new(), ids: None };
@@ -560,20 +595,30 @@ fn host_part<B: Backend>(
     let first = partitioning.ptr[q] as usize;
     let own_ids: Vec<u32> = partitioning.inv_perm[first..first + g.own].to_vec();
     let labels: Vec<i32> = own_ids.iter().map(|&v| ds.labels[v as usize]).collect();
+    let halo_ids = g.halo.iter().map(|&h| partitioning.inv_perm[h as usize]);
+    // (factors are keyed by the dataset's ids: a share, whose keys differ, has none)
+    let vals = match factors {
+        Some(f) => {
+            let col_ids: Vec<u32> = own_ids.iter().copied().chain(halo_ids.clone()).collect();
+            let (r, c) = f.of(&own_ids, &col_ids);
+            PartValues::Factored(r, c)
+        }
+        None => PartValues::Entries(std::mem::take(&mut g.values).into_iter().next().expect("one value set")),
+    };
     let own_ids: Vec<u32> = own_ids.into_iter().map(key).collect();
-    let col_ids: Vec<u32> = own_ids
-        .iter()
-        .copied()
-        .chain(g.halo.iter().map(|&h| key(partitioning.inv_perm[h as usize])))
-        .collect();
+    let col_ids: Vec<u32> = own_ids.iter().copied().chain(halo_ids.map(key)).collect();
     let cols = g.columns();
     let input_adjacency = in_pieces.then(|| input::HostAdjacency {
         row_ptr: g.row_ptr.clone(),
         col_idx: g.col_idx.clone(),
-        vals: g.values[0].clone(),
+        vals: match &vals {
+            PartValues::Entries(v) => v.clone(),
+            PartValues::Factored(r, c) => {
+                input::entry_values(&g.row_ptr, &g.col_idx, r.as_deref(), c.as_deref())
+            }
+        },
         cols,
     });
-    let vals = g.values.into_iter().next().expect("one value set");
     let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids);
     let part = Part { graph, own: g.own, fetch: g.fetch, labels, split_rows, input_adjacency };
     (part, Some((sm, vals)))
@@ -746,6 +791,40 @@ mod tests {
             largest_block_bytes: 5 << 20,
             device: None,
         }
+    }
+
+    /// The partitions' adjacency keeps its values as factors per node (no values per entry,
+    /// no transposed entry order) for the layers that multiply by the adjacency's values alone,
+    /// and per entry for attention and for edge weights.
+    #[test]
+    fn partition_graphs_keep_factored_values_where_the_layers_allow() {
+        use grinnder_graph::generate::{generate, preset, GenConfig};
+        use grinnder_nn::graph::Values;
+        let mut ds = generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.001, 5))
+            .unwrap()
+            .into_dataset()
+            .unwrap();
+        let b = grinnder_tensor::Cpu::<f32>::new();
+        let tc = TieredConfig::in_ram(3, grinnder_partition::Method::Contiguous);
+        let factored = |ds: &Dataset, family: &str| {
+            let cfg = super::super::plan::tests::model_config(family, 2, 8);
+            let ex = Executor::new(&b, ds, &cfg, FeatureNorm::Row, &tc).unwrap();
+            let kinds: Vec<(bool, bool)> = ex
+                .parts
+                .iter()
+                .flat_map(|p| &p.graph.adjacencies)
+                .map(|(_, a)| (matches!(a.vals, Values::Factored { .. }), a.s.has_entry_order()))
+                .collect();
+            assert_eq!(kinds.len(), 3, "{family}: one adjacency a partition");
+            assert!(kinds.iter().all(|&(f, order)| f != order), "{family}: {kinds:?}");
+            kinds[0].0
+        };
+        for family in ["gcn", "sage", "gin"] {
+            assert!(factored(&ds, family), "{family}: factored");
+        }
+        assert!(!factored(&ds, "gat"), "attention reads values per entry");
+        ds.edge_weight = Some(vec![0.5f32; ds.graph.num_edges()].into());
+        assert!(!factored(&ds, "gcn"), "edge weights are values per entry");
     }
 
     /// Where the storage directory holds every block's file, files outlive their reads; where

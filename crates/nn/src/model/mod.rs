@@ -331,7 +331,7 @@ impl<B: Backend> Model<B> {
     pub fn aggregate_input_into(&self, b: &B, g: &Graph<B>, x: &B::Mat, beta: f64, out: &mut B::Mat) {
         debug_assert!(self.precomputes_input());
         let a = g.adjacency(self.aggregation());
-        b.spmm(&a.s, &a.vals, false, x, beta, out);
+        a.spmm(b, false, x, beta, out);
     }
 
     /// Whether the first layer's aggregation of the input can be computed once: the input is
@@ -344,6 +344,14 @@ impl<B: Backend> Model<B> {
     /// The neighbourhood aggregation of the model's layers (what graph they run on).
     pub fn aggregation(&self) -> Aggregation {
         self.config.kind.aggregation()
+    }
+
+    /// Whether the layers multiply the adjacency's structure by values of their own (GAT's
+    /// attention coefficients), which a transposed product reads through the structure's entry
+    /// order; the others multiply by the adjacency's values alone, which may come factored
+    /// ([`crate::graph::Values::Factored`]).
+    pub fn weighs_entries(&self) -> bool {
+        self.config.kind == Kind::Gat
     }
 
     /// Values per adjacency entry that a layer's working set holds: one per attention head
@@ -730,7 +738,7 @@ impl<B: Backend> Model<B> {
     ) -> (B::Mat, LayerTape<B>) {
         let (a, (lin, root)) = (self.split_adjacency(g), self.split_maps(l));
         let mut z = b.output(g.rows, self.dims[l + 1]);
-        b.spmm(&a.s, &a.vals, false, h, 0.0, &mut z);
+        a.spmm(b, false, h, 0.0, &mut z);
         if let Some(bias) = &lin.bias {
             b.add_row(&bias.value, &mut z);
         }
@@ -779,7 +787,7 @@ impl<B: Backend> Model<B> {
         let dz = dz_owned.as_ref().unwrap_or(dy);
         let a = self.split_adjacency(g);
         let mut dh = b.output(g.cols, self.dims[l + 1]);
-        b.spmm(&a.s, &a.vals, true, dz, 0.0, &mut dh);
+        a.spmm(b, true, dz, 0.0, &mut dh);
         let (lin, root) = self.split_lins(l);
         if let Some(bias) = &mut lin.bias {
             b.col_sums(dz, 1.0, &mut bias.grad);

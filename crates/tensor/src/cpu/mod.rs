@@ -174,6 +174,18 @@ impl<T: Scalar> GraphOps for Cpu<T> {
     ) {
         sparse::spmm(s, vals, transpose, x, beta, out)
     }
+    fn spmm_factored(
+        &self,
+        s: &Self::Sparse,
+        rows: Option<&Mat<T>>,
+        cols: Option<&Mat<T>>,
+        transpose: bool,
+        x: &Mat<T>,
+        beta: f64,
+        out: &mut Mat<T>,
+    ) {
+        sparse::spmm_factored(s, rows, cols, transpose, x, beta, out)
+    }
     fn sddmm(&self, s: &Self::Sparse, a: &Mat<T>, b: &Mat<T>, out: &mut Mat<T>) {
         sparse::sddmm(s, a, b, out)
     }

@@ -32,6 +32,15 @@ fn prefetch_row<T>(row: &[T]) {
     let _ = row;
 }
 
+/// `o` times `beta` (0 clears it, whatever it holds).
+fn scale_by_beta<T: Scalar>(o: &mut [T], beta: T) {
+    if beta == T::zero() {
+        o.fill(T::zero());
+    } else if beta != T::one() {
+        o.iter_mut().for_each(|v| *v *= beta);
+    }
+}
+
 /// `out = op(A) · x + beta · out`, values `vals[:, 0]` in CSR order.
 pub fn spmm<T: Scalar>(
     s: &SparseMatrix,
@@ -42,6 +51,10 @@ pub fn spmm<T: Scalar>(
     out: &mut Mat<T>,
 ) {
     assert_eq!(vals.rows, s.nnz(), "one value per stored entry");
+    assert!(
+        !transpose || s.has_entry_order(),
+        "a structure kept without its transpose's entry order multiplies only factored values"
+    );
     let (rows, inner) = if transpose { (s.cols, s.rows) } else { (s.rows, s.cols) };
     assert_eq!(x.rows, inner, "spmm: x has {} rows, the matrix {inner} columns", x.rows);
     assert_eq!((out.rows, out.cols), (rows, x.cols), "spmm: output shape");
@@ -50,11 +63,7 @@ pub fn spmm<T: Scalar>(
     let vc = vals.cols;
     let beta = T::of(beta);
     out.data.par_chunks_mut(d.max(1)).enumerate().with_min_len(64).for_each(|(r, o)| {
-        if beta == T::zero() {
-            o.fill(T::zero());
-        } else if beta != T::one() {
-            o.iter_mut().for_each(|v| *v *= beta);
-        }
+        scale_by_beta(o, beta);
         let range = ptr[r] as usize..ptr[r + 1] as usize;
         for (k, &col) in range.clone().zip(&idx[range]) {
             // the row gathered PREFETCH entries ahead: its cache misses overlap this row's work
@@ -80,6 +89,49 @@ pub fn spmm<T: Scalar>(
                         *o += w * xv;
                     }
                 }
+            }
+        }
+    });
+}
+
+/// `out = op(A) · x + beta · out` with entry `(r, c)` of `A` = `rows[r] · cols[c]` (a factor
+/// absent: 1), each factor a column vector. Each entry's value is the product of its two
+/// factors, summed in the order [`spmm`] sums values per entry (so the two differ only by the
+/// rounding of that product).
+pub fn spmm_factored<T: Scalar>(
+    s: &SparseMatrix,
+    rows: Option<&Mat<T>>,
+    cols: Option<&Mat<T>>,
+    transpose: bool,
+    x: &Mat<T>,
+    beta: f64,
+    out: &mut Mat<T>,
+) {
+    let (n, inner) = if transpose { (s.cols, s.rows) } else { (s.rows, s.cols) };
+    assert_eq!(x.rows, inner, "spmm: x has {} rows, the matrix {inner} columns", x.rows);
+    assert_eq!((out.rows, out.cols), (n, x.cols), "spmm: output shape");
+    assert!(rows.is_none_or(|f| (f.rows, f.cols) == (s.rows, 1)), "one row factor per row");
+    assert!(cols.is_none_or(|f| (f.rows, f.cols) == (s.cols, 1)), "one column factor per column");
+    let (ptr, idx) = if transpose { (&s.t_row_ptr, &s.t_col_idx) } else { (&s.row_ptr, &s.col_idx) };
+    let (outer, inner) = if transpose { (cols, rows) } else { (rows, cols) };
+    let d = x.cols;
+    let beta = T::of(beta);
+    out.data.par_chunks_mut(d.max(1)).enumerate().with_min_len(64).for_each(|(r, o)| {
+        scale_by_beta(o, beta);
+        let w_out = outer.map(|f| f.data[r]);
+        let range = ptr[r] as usize..ptr[r + 1] as usize;
+        for (k, &col) in range.clone().zip(&idx[range]) {
+            if let Some(&ahead) = idx.get(k + PREFETCH) {
+                prefetch_row(&x.data[ahead as usize * d..][..d]);
+            }
+            let w = match (w_out, inner) {
+                (Some(a), Some(f)) => a * f.data[col as usize],
+                (Some(a), None) => a,
+                (None, Some(f)) => f.data[col as usize],
+                (None, None) => T::one(),
+            };
+            for (o, &xv) in o.iter_mut().zip(&x.data[col as usize * d..][..d]) {
+                *o += w * xv;
             }
         }
     });
