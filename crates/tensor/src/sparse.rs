@@ -68,6 +68,12 @@ impl SparseMatrix {
     /// a counting sort over columns; rows are visited in order, so every transposed row comes
     /// out ascending).
     pub fn transpose_parts(&self) -> (Vec<u64>, Vec<u32>, Vec<u64>) {
+        self.transpose_with(true)
+    }
+
+    /// [`SparseMatrix::transpose_parts`], the entry permutation only `with_order` (empty
+    /// otherwise: 8 bytes an entry never allocated).
+    fn transpose_with(&self, with_order: bool) -> (Vec<u64>, Vec<u32>, Vec<u64>) {
         let (rows, cols, row_ptr, col_idx) = (self.rows, self.cols, &self.row_ptr, &self.col_idx);
         let nnz = col_idx.len();
         let mut t_row_ptr = vec![0u64; cols + 1];
@@ -79,13 +85,15 @@ impl SparseMatrix {
         }
         let mut cursor = t_row_ptr.clone();
         let mut t_col_idx = vec![0u32; nnz];
-        let mut t_perm = vec![0u64; nnz];
+        let mut t_perm = vec![0u64; if with_order { nnz } else { 0 }];
         for r in 0..rows {
             for e in row_ptr[r]..row_ptr[r + 1] {
                 let c = col_idx[e as usize] as usize;
                 let at = cursor[c] as usize;
                 t_col_idx[at] = r as u32;
-                t_perm[at] = e;
+                if with_order {
+                    t_perm[at] = e;
+                }
                 cursor[c] += 1;
             }
         }
@@ -107,7 +115,9 @@ impl SparseMatrix {
     /// ([`crate::GraphOps::spmm_factored`]), which the transpose reads without it. A product
     /// with values per entry refuses it transposed.
     pub fn without_entry_order(mut self) -> SparseMatrix {
-        self = self.with_transpose();
+        if !self.has_transpose() {
+            (self.t_row_ptr, self.t_col_idx, _) = self.transpose_with(false);
+        }
         self.t_perm = Vec::new();
         self
     }

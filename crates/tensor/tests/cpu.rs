@@ -116,9 +116,11 @@ fn spmm_and_its_transpose_match_dense_products() {
 fn factored_values_multiply_as_the_values_they_factor() {
     let cpu = Cpu::<f64>::new();
     let (row_ptr, col_idx) = (vec![0, 2, 2, 5, 6, 7], vec![0, 3, 1, 2, 3, 0, 2]);
-    let full = SparseMatrix::new(5, 4, row_ptr, col_idx);
+    let full = SparseMatrix::new(5, 4, row_ptr.clone(), col_idx.clone());
     let s = full.clone().without_entry_order();
     assert!(full.has_entry_order() && !s.has_entry_order() && s.has_transpose());
+    // a structure transposed without its order is the one whose order was dropped
+    assert_eq!(SparseMatrix::csr_only(5, 4, row_ptr, col_idx).without_entry_order(), s);
     let (rf, cf) = (rand_mat(5, 1, 11), rand_mat(4, 1, 12));
     let (x, g) = (rand_mat(4, 3, 13), rand_mat(5, 3, 14));
     for (rows, cols) in [(Some(&rf), Some(&cf)), (Some(&rf), None), (None, Some(&cf)), (None, None)] {

@@ -619,7 +619,13 @@ fn host_part<B: Backend>(
         },
         cols,
     });
-    let sm = SparseMatrix::new(g.own, cols, g.row_ptr, g.col_idx).with_ids(own_ids, col_ids);
+    let sm = SparseMatrix::csr_only(g.own, cols, g.row_ptr, g.col_idx);
+    // (factored values need no entry order: never built)
+    let sm = match vals {
+        PartValues::Factored(..) => sm.without_entry_order(),
+        PartValues::Entries(_) => sm.with_transpose(),
+    };
+    let sm = sm.with_ids(own_ids, col_ids);
     let part = Part { graph, own: g.own, fetch: g.fetch, labels, split_rows, input_adjacency };
     (part, Some((sm, vals)))
 }
