@@ -11,12 +11,13 @@ pub(crate) struct Kernels {
     pub(crate) f: std::collections::HashMap<&'static str, CudaFunction>,
 }
 
-pub(crate) const KERNELS: [&str; 31] = [
+pub(crate) const KERNELS: [&str; 32] = [
     "iota_u32",
     "widen_offsets",
     "gather_rows2",
     "gather_rows_aligned",
     "permute",
+    "factored_values",
     "sum_parts",
     "spmm16",
     "spmm_v4",

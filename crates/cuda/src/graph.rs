@@ -4,20 +4,28 @@
 use super::*;
 use crate::spmm::SpValues;
 
-impl GraphOps for Cuda {
-    fn spmm(&self, s: &DSparse, vals: &DMat, transpose: bool, x: &DMat, beta: f64, out: &mut DMat) {
-        let _p = self.span_shaped(if transpose { "spmm (transposed)" } else { "spmm" }, || {
-            format!("{}x{} nnz {} width {}", approx(s.rows), approx(s.cols), approx(s.nnz), x.cols)
-        });
-        assert_eq!(vals.rows, s.nnz, "one value per stored entry");
-        let (rows, inner) = if transpose { (s.cols, s.rows) } else { (s.rows, s.cols) };
-        assert_eq!(x.rows, inner, "spmm: x rows");
-        assert_eq!((out.rows, out.cols), (rows, x.cols), "spmm: output shape");
+impl Cuda {
+    /// An SpMM by grinnder's kernel or cuSPARSE (single-valued or factored values), as
+    /// [`SpmmKernel`] picks; shapes checked by the caller.
+    fn spmm_any(
+        &self,
+        s: &DSparse,
+        vals: SpValues<'_>,
+        transpose: bool,
+        x: &DMat,
+        beta: f64,
+        out: &mut DMat,
+    ) {
+        let rows = if transpose { s.cols } else { s.rows };
         if rows == 0 || x.cols == 0 {
             return;
         }
+        let single = match vals {
+            SpValues::Entries(v) => v.cols == 1,
+            SpValues::Factored(..) => true,
+        };
         let lib = match (&self.sparse_lib, &s.csr32) {
-            (Some(l), Some(c)) if vals.cols == 1 && s.nnz > 0 => Some((l, c)),
+            (Some(l), Some(c)) if single && s.nnz > 0 => Some((l, c)),
             _ => None,
         };
         let use_lib = match (lib, self.spmm_kernel) {
@@ -31,7 +39,20 @@ impl GraphOps for Cuda {
                 Err(e) => tracing::warn!("cuSPARSE SpMM failed ({e}); grinnder's kernel runs instead"),
             }
         }
-        self.spmm_ours(s, SpValues::Entries(vals), transpose, x, beta, out);
+        self.spmm_ours(s, vals, transpose, x, beta, out);
+    }
+}
+
+impl GraphOps for Cuda {
+    fn spmm(&self, s: &DSparse, vals: &DMat, transpose: bool, x: &DMat, beta: f64, out: &mut DMat) {
+        let _p = self.span_shaped(if transpose { "spmm (transposed)" } else { "spmm" }, || {
+            format!("{}x{} nnz {} width {}", approx(s.rows), approx(s.cols), approx(s.nnz), x.cols)
+        });
+        assert_eq!(vals.rows, s.nnz, "one value per stored entry");
+        let (rows, inner) = if transpose { (s.cols, s.rows) } else { (s.rows, s.cols) };
+        assert_eq!(x.rows, inner, "spmm: x rows");
+        assert_eq!((out.rows, out.cols), (rows, x.cols), "spmm: output shape");
+        self.spmm_any(s, SpValues::Entries(vals), transpose, x, beta, out);
     }
     fn spmm_factored(
         &self,
@@ -51,11 +72,7 @@ impl GraphOps for Cuda {
         assert_eq!((out.rows, out.cols), (n, x.cols), "spmm: output shape");
         assert!(rows.is_none_or(|f| (f.rows, f.cols) == (s.rows, 1)), "one row factor per row");
         assert!(cols.is_none_or(|f| (f.rows, f.cols) == (s.cols, 1)), "one column factor per column");
-        if n == 0 || x.cols == 0 {
-            return;
-        }
-        // grinnder's kernels alone: cuSPARSE takes a value per entry
-        self.spmm_ours(s, SpValues::Factored(rows, cols), transpose, x, beta, out);
+        self.spmm_any(s, SpValues::Factored(rows, cols), transpose, x, beta, out);
     }
     fn sddmm(&self, s: &DSparse, a: &DMat, b: &DMat, out: &mut DMat) {
         let _p = self.span("sddmm");

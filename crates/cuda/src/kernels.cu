@@ -127,6 +127,20 @@ extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u32* perm,
     }
 }
 
+// vals[e] = out_f[r] · in_f[idx[e]] for every entry e of row r (`factors` as for spmm): factored
+// values written out for cuSPARSE, in the order of the structure given (the transpose's for a
+// transposed product), each the product the spmm kernels form. One warp per row.
+extern "C" __global__ void factored_values(const u64* ptr, const u32* idx, i64 rows, const float* in_f,
+                                           const float* out_f, int factors, float* vals) {
+    i64 r = global_warp();
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    float o = (factors & 2) ? out_f[r] : 1.0f;
+    for (u64 e = ptr[r] + lane; e < ptr[r + 1]; e += 32) {
+        vals[e] = (factors & 1) ? in_f[idx[e]] * o : o;
+    }
+}
+
 // The same product for narrow rows (d ≤ 64): a half-warp per row, up to 4 columns per lane,
 // so two rows' gathers are in flight per warp and few lanes idle.
 extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u32* perm, int has_perm,

@@ -17,6 +17,7 @@ pub enum SpmmKernel {
 
 /// The values an SpMM multiplies by: one per entry (per head), or factors of the rows and the
 /// columns (`GraphOps::spmm_factored`).
+#[derive(Clone, Copy)]
 pub(crate) enum SpValues<'a> {
     Entries(&'a DMat),
     Factored(Option<&'a DMat>, Option<&'a DMat>),
@@ -76,8 +77,7 @@ impl Cuda {
             }
             SpValues::Factored(r, c) => (None, none, 0, if transpose { (r, c) } else { (c, r) }),
         };
-        let factors = in_f.is_some() as i32 | (out_f.is_some() as i32) << 1;
-        let (in_f, out_f) = (in_f.map_or(none, |f| &f.data), out_f.map_or(none, |f| &f.data));
+        let (factors, in_f, out_f) = self.factor_args(in_f, out_f);
         let (has_perm, perm) = (perm.is_some() as i32, perm.unwrap_or(&self.dummy_u32));
         let (d, r64, beta) = (x.cols as i32, rows as i64, beta as f32);
         // narrow rows: a half-warp each; rows of whole 16-byte vectors (in one head per vector):
@@ -95,20 +95,54 @@ impl Cuda {
         unsafe { l.launch(cfg) }.expect("CUDA spmm");
     }
 
+    /// The kernels' factor arguments: the `factors` bits (1: an input-side factor, 2: an
+    /// output-side one) and the two vectors (a placeholder for one absent).
+    fn factor_args<'m>(
+        &'m self,
+        in_f: Option<&'m DMat>,
+        out_f: Option<&'m DMat>,
+    ) -> (i32, &'m CudaSlice<f32>, &'m CudaSlice<f32>) {
+        let factors = in_f.is_some() as i32 | (out_f.is_some() as i32) << 1;
+        let none = &self.dummy_f32;
+        (factors, in_f.map_or(none, |f| &f.data), out_f.map_or(none, |f| &f.data))
+    }
+
     /// cuSPARSE's SpMM; the transpose through the stored transposed structure, its values
-    /// permuted into that order first.
+    /// permuted into that order first. Factored values are written out per entry first, in
+    /// the order of the structure multiplied (a temporary of one value per entry, as the
+    /// permuted values are).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn spmm_lib(
         &self,
         lib: &cusparse::CuSparse,
         c: &cusparse::Csr32,
         s: &DSparse,
-        vals: &DMat,
+        vals: SpValues<'_>,
         transpose: bool,
         x: &DMat,
         beta: f64,
         out: &mut DMat,
     ) -> Result<(), String> {
+        let vals = match vals {
+            SpValues::Entries(v) => v,
+            SpValues::Factored(r, cf) => {
+                let (ptr64, ptr, idx, n, (in_f, out_f)) = if transpose {
+                    (&s.t_row_ptr, &c.t_ptr, &s.t_col_idx, s.cols, (r, cf))
+                } else {
+                    (&s.row_ptr, &c.ptr, &s.col_idx, s.rows, (cf, r))
+                };
+                let (factors, in_f, out_f) = self.factor_args(in_f, out_f);
+                let mut v = self.output(s.nnz, 1);
+                let n64 = n as i64;
+                let mut l = self.stream.launch_builder(self.func("factored_values"));
+                l.arg(ptr64).arg(idx).arg(&n64).arg(in_f).arg(out_f).arg(&factors).arg(&mut v.data);
+                // SAFETY: the structure's indices are below the factors' lengths (checked when it
+                // was built and by the caller); `v` holds one value per entry.
+                unsafe { l.launch(warps(n)) }.expect("CUDA factored_values");
+                let shape = if transpose { (s.cols, s.rows, s.nnz) } else { (s.rows, s.cols, s.nnz) };
+                return lib.spmm(&self.stream, shape, ptr, idx, &v.data, x, beta as f32, out);
+            }
+        };
         if !transpose {
             let shape = (s.rows, s.cols, s.nnz);
             return lib.spmm(&self.stream, shape, &c.ptr, &s.col_idx, &vals.data, x, beta as f32, out);
@@ -130,7 +164,7 @@ impl Cuda {
     pub(crate) fn pick_spmm(
         &self,
         s: &DSparse,
-        vals: &DMat,
+        vals: SpValues<'_>,
         transpose: bool,
         x: &DMat,
         beta: f64,
@@ -156,7 +190,7 @@ impl Cuda {
             Ok::<f64, String>(t.elapsed().as_secs_f64() * 500.0)
         };
         let mut run_ours = |o: &mut DMat| {
-            self.spmm_ours(s, SpValues::Entries(vals), transpose, x, 0.0, o);
+            self.spmm_ours(s, vals, transpose, x, 0.0, o);
             Ok(())
         };
         let ours = time(&mut run_ours, scratch).expect("CUDA spmm");

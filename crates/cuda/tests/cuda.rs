@@ -169,14 +169,15 @@ fn each_spmm_kernel_matches_the_cpu() {
 }
 
 /// Factored values (one per row and one per column, the transpose's entry order not on the
-/// device) multiply as the CPU's, through each of grinnder's kernels.
+/// device) multiply as the CPU's, through each of grinnder's kernels and cuSPARSE (given the
+/// values written out per entry).
 #[test]
 fn factored_spmm_matches_the_cpu_in_each_kernel() {
     let Some(mut g) = gpu() else { return };
     let c = &Cpu::<f32>::new();
     let s = random_sparse(300, 200, 9, 6).without_entry_order();
     let (cs, (rf, cf)) = (c.sparse(&s), (random(300, 1, 10), random(200, 1, 11)));
-    for kernel in [SpmmKernel::Auto, SpmmKernel::Warp] {
+    for kernel in [SpmmKernel::Auto, SpmmKernel::Ours, SpmmKernel::Warp, SpmmKernel::CuSparse] {
         g.set_spmm(kernel);
         let gs = g.sparse(&s);
         let (grf, gcf) = (g.upload(&rf), g.upload(&cf));

@@ -19,6 +19,9 @@ pub struct Workload {
     pub widths: Vec<u64>,
     /// Per-edge values a layer keeps (GAT's attention: heads; 0 otherwise).
     pub edge_values: u64,
+    /// The partition graphs keep their normalisation as factors per node, no value per entry
+    /// (GCN without edge weights, SAGE, GIN: see the tiered executor's setup).
+    pub factored: bool,
     /// Bytes of a computed element (4: f32).
     pub elem: u64,
     /// Inference only (`predict`): no gradients, a layer's output and a temporary.
@@ -132,10 +135,21 @@ pub fn in_memory_bytes(w: &Workload) -> u64 {
         + 4 * w.edges * w.edge_values * w.elem
 }
 
-/// The partition graphs (or the whole graph) on the device: offsets, columns and values both
-/// ways, and the transpose's entry permutation.
+/// The whole graph on the device (the in-memory trainer): offsets, columns and values both
+/// ways, and the transpose's entry permutation — 16 bytes an entry, and 4 more for the halo
+/// columns' offsets and ids that partition graphs add (with [`partition_graph_bytes`]).
 pub fn graph_bytes(w: &Workload) -> u64 {
     20 * w.edges + 24 * w.nodes
+}
+
+/// The partition graphs on the device: as [`graph_bytes`], but 8 bytes an entry fewer where
+/// the values are factored (no value per entry, no transposed entry order).
+pub fn partition_graph_bytes(w: &Workload) -> u64 {
+    if w.factored {
+        12 * w.edges + 24 * w.nodes
+    } else {
+        graph_bytes(w)
+    }
 }
 
 /// The largest partition's working set over `parts` partitions (balance 1.1, as many halo rows
@@ -194,14 +208,15 @@ pub fn choose(w: &Workload, room: Room, given: Given) -> Result<Budgets, String>
         Some(p) => p,
         None => {
             let fits = |p: usize| {
-                (graph_bytes(w) + working_bytes(w, p, !cuda)) as f64 <= STRUCTURE_SHARE * device as f64
+                (partition_graph_bytes(w) + working_bytes(w, p, !cuda)) as f64
+                    <= STRUCTURE_SHARE * device as f64
             };
             // at least 4, the executor's long-standing default
             let Some(p) = (2..).map(|k| 1usize << k).take_while(|&p| p <= PARTS_MAX).find(|&p| fits(p))
             else {
                 return Err(format!(
                     "the graph does not fit: its structure alone takes about {} of the {} {} budget; {}",
-                    gib(graph_bytes(w)),
+                    gib(partition_graph_bytes(w)),
                     gib(device),
                     if cuda { "GPU" } else { "host" },
                     if cuda {
@@ -223,7 +238,7 @@ pub fn choose(w: &Workload, room: Room, given: Given) -> Result<Budgets, String>
             };
             reasons.push(format!(
                 "{p} partitions: {why}; over {p} the partition graphs take about {} and the largest partition's working set {}",
-                gib(graph_bytes(w)),
+                gib(partition_graph_bytes(w)),
                 gib(working_bytes(w, p, !cuda))
             ));
             p
@@ -253,6 +268,7 @@ mod tests {
             edges: 3_231_371_744,
             widths: vec![128, 256, 172],
             edge_values: 0,
+            factored: true,
             elem: 4,
             inference: false,
         }
@@ -264,6 +280,7 @@ mod tests {
             edges: 123_718_280,
             widths: vec![100, 256, 47],
             edge_values: 0,
+            factored: true,
             elem: 4,
             inference: false,
         }
@@ -291,12 +308,10 @@ mod tests {
         assert!((130 * G..=139 * G).contains(&g), "GPU budget {}", gib(g));
         assert_eq!(b.host_mem_auto, Some((125.0 * G as f64 * HOST_SHARE) as u64));
         // the structure and a working set leave room for blocks
-        assert!(graph_bytes(&papers()) + working_bytes(&papers(), p, false) <= (0.6 * g as f64) as u64);
+        let structure = partition_graph_bytes(&papers());
+        assert!(structure + working_bytes(&papers(), p, false) <= (0.6 * g as f64) as u64);
         // fewer partitions would not leave it
-        assert!(
-            graph_bytes(&papers()) + working_bytes(&papers(), p / 2, false) > (0.6 * g as f64) as u64
-                || p == 2
-        );
+        assert!(structure + working_bytes(&papers(), p / 2, false) > (0.6 * g as f64) as u64 || p == 2);
     }
 
     #[test]
@@ -329,6 +344,19 @@ mod tests {
         assert_eq!(choose(&infer, room, Given::default()).unwrap().parts, None);
     }
 
+    /// Values per entry (GAT, edge weights) take 8 bytes an entry more: on an H100's 79 GiB
+    /// papers100M's partition graphs leave room for a working set only without them.
+    #[test]
+    fn factored_partition_graphs_leave_a_smaller_gpu_room() {
+        let room = Room { host: 125 * G, gpu_free: Some(79 * G) };
+        let per_entry = Workload { factored: false, ..papers() };
+        assert!(partition_graph_bytes(&per_entry) - partition_graph_bytes(&papers()) == 8 * papers().edges);
+        assert!(choose(&per_entry, room, Given::default()).unwrap_err().contains("structure alone"));
+        assert!(choose(&papers(), room, Given::default()).unwrap().parts.is_some());
+        // the in-memory trainer's whole graph keeps values per entry either way
+        assert_eq!(graph_bytes(&per_entry), graph_bytes(&papers()));
+    }
+
     #[test]
     fn a_gpu_too_small_for_the_structure_is_refused_naming_the_fix() {
         let e =
@@ -343,6 +371,7 @@ mod tests {
             edges: 42_000_000,
             widths: vec![1024, 256, 19],
             edge_values: 0,
+            factored: true,
             elem: 4,
             inference: false,
         };

@@ -89,6 +89,7 @@ use plan::*;
 pub use plan::{DevicePlan, Plan};
 pub use predict::Emit;
 pub use rates::{measure_rates, Rates, SparseRate};
+pub use setup::factors_values;
 pub use setup_cost::{FirstBlocks, FirstBlocksSeconds};
 pub use store::{BlockId, BlockKind, CacheMode, Store, StoreConfig, TierDtype, TierStats};
 use tiers::Tiers;

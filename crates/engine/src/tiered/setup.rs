@@ -119,7 +119,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         // (a server's share: the whole graph's degrees)
         // — kept as factors per node where they factor (see `factored_adjacency`)
         let aggregation = model.aggregation();
-        let (mut pg, factors) = match factored_adjacency(ds, sub, &model) {
+        let (mut pg, factors) = match factored_adjacency(b, ds, sub, &model) {
             Some((csr, factors)) => (PartitionedGraph::build(&csr, &partitioning, &[]), Some(factors)),
             None => {
                 let (csr, vals): (Csr, Vec<f64>) = match sub {
@@ -436,22 +436,38 @@ pub(super) fn input_ids<'r>(
 }
 
 /// The whole graph's adjacency for the model with its values as factors per node, where they
-/// factor and the layers read no entry order: GCN (no edge weights), SAGE and GIN on the whole
-/// graph. A partition's graph then holds 8 bytes an entry on a device (the structure and its
-/// transpose) against 16 with values per entry and their transposed order: on papers-like at
-/// full size (3.3 G entries with self loops) 26 GiB of GPU memory less, which decides whether
-/// the blocks fit GPU, host and disk (docs/beyond-memory.md). A server's share (GraNNDis)
-/// rescales partial rows per entry, and GAT reads its attention through the entry order.
-/// `GRINNDER_FACTORED=0` keeps values per entry everywhere (a diagnostic, for comparisons).
-fn factored_adjacency(
+/// factor ([`factors_values`]); `None`: values per entry.
+fn factored_adjacency<B: Backend>(
+    b: &B,
     ds: &Dataset,
     sub: Option<&SubgraphOf>,
-    model: &Model<impl Backend>,
+    model: &Model<B>,
 ) -> Option<(Csr, grinnder_nn::Factors)> {
-    if sub.is_some() || model.weighs_entries() || std::env::var("GRINNDER_FACTORED").is_ok_and(|v| v == "0") {
+    let on_device = b.device_memory().is_some();
+    if sub.is_some() || !factors_values(model.weighs_entries(), ds.edge_weight.is_some(), on_device) {
         return None;
     }
     model.aggregation().factored(&ds.graph, ds.edge_weight.as_deref())
+}
+
+/// Whether the partition graphs keep their normalisation as factors per node instead of a
+/// value per entry: where it factors (not attention, `weighs_entries`; no edge weights) —
+/// GCN, SAGE, GIN on the whole graph (a server's share rescales partial rows per entry). A
+/// partition's graph then holds 8 bytes an entry on a device (the structure and its transpose)
+/// against 16 with values per entry and their transposed order: on papers-like at full size
+/// (3.3 G entries with self loops) 26 GiB of GPU memory less (docs/gpu.md, kernels). On the CPU
+/// by default; on a GPU only with `GRINNDER_FACTORED=1` for now: grinnder's factored kernel
+/// ran on an H100 (2026-12-06: same losses, 0.467 s against 0.510 s an epoch of products-like
+/// on grinnder's kernels both ways), but cuSPARSE, twice as fast there on values per entry
+/// (0.23 s), takes factored values only through a route written since and not yet run on a
+/// device. `GRINNDER_FACTORED=0` keeps values per entry everywhere (for comparisons).
+pub fn factors_values(weighs_entries: bool, weighted: bool, on_device: bool) -> bool {
+    let chosen = match std::env::var("GRINNDER_FACTORED").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => !on_device,
+    };
+    chosen && !weighs_entries && !weighted
 }
 
 /// A partition's input rows on their way from the reader to the backend.
@@ -831,6 +847,18 @@ mod tests {
         assert!(!factored(&ds, "gat"), "attention reads values per entry");
         ds.edge_weight = Some(vec![0.5f32; ds.graph.num_edges()].into());
         assert!(!factored(&ds, "gcn"), "edge weights are values per entry");
+    }
+
+    /// Factored values by default on the CPU, per entry on a GPU (until cuSPARSE's factored
+    /// route has run on one), never for attention or edge weights.
+    #[test]
+    fn factored_values_are_the_cpus_default() {
+        if std::env::var_os("GRINNDER_FACTORED").is_some() {
+            return; // the variable chooses instead (see `factors_values`)
+        }
+        assert!(factors_values(false, false, false));
+        assert!(!factors_values(false, false, true));
+        assert!(!factors_values(true, false, false) && !factors_values(false, true, false));
     }
 
     /// Where the storage directory holds every block's file, files outlive their reads; where
