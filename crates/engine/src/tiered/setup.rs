@@ -158,7 +158,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         drop(phase);
         let (mapped, device) = (crate::process::mapped_bytes(ds), b.device_memory().is_some());
         let plan = make_plan(&model, &parts, tc, elem as usize, pre, mapped, device);
-        let keep_read_files = check_budget(&plan, tc)?;
+        let keep_read_files = check_budget(&plan, tc, &block_levers(&model, tc))?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
             mode: plan.mode,
@@ -207,7 +207,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             ex.place_on_device(tc)?;
         }
         match tc.host_auto.as_ref().filter(|_| tc.host_mem.is_none() && tc.cache_bytes.is_none()) {
-            Some(auto) if !ex.blocks_fit(auto) => {
+            Some(auto) if !ex.blocks_fit(auto, tc.tier_dtype) => {
                 drop(ex);
                 Self::set_up_under(auto, b, ds, sub, model_cfg, tc, dist, plan_only)
             }
@@ -253,9 +253,15 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// Whether every block outside the GPU tier fits in `auto.bytes` beside what the process
     /// holds and the largest working set ([`TieredConfig::host_auto`]).
-    fn blocks_fit(&self, auto: &HostAuto) -> bool {
-        let outside: u64 =
-            self.block_list().iter().filter(|(id, _)| !self.tiers.on_device(*id)).map(|(_, b)| b).sum();
+    fn blocks_fit(&self, auto: &HostAuto, dtype: TierDtype) -> bool {
+        // (the store keeps blocks at the tier's type: bf16 halves them)
+        let elem = std::mem::size_of::<B::T>() as u64;
+        let outside: u64 = self
+            .block_list()
+            .iter()
+            .filter(|(id, _)| !self.tiers.on_device(*id))
+            .map(|(_, b)| b / elem * dtype.bytes(elem as usize) as u64)
+            .sum();
         let need = self.plan.resident_bytes + self.plan.working_bytes + outside;
         let fits = need + host_margin(auto.bytes) <= auto.bytes;
         tracing::info!(
@@ -657,7 +663,7 @@ const BASE_DRIFT_BYTES: u64 = 2 << 20;
 
 /// Refuses a plan the host budget or the storage directory cannot hold; whether block files
 /// outlive their blocks' reads ([`check_storage`]).
-fn check_budget(plan: &Plan, tc: &TieredConfig) -> Result<bool, TrainError> {
+fn check_budget(plan: &Plan, tc: &TieredConfig, levers: &str) -> Result<bool, TrainError> {
     if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
         let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
         if need > h {
@@ -686,7 +692,7 @@ fn check_budget(plan: &Plan, tc: &TieredConfig) -> Result<bool, TrainError> {
     if let (Some(_), Some(dir)) = (plan.cache_bytes, &tc.storage_dir) {
         let free = files::free_bytes(dir)
             .map_err(|e| TrainError::Storage(format!("storage directory {}: {e}", dir.display())))?;
-        return check_storage(plan, free, dir);
+        return check_storage(plan, free, dir, levers);
     }
     Ok(true)
 }
@@ -699,7 +705,7 @@ fn check_budget(plan: &Plan, tc: &TieredConfig) -> Result<bool, TrainError> {
 /// of files (H100, 2026-12-05). Where the disk holds the spill (what does not fit the cache,
 /// and two of the largest blocks in flight) but not every block, each file goes once its block
 /// is read (written again when the block leaves again); where it holds less, refused.
-fn check_storage(plan: &Plan, free: u64, dir: &std::path::Path) -> Result<bool, TrainError> {
+fn check_storage(plan: &Plan, free: u64, dir: &std::path::Path, levers: &str) -> Result<bool, TrainError> {
     let Some(cache) = plan.cache_bytes else { return Ok(true) };
     if plan.block_bytes <= cache || free >= plan.block_bytes {
         return Ok(true);
@@ -716,13 +722,31 @@ fn check_storage(plan: &Plan, free: u64, dir: &std::path::Path) -> Result<bool, 
         return Ok(false);
     }
     Err(TrainError::Storage(format!(
-        "storage directory {} has {:.1} MiB free, but the blocks beyond the {:.1} MiB host cache take {:.1} MiB (of {:.1} MiB of blocks): free space there, give a --storage-dir on a larger disk, halve the blocks with --tier-dtype bf16, or give more --gpu-mem or --host-mem",
+        "storage directory {} has {:.1} MiB free, but the blocks beyond the {:.1} MiB host cache take {:.1} MiB (of {:.1} MiB of blocks): free space there, give a --storage-dir on a larger disk, {levers}or give more --gpu-mem or --host-mem",
         dir.display(),
         mib(free),
         mib(cache),
         mib(spill),
         mib(plan.block_bytes)
     )))
+}
+
+/// The settings that would make the blocks fewer or smaller, for a refusal: bf16 blocks
+/// (unless they are already), and no input dropout where it keeps layer 0 from running on its
+/// aggregation computed once (papers-like at full size, GCN with 2 layers: 407 GiB of f32
+/// blocks with the default input dropout, about 195 without; H100, 2026-12-06).
+fn block_levers(model: &Model<impl Backend>, tc: &TieredConfig) -> String {
+    let mut levers = String::new();
+    if tc.tier_dtype == TierDtype::F32 {
+        levers.push_str("halve the blocks with --tier-dtype bf16, ");
+    }
+    if model.config.input_dropout > 0.0 && !model.weighs_entries() {
+        levers.push_str(&format!(
+            "train with --input-dropout 0 (with {}, layer 0's input and layer 1's input and gradient are blocks; without, layer 0's aggregation is computed once and takes far fewer), ",
+            model.config.input_dropout
+        ));
+    }
+    levers
 }
 
 /// This rank's distribution state: which rank computes each partition (`owner`), the rows it
@@ -849,6 +873,28 @@ mod tests {
         assert!(!factored(&ds, "gcn"), "edge weights are values per entry");
     }
 
+    /// A refusal for want of storage names only the levers not pulled: bf16 blocks where they
+    /// are f32, no input dropout where it keeps layer 0 from its aggregation computed once.
+    #[test]
+    fn storage_refusals_name_the_levers_not_pulled() {
+        let b = grinnder_tensor::Cpu::<f32>::new();
+        let model = |family: &str, input_dropout: f64| {
+            let cfg = grinnder_nn::ModelConfig {
+                input_dropout,
+                ..super::super::plan::tests::model_config(family, 2, 8)
+            };
+            Model::init(&b, cfg, 16, 4)
+        };
+        let f32 = TieredConfig::in_ram(4, grinnder_partition::Method::Contiguous);
+        let bf16 = TieredConfig { tier_dtype: TierDtype::Bf16, ..f32.clone() };
+        let both = block_levers(&model("gcn", 0.5), &f32);
+        assert!(both.contains("--tier-dtype bf16") && both.contains("--input-dropout 0"), "{both}");
+        assert_eq!(block_levers(&model("gcn", 0.5), &bf16).matches("--").count(), 1);
+        assert!(block_levers(&model("gcn", 0.0), &bf16).is_empty());
+        // attention computes nothing once: its input dropout is no lever
+        assert!(!block_levers(&model("gat", 0.5), &bf16).contains("--input-dropout"));
+    }
+
     /// Factored values by default on the CPU, per entry on a GPU (until cuSPARSE's factored
     /// route has run on one), never for attention or edge weights.
     #[test]
@@ -869,15 +915,16 @@ mod tests {
         let dir = std::path::Path::new("/scratch");
         const M: u64 = 1 << 20;
         // every block's file fits: kept after reads
-        assert!(check_storage(&plan(60 * M, 100 * M), 100 * M, dir).unwrap());
+        let levers = "halve the blocks with --tier-dtype bf16, ";
+        assert!(check_storage(&plan(60 * M, 100 * M), 100 * M, dir, levers).unwrap());
         // the spill (40, and two blocks of 5 in flight) fits, every block does not: removed
-        assert!(!check_storage(&plan(60 * M, 100 * M), 50 * M, dir).unwrap());
-        let e = check_storage(&plan(60 * M, 100 * M), 50 * M - 1, dir).unwrap_err().to_string();
+        assert!(!check_storage(&plan(60 * M, 100 * M), 50 * M, dir, levers).unwrap());
+        let e = check_storage(&plan(60 * M, 100 * M), 50 * M - 1, dir, levers).unwrap_err().to_string();
         assert!(
             e.contains("/scratch") && e.contains("--tier-dtype bf16") && e.contains("take 50.0 MiB"),
             "{e}"
         );
         // blocks within the cache write no file
-        assert!(check_storage(&plan(100 * M, 100 * M), 0, dir).unwrap());
+        assert!(check_storage(&plan(100 * M, 100 * M), 0, dir, levers).unwrap());
     }
 }
