@@ -309,6 +309,13 @@ fn print_tiered(t: &TieredInfo) {
         );
     }
     println!("blocks         {} in all", gib(t.blocks.iter().map(|g| g.bytes).sum()));
+    if let Some(without) = p.block_bytes_without_input_dropout {
+        println!(
+            "               as stored {}; {} with --input-dropout 0 (input dropout keeps layer 0 from running on its aggregation computed once)",
+            gib(p.block_bytes),
+            gib(without)
+        );
+    }
     for g in &t.blocks {
         let rest = g.blocks - g.on_device;
         let host = if p.cache_bytes.is_some() { "in the host cache and storage" } else { "in host memory" };

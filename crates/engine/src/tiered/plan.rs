@@ -27,6 +27,11 @@ pub struct Plan {
     pub block_bytes: u64,
     /// The largest block's bytes.
     pub largest_block_bytes: u64,
+    /// What `block_bytes` would be without input dropout, where it alone keeps layer 0 from
+    /// running on its aggregation computed once and that takes fewer blocks (GCN: the
+    /// features, layer 1's input and its gradient need none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_bytes_without_input_dropout: Option<u64>,
     /// The GPU tier (with `gpu_mem`): its block budget and what was placed there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DevicePlan>,
@@ -233,10 +238,18 @@ pub(super) fn make_plan<B: Backend>(
     // every block an epoch makes, all at once (an upper bound: spent layers' blocks go), with
     // layer 0 inside layer 1 where it can be (a GPU tier that undoes that holds those blocks)
     let layer_bytes = |l: usize| nodes * model.dim(l) as u64 * elem_tier;
-    let block_bytes: u64 = block_kinds(model, pre, fusible(model, pre))
-        .iter()
-        .map(|&(_, _, d)| nodes * d as u64 * elem_tier)
-        .sum();
+    let blocks_of = |pre: bool| -> u64 {
+        block_kinds(model, pre, fusible(model, pre))
+            .iter()
+            .map(|&(_, _, d)| nodes * d as u64 * elem_tier)
+            .sum()
+    };
+    let block_bytes = blocks_of(pre);
+    let unfused_by_dropout =
+        !pre && model.config.input_dropout > 0.0 && !model.weighs_entries() && runs_on_pre(model, true);
+    // (SAGE keeps its features beside the aggregation: no fewer blocks)
+    let block_bytes_without_input_dropout =
+        unfused_by_dropout.then(|| blocks_of(true)).filter(|&without| without < block_bytes);
     let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
     // with a storage tier the store holds one block beyond its budget (the one in use), and
     // reading a block holds its file buffer (kept for the next read) beside the decoded
@@ -270,8 +283,19 @@ pub(super) fn make_plan<B: Backend>(
         mode,
         block_bytes,
         largest_block_bytes: largest_block,
+        block_bytes_without_input_dropout,
         device: None,
     }
+}
+
+/// Whether layer 0 runs on its input's aggregation computed once (given no input dropout
+/// where `dropout_aside`): the model precomputes it, and it is no wider than layer 0's output
+/// (aggregating the narrower side) or layer 0 reads nothing else (then it replaces the
+/// features). Wider inputs of a layer that also reads them (SAGE's root term) run layer 0
+/// split instead, which spares a second set of blocks as large as the features.
+pub(super) fn runs_on_pre<B: Backend>(model: &Model<B>, dropout_aside: bool) -> bool {
+    let precomputes = if dropout_aside { !model.weighs_entries() } else { model.precomputes_input() };
+    precomputes && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre())
 }
 
 pub(super) const GIB: f64 = (1u64 << 30) as f64;

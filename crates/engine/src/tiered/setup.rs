@@ -136,14 +136,10 @@ impl<'a, B: Backend> Executor<'a, B> {
         // size, counted as held until now)
         ds.graph.release_pages();
         let mirrors = mirror_rows(&mut pg, &local);
-        // the fixed input's aggregation is kept where it is no wider than layer 0's output
-        // (aggregating the narrower side), or where layer 0 reads nothing else: then it
+        // the fixed input's aggregation, computed once, where it pays (`runs_on_pre`): then it
         // replaces the features (computed from the dataset's rows, no feature blocks) and
-        // layer 0 needs no halo rows and no aggregation per epoch. Wider inputs of a layer that
-        // also reads them (SAGE's root term) run layer 0 split (transform own rows, aggregate
-        // the narrow result), which spares a second set of blocks as large as the features.
-        let pre =
-            model.precomputes_input() && (model.dim(0) <= model.dim(1) || !model.reads_input_beside_pre());
+        // layer 0 needs no halo rows and no aggregation per epoch
+        let pre = super::plan::runs_on_pre(&model, false);
         // under a host budget, `Â x` is built a piece of columns at a time where two
         // partitions' input rows would take much of the budget ([`input::in_pieces`])
         let most_cols = pg.partitions.iter().map(|g| g.columns() as u64).max().unwrap_or(0);
@@ -158,7 +154,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         drop(phase);
         let (mapped, device) = (crate::process::mapped_bytes(ds), b.device_memory().is_some());
         let plan = make_plan(&model, &parts, tc, elem as usize, pre, mapped, device);
-        let keep_read_files = check_budget(&plan, tc, &block_levers(&model, tc))?;
+        let keep_read_files = check_budget(&plan, tc, &block_levers(&plan, &model, tc))?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
             mode: plan.mode,
@@ -680,7 +676,7 @@ fn check_budget(plan: &Plan, tc: &TieredConfig, levers: &str) -> Result<bool, Tr
     if let (Some(cache), None) = (plan.cache_bytes, &tc.storage_dir) {
         if cache < plan.block_bytes {
             return Err(TrainError::Storage(format!(
-                "the host cache holds {:.1} MiB of blocks (--host-mem less {:.1} MiB resident, a {:.1} MiB working set and a {:.1} MiB margin, or --block-cache), but the blocks need {:.1} MiB: give a --storage-dir to spill to, or more --host-mem",
+                "the host cache holds {:.1} MiB of blocks (--host-mem less {:.1} MiB resident, a {:.1} MiB working set and a {:.1} MiB margin, or --block-cache), but the blocks need {:.1} MiB: give a --storage-dir to spill to, {levers}or more --host-mem",
                 mib(cache),
                 mib(plan.resident_bytes),
                 mib(plan.working_bytes),
@@ -735,15 +731,17 @@ fn check_storage(plan: &Plan, free: u64, dir: &std::path::Path, levers: &str) ->
 /// (unless they are already), and no input dropout where it keeps layer 0 from running on its
 /// aggregation computed once (papers-like at full size, GCN with 2 layers: 407 GiB of f32
 /// blocks with the default input dropout, about 195 without; H100, 2026-12-06).
-fn block_levers(model: &Model<impl Backend>, tc: &TieredConfig) -> String {
+fn block_levers(plan: &Plan, model: &Model<impl Backend>, tc: &TieredConfig) -> String {
     let mut levers = String::new();
     if tc.tier_dtype == TierDtype::F32 {
         levers.push_str("halve the blocks with --tier-dtype bf16, ");
     }
-    if model.config.input_dropout > 0.0 && !model.weighs_entries() {
+    if let Some(without) = plan.block_bytes_without_input_dropout {
         levers.push_str(&format!(
-            "train with --input-dropout 0 (with {}, layer 0's input and layer 1's input and gradient are blocks; without, layer 0's aggregation is computed once and takes far fewer), ",
-            model.config.input_dropout
+            "train with --input-dropout 0 (with {}, layer 0 cannot run on its aggregation computed once: {:.1} MiB of blocks, {:.1} MiB without), ",
+            model.config.input_dropout,
+            mib(plan.block_bytes),
+            mib(without)
         ));
     }
     levers
@@ -835,6 +833,7 @@ mod tests {
             mode: CacheMode::PartitionLru,
             block_bytes: blocks,
             largest_block_bytes: 5 << 20,
+            block_bytes_without_input_dropout: None,
             device: None,
         }
     }
@@ -887,12 +886,44 @@ mod tests {
         };
         let f32 = TieredConfig::in_ram(4, grinnder_partition::Method::Contiguous);
         let bf16 = TieredConfig { tier_dtype: TierDtype::Bf16, ..f32.clone() };
-        let both = block_levers(&model("gcn", 0.5), &f32);
+        let unfused = Plan { block_bytes_without_input_dropout: Some(40 << 20), ..plan(0, 100 << 20) };
+        let both = block_levers(&unfused, &model("gcn", 0.5), &f32);
         assert!(both.contains("--tier-dtype bf16") && both.contains("--input-dropout 0"), "{both}");
-        assert_eq!(block_levers(&model("gcn", 0.5), &bf16).matches("--").count(), 1);
-        assert!(block_levers(&model("gcn", 0.0), &bf16).is_empty());
-        // attention computes nothing once: its input dropout is no lever
-        assert!(!block_levers(&model("gat", 0.5), &bf16).contains("--input-dropout"));
+        assert!(both.contains("100.0 MiB of blocks, 40.0 MiB without"), "{both}");
+        assert_eq!(block_levers(&unfused, &model("gcn", 0.5), &bf16).matches("--").count(), 1);
+        assert!(block_levers(&plan(0, 1), &model("gcn", 0.0), &bf16).is_empty());
+    }
+
+    /// The plan says what input dropout costs where it keeps layer 0 from its aggregation
+    /// computed once and that would take fewer blocks (GCN), and nothing where it would not
+    /// (SAGE), where there is none, or for attention.
+    #[test]
+    fn the_plan_counts_the_blocks_input_dropout_costs() {
+        use grinnder_graph::generate::{generate, preset, GenConfig};
+        let ds = generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.001, 5))
+            .unwrap()
+            .into_dataset()
+            .unwrap();
+        let b = grinnder_tensor::Cpu::<f32>::new();
+        let tc = TieredConfig::in_ram(3, grinnder_partition::Method::Contiguous);
+        let plan_of = |family: &str, input_dropout: f64| {
+            let cfg = grinnder_nn::ModelConfig {
+                input_dropout,
+                // (SAGE's aggregation is computed once only where it is no wider than layer
+                // 0's output: the features are 128 wide)
+                ..super::super::plan::tests::model_config(family, 2, 256)
+            };
+            Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tc).unwrap().plan
+        };
+        let (with, without) = (plan_of("gcn", 0.5), plan_of("gcn", 0.0));
+        assert_eq!(with.block_bytes_without_input_dropout, Some(without.block_bytes));
+        assert!(without.block_bytes < with.block_bytes);
+        assert_eq!(without.block_bytes_without_input_dropout, None);
+        // SAGE keeps its features beside the aggregation (its root term): no fewer blocks
+        let (with, without) = (plan_of("sage", 0.5), plan_of("sage", 0.0));
+        assert!(without.block_bytes >= with.block_bytes);
+        assert_eq!(with.block_bytes_without_input_dropout, None);
+        assert_eq!(plan_of("gat", 0.5).block_bytes_without_input_dropout, None);
     }
 
     /// Factored values by default on the CPU, per entry on a GPU (until cuSPARSE's factored
