@@ -53,11 +53,7 @@ pub fn inference_workload(model: &ModelFile, ds: &Dataset, on_device: bool) -> W
 /// Whether the executor keeps the partition graphs' values as factors per node
 /// ([`grinnder_engine::tiered::factors_values`]).
 fn factored(kind: grinnder_nn::Kind, ds: &Dataset, on_device: bool) -> bool {
-    grinnder_engine::tiered::factors_values(
-        kind == grinnder_nn::Kind::Gat,
-        ds.edge_weight.is_some(),
-        on_device,
-    )
+    grinnder_engine::tiered::factors_values(kind.weighs_entries(), ds.edge_weight.is_some(), on_device)
 }
 
 /// Settles a prediction's budgets on this machine as [`settle`] does a training run's:

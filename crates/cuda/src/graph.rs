@@ -49,6 +49,10 @@ impl GraphOps for Cuda {
             format!("{}x{} nnz {} width {}", approx(s.rows), approx(s.cols), approx(s.nnz), x.cols)
         });
         assert_eq!(vals.rows, s.nnz, "one value per stored entry");
+        assert!(
+            !transpose || s.t_perm.is_some(),
+            "a structure kept without its transpose's entry order multiplies only factored values"
+        );
         let (rows, inner) = if transpose { (s.cols, s.rows) } else { (s.rows, s.cols) };
         assert_eq!(x.rows, inner, "spmm: x rows");
         assert_eq!((out.rows, out.cols), (rows, x.cols), "spmm: output shape");

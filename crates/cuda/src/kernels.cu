@@ -73,8 +73,8 @@ extern "C" __global__ void edge_dropout(const u64* ptr, const u32* idx, i64 rows
 
 // out[r, :] = beta · out[r, :] + Σ_e vals[e, head(col)] · x[idx[e], :]; one warp per row.
 // Factored values (vc 0, no value per entry): entry e of row r weighs out_f[r] · in_f[idx[e]]
-// (bit 1 of `factors`: in_f given, bit 2: out_f; an absent factor is 1), summed as values per
-// entry are.
+// (`factors & 1`: in_f given, `factors & 2`: out_f given; an absent factor is 1), summed as
+// values per entry are.
 // The row's entries are read 32 at a time, coalesced (index, entry position, value), and
 // broadcast lane to lane; columns go in tiles of 256 (8 per lane, in registers). The gathers of
 // consecutive entries are independent, so several are in flight per warp.
@@ -102,8 +102,8 @@ extern "C" __global__ void spmm(const u64* ptr, const u32* idx, const u32* perm,
                 my_col = idx[k];
                 my_ent = has_perm ? perm[k] : k;
                 my_val = vc == 1 ? vals[my_ent] : 1.0f;
-            if (factors & 1) my_val *= in_f[my_col];
-            my_val *= scale;
+                if (factors & 1) my_val *= in_f[my_col];
+                my_val *= scale;
             }
             int n = (int)(e - base < 32 ? e - base : 32);
 #pragma unroll 4
@@ -145,8 +145,7 @@ extern "C" __global__ void factored_values(const u64* ptr, const u32* idx, i64 r
 // so two rows' gathers are in flight per warp and few lanes idle.
 extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u32* perm, int has_perm,
                                   const float* vals, int vc, const float* in_f, const float* out_f, int factors,
-                                const float* x, int d, float* out, i64 rows,
-                                  float beta) {
+                                  const float* x, int d, float* out, i64 rows, float beta) {
     i64 r = global_thread() >> 4;
     int lane = threadIdx.x & 15;
     unsigned mask = (threadIdx.x & 16) ? 0xffff0000u : 0x0000ffffu;
@@ -192,8 +191,7 @@ extern "C" __global__ void spmm16(const u64* ptr, const u32* idx, const u32* per
 // of 256 columns (x and out rows are 16-byte aligned: d % 4 == 0, allocations 256-byte aligned).
 extern "C" __global__ void spmm_v4(const u64* ptr, const u32* idx, const u32* perm, int has_perm,
                                    const float* vals, int vc, const float* in_f, const float* out_f, int factors,
-                                const float* x, int d, float* out, i64 rows,
-                                   float beta) {
+                                   const float* x, int d, float* out, i64 rows, float beta) {
     i64 r = global_warp();
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
@@ -216,8 +214,8 @@ extern "C" __global__ void spmm_v4(const u64* ptr, const u32* idx, const u32* pe
                 my_col = idx[k];
                 my_ent = has_perm ? perm[k] : k;
                 my_val = vc == 1 ? vals[my_ent] : 1.0f;
-            if (factors & 1) my_val *= in_f[my_col];
-            my_val *= scale;
+                if (factors & 1) my_val *= in_f[my_col];
+                my_val *= scale;
             }
             int n = (int)(e - base < 32 ? e - base : 32);
 #pragma unroll 4

@@ -101,7 +101,7 @@ pub struct DSparse {
     col_idx: CudaSlice<u32>,
     t_row_ptr: CudaSlice<u64>,
     t_col_idx: CudaSlice<u32>,
-    /// 32-bit: a partition's structure has fewer than 2³² entries (checked at upload); `None`
+    /// 32-bit: a structure on the device has fewer than 2³² entries (checked at upload); `None`
     /// for a structure sent without it ([`SparseMatrix::without_entry_order`]: factored values)
     t_perm: Option<CudaSlice<u32>>,
     /// node ids of rows and columns for edge-dropout keys
@@ -109,6 +109,10 @@ pub struct DSparse {
     /// 32-bit offsets for cuSPARSE (where it is present and the structure is small enough)
     csr32: Option<cusparse::Csr32>,
 }
+
+/// Per SpMM shape class and kind of values (factored or not): whether cuSPARSE won, both
+/// times in ms and the shape timed.
+type SpmmPick = (bool, f64, f64, SpmmShape);
 
 /// The CUDA backend on one device.
 pub struct Cuda {
@@ -122,7 +126,7 @@ pub struct Cuda {
     sparse_lib: Option<cusparse::CuSparse>,
     /// Per shape class ([`shape_class`]): whether cuSPARSE won, both times in ms, and the
     /// shape timed.
-    spmm_pick: std::sync::Mutex<std::collections::HashMap<SpmmShape, (bool, f64, f64, SpmmShape)>>,
+    spmm_pick: std::sync::Mutex<std::collections::HashMap<(SpmmShape, bool), SpmmPick>>,
     pool: Option<MemPool>,
     /// `--gpu-mem`: the most bytes of device memory the backend may hold.
     budget: Option<u64>,

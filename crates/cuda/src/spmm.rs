@@ -171,7 +171,8 @@ impl Cuda {
         out: &mut DMat,
     ) -> bool {
         let shape = (s.rows, s.cols, s.nnz, x.cols, transpose);
-        let key = shape_class(shape);
+        // (factored values reach cuSPARSE through a pass of their own: timed apart)
+        let key = (shape_class(shape), matches!(vals, SpValues::Factored(..)));
         if let Some(&(lib, ..)) = self.spmm_pick.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return lib;
         }

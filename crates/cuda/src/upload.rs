@@ -100,6 +100,7 @@ impl Cuda {
             (&built.0, &built.1, &built.2)
         };
         let up32 = |v: &[u32]| self.upload_slice_on(stream, v);
+        assert!(s.nnz() <= u32::MAX as usize, "a sparse structure on the GPU holds under 2^32 entries");
         DSparse {
             rows: s.rows,
             cols: s.cols,
@@ -108,13 +109,7 @@ impl Cuda {
             col_idx: up32(&s.col_idx),
             t_row_ptr: self.upload_slice_on(stream, t_row_ptr),
             t_col_idx: up32(t_col_idx),
-            t_perm: keep_perm.then(|| {
-                assert!(
-                    s.nnz() <= u32::MAX as usize,
-                    "a sparse structure on the GPU holds under 2^32 entries"
-                );
-                up32(&t_perm.iter().map(|&e| e as u32).collect::<Vec<u32>>())
-            }),
+            t_perm: keep_perm.then(|| up32(&t_perm.iter().map(|&e| e as u32).collect::<Vec<u32>>())),
             ids: self.upload_ids(stream, s),
             csr32: (self.sparse_lib.is_some() && s.nnz().max(s.rows).max(s.cols) < i32::MAX as usize).then(
                 || cusparse::Csr32 {
@@ -138,7 +133,8 @@ impl Cuda {
     }
 
     /// The transpose a structure holds on the device, read back (for checks): offsets,
-    /// indices and the CSR position of each entry, as [`SparseMatrix`] stores them.
+    /// indices and the CSR position of each entry, as [`SparseMatrix`] stores them (no
+    /// positions for a structure kept without its entry order).
     pub fn transpose_to_host(&self, s: &DSparse) -> (Vec<u64>, Vec<u32>, Vec<u64>) {
         let down = |v: &CudaSlice<u32>| self.stream.clone_dtoh(v).expect("CUDA download");
         let perm = s

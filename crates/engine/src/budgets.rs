@@ -212,17 +212,25 @@ pub fn choose(w: &Workload, room: Room, given: Given) -> Result<Budgets, String>
                     <= STRUCTURE_SHARE * device as f64
             };
             // at least 4, the executor's long-standing default
-            let Some(p) = (2..).map(|k| 1usize << k).take_while(|&p| p <= PARTS_MAX).find(|&p| fits(p))
-            else {
+            let counts = || (2..).map(|k| 1usize << k).take_while(|&p| p <= PARTS_MAX);
+            let Some(p) = counts().find(|&p| fits(p)) else {
+                // values per entry where factors would do (GAT and edge weights cannot)
+                let factored = Workload { factored: true, ..w.clone() };
+                let factored_would_fit = !w.factored
+                    && w.edge_values == 0
+                    && counts().any(|p| {
+                        (partition_graph_bytes(&factored) + working_bytes(&factored, p, !cuda)) as f64
+                            <= STRUCTURE_SHARE * device as f64
+                    });
                 return Err(format!(
                     "the graph does not fit: its structure alone takes about {} of the {} {} budget; {}",
                     gib(partition_graph_bytes(w)),
                     gib(device),
                     if cuda { "GPU" } else { "host" },
-                    if cuda {
-                        "train on a larger GPU, or with --device cpu"
-                    } else {
-                        "train on a machine with more memory"
+                    match (cuda, factored_would_fit) {
+                        (true, true) => "with GRINNDER_FACTORED=1 the partition graphs keep their normalisation per node (8 bytes an entry less) and fit; or train on a larger GPU, or with --device cpu",
+                        (true, false) => "train on a larger GPU, or with --device cpu",
+                        _ => "train on a machine with more memory",
                     }
                 ));
             };
@@ -300,18 +308,24 @@ mod tests {
 
     #[test]
     fn papers100m_on_an_h200_is_partitioned_within_the_gpu_and_the_host() {
+        for factored in [true, false] {
+            papers100m_on_an_h200(Workload { factored, ..papers() });
+        }
+    }
+
+    fn papers100m_on_an_h200(w: Workload) {
         let room = Room { host: 125 * G, gpu_free: Some(139 * G) };
-        let b = choose(&papers(), room, Given::default()).unwrap();
+        let b = choose(&w, room, Given::default()).unwrap();
         let p = b.parts.expect("partitioned");
         assert!((16..=128).contains(&p), "{p} partitions");
         let g = b.gpu_mem.unwrap();
         assert!((130 * G..=139 * G).contains(&g), "GPU budget {}", gib(g));
         assert_eq!(b.host_mem_auto, Some((125.0 * G as f64 * HOST_SHARE) as u64));
         // the structure and a working set leave room for blocks
-        let structure = partition_graph_bytes(&papers());
-        assert!(structure + working_bytes(&papers(), p, false) <= (0.6 * g as f64) as u64);
+        let structure = partition_graph_bytes(&w);
+        assert!(structure + working_bytes(&w, p, false) <= (0.6 * g as f64) as u64);
         // fewer partitions would not leave it
-        assert!(structure + working_bytes(&papers(), p / 2, false) > (0.6 * g as f64) as u64 || p == 2);
+        assert!(structure + working_bytes(&w, p / 2, false) > (0.6 * g as f64) as u64 || p == 2);
     }
 
     #[test]
@@ -351,7 +365,8 @@ mod tests {
         let room = Room { host: 125 * G, gpu_free: Some(79 * G) };
         let per_entry = Workload { factored: false, ..papers() };
         assert!(partition_graph_bytes(&per_entry) - partition_graph_bytes(&papers()) == 8 * papers().edges);
-        assert!(choose(&per_entry, room, Given::default()).unwrap_err().contains("structure alone"));
+        let e = choose(&per_entry, room, Given::default()).unwrap_err();
+        assert!(e.contains("structure alone") && e.contains("GRINNDER_FACTORED=1"), "{e}");
         assert!(choose(&papers(), room, Given::default()).unwrap().parts.is_some());
         // the in-memory trainer's whole graph keeps values per entry either way
         assert_eq!(graph_bytes(&per_entry), graph_bytes(&papers()));

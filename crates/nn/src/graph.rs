@@ -23,7 +23,7 @@ pub enum Values<B: Backend> {
     Entries(B::Mat),
     /// Entry `(r, c)` is `rows[r] · cols[c]` (a factor absent: 1): a normalisation kept per
     /// node, 4 bytes a node where values per entry take 4 bytes an entry and their transposed
-    /// order 4 more (on papers-like at full size, 26 GiB of a GPU's partition graphs).
+    /// order 4 more (on papers-like at full size, about 25 GiB of a GPU's partition graphs).
     Factored {
         rows: Option<B::Mat>,
         cols: Option<B::Mat>,

@@ -1,10 +1,11 @@
 //! `SparseMatrix`: the structure of a sparse matrix in CSR form together with its transpose,
 //! so that both `A·X` and `Aᵀ·X` run as row-parallel gathers without atomics. Values are
-//! separate (per stored entry, in CSR order), so one structure serves several value sets
-//! (normalisations, attention coefficients).
+//! separate (per stored entry, in CSR order, or factored into one per row and one per column),
+//! so one structure serves several value sets (normalisations, attention coefficients).
 //!
-//! Invariant: `t_perm[k]` is the CSR position of the k-th entry of the transpose, so
-//! `Aᵀ[t_row][t_col_idx[k]] = vals[t_perm[k]]`.
+//! Invariant: where kept, `t_perm[k]` is the CSR position of the k-th entry of the transpose,
+//! so `Aᵀ[t_row][t_col_idx[k]] = vals[t_perm[k]]`; a structure for factored values keeps none
+//! ([`SparseMatrix::without_entry_order`]), and its transpose is the same either way.
 
 /// CSR structure of an `rows × cols` matrix and of its transpose.
 #[derive(Clone, Debug, PartialEq)]

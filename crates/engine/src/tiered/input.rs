@@ -26,8 +26,6 @@ pub(super) fn in_pieces(rows_bytes: u64, host: u64) -> bool {
     rows_bytes > input_piece_bytes() && (diagnostic || 2 * rows_bytes > host / 8)
 }
 
-/// A partition's adjacency on the host, kept from its graph's construction until `Â x` is
-/// built: rows are the own rows, columns own then halo.
 /// The value of every entry of a CSR structure whose values are factored: `rows[r] · cols[c]`.
 pub(super) fn entry_values(
     row_ptr: &[u64],
@@ -45,6 +43,8 @@ pub(super) fn entry_values(
     vals
 }
 
+/// A partition's adjacency on the host, kept from its graph's construction until `Â x` is
+/// built: rows are the own rows, columns own then halo.
 pub(super) struct HostAdjacency {
     pub row_ptr: Vec<u64>,
     pub col_idx: Vec<u32>,

@@ -58,6 +58,14 @@ impl Kind {
         }
     }
 
+    /// Whether the family's layers multiply the adjacency's structure by values of their own
+    /// (GAT's attention coefficients), which a transposed product reads through the
+    /// structure's entry order; the others multiply by the adjacency's values alone, which may
+    /// come factored ([`crate::graph::Values::Factored`]).
+    pub fn weighs_entries(self) -> bool {
+        self == Kind::Gat
+    }
+
     /// Whether the family's layer takes edge weights: GCN alone, as in PyG (`GCNConv` has
     /// `edge_weight`; `SAGEConv`, `GATConv` and `GINConv` have none).
     pub fn takes_edge_weight(self) -> bool {
@@ -346,12 +354,9 @@ impl<B: Backend> Model<B> {
         self.config.kind.aggregation()
     }
 
-    /// Whether the layers multiply the adjacency's structure by values of their own (GAT's
-    /// attention coefficients), which a transposed product reads through the structure's entry
-    /// order; the others multiply by the adjacency's values alone, which may come factored
-    /// ([`crate::graph::Values::Factored`]).
+    /// [`Kind::weighs_entries`] of the model's family.
     pub fn weighs_entries(&self) -> bool {
-        self.config.kind == Kind::Gat
+        self.config.kind.weighs_entries()
     }
 
     /// Values per adjacency entry that a layer's working set holds: one per attention head

@@ -112,6 +112,7 @@ pub fn spmm_factored<T: Scalar>(
     assert_eq!((out.rows, out.cols), (n, x.cols), "spmm: output shape");
     assert!(rows.is_none_or(|f| (f.rows, f.cols) == (s.rows, 1)), "one row factor per row");
     assert!(cols.is_none_or(|f| (f.rows, f.cols) == (s.cols, 1)), "one column factor per column");
+    assert!(!transpose || s.has_transpose(), "a transposed product needs the structure's transpose");
     let (ptr, idx) = if transpose { (&s.t_row_ptr, &s.t_col_idx) } else { (&s.row_ptr, &s.col_idx) };
     let (outer, inner) = if transpose { (cols, rows) } else { (rows, cols) };
     let d = x.cols;
