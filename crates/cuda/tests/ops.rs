@@ -40,6 +40,7 @@ test_device!(
     gemm,
     gemm_split_k,
     spmm,
+    spmm_factored,
     sddmm,
     head_dots,
     head_dots_backward,
@@ -234,6 +235,30 @@ fn spmm<B: Backend<T = f32>>(b: &B) {
             R.spmm(&rs, &wide(&vals), transpose, &wide(&x), 0.5, &mut want);
             b.spmm(&bs, &b.upload(&vals), transpose, &b.upload(&x), 0.5, &mut got);
             check(b, &format!("spmm k={k} d={d} transpose={transpose}"), &got, &want);
+        }
+    }
+}
+
+/// Factored values (one per row, one per column; either absent), forward and transposed, on
+/// a structure kept without its entry order, at widths that take each of the GPU's kernels.
+fn spmm_factored<B: Backend<T = f32>>(b: &B) {
+    let s = random_sparse(300, 200, 9, 6).without_entry_order();
+    let (rs, bs) = (R.sparse(&s), b.sparse(&s));
+    let (rf, cf) = (random(300, 1, 10), random(200, 1, 11));
+    let (brf, bcf, wrf, wcf) = (b.upload(&rf), b.upload(&cf), wide(&rf), wide(&cf));
+    for (rows_f, cols_f) in [(true, true), (true, false), (false, true)] {
+        for d in [20, 64, 96, 300] {
+            for transpose in [false, true] {
+                let (n, inner) = if transpose { (200, 300) } else { (300, 200) };
+                let (x, o0) = (random(inner, d, 8), random(n, d, 9));
+                let (mut want, mut got) = (wide(&o0), b.upload(&o0));
+                let (wr, wc) = (rows_f.then_some(&wrf), cols_f.then_some(&wcf));
+                R.spmm_factored(&rs, wr, wc, transpose, &wide(&x), 0.5, &mut want);
+                let (br, bc) = (rows_f.then_some(&brf), cols_f.then_some(&bcf));
+                b.spmm_factored(&bs, br, bc, transpose, &b.upload(&x), 0.5, &mut got);
+                let what = format!("spmm_factored rows {rows_f} cols {cols_f} d={d} transpose={transpose}");
+                check(b, &what, &got, &want);
+            }
         }
     }
 }
