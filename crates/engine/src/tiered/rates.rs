@@ -174,8 +174,13 @@ pub fn measure_rates<B: Backend>(
         .collect();
     let sm = SparseMatrix::new(n, n, row_ptr, col_idx).with_transpose();
     let entries = sm.nnz() as u64;
+    // the values the executor's partition graphs keep on this backend by default: factored
+    // (a row factor and a column factor, as GCN's) or one per entry
+    let factored = super::factors_values(false, false, b.device_memory().is_some());
+    let sm = if factored { sm.without_entry_order() } else { sm };
     let s = b.sparse(&sm);
     let vals = b.upload(&Mat::from_vec(sm.nnz(), 1, vec![B::T::of(1.0 / deg as f64); sm.nnz()]));
+    let factor = b.upload(&Mat::from_vec(n, 1, vec![B::T::of(0.25); n]));
     let mut sparse = Vec::new();
     for width in [16u64, 64, 256] {
         let d = width as usize;
@@ -184,13 +189,17 @@ pub fn measure_rates<B: Backend>(
         let mut z = b.output(n, d);
         for transposed in [false, true] {
             let t = median_secs(reps, || {
-                b.spmm(&s, &vals, transposed, &h, 0.0, &mut z);
+                if factored {
+                    b.spmm_factored(&s, Some(&factor), Some(&factor), transposed, &h, 0.0, &mut z);
+                } else {
+                    b.spmm(&s, &vals, transposed, &h, 0.0, &mut z);
+                }
                 sync();
             });
             sparse.push(SparseRate { width, transposed, entry_columns_per_s: (entries * width) as f64 / t });
         }
     }
-    drop((s, vals));
+    drop((s, vals, factor));
     // uploads through the staging and downloads, as the executor moves host rows
     let rows = 65536 * scale;
     let host = vec![B::T::of(0.5); rows * 256];

@@ -467,7 +467,12 @@ pub fn factors_values(weighs_entries: bool, weighted: bool, on_device: bool) -> 
     let chosen = match std::env::var("GRINNDER_FACTORED").as_deref() {
         Ok("0") => false,
         Ok("1") => true,
-        _ => !on_device,
+        Ok(other) => {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| tracing::warn!("GRINNDER_FACTORED={other:?} is neither 0 nor 1: the default"));
+            !on_device
+        }
+        Err(_) => !on_device,
     };
     chosen && !weighs_entries && !weighted
 }
