@@ -120,6 +120,50 @@ fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
     t[t.len() / 2]
 }
 
+/// Sparse products on a random graph of 16 entries per row (65,536 × `scale` rows), at widths
+/// 16, 64 and 256, each way.
+fn sparse_rates<B: Backend>(b: &B, scale: usize, reps: usize) -> Vec<SparseRate> {
+    let n = 65536 * scale;
+    let deg = 16;
+    let row_ptr: Vec<u64> = (0..=n as u64).map(|r| r * deg).collect();
+    let mut rng = grinnder_graph::rng::Stream::new(&[7, 7]);
+    let col_idx: Vec<u32> = (0..n)
+        .flat_map(|_| {
+            let mut c: Vec<u32> = (0..deg).map(|_| (rng.next_u64() % n as u64) as u32).collect();
+            c.sort_unstable();
+            c
+        })
+        .collect();
+    let sm = SparseMatrix::new(n, n, row_ptr, col_idx).with_transpose();
+    let entries = sm.nnz() as u64;
+    // the values the executor's partition graphs keep on this backend by default: factored
+    // (a row factor and a column factor, as GCN's) or one per entry
+    let factored = super::factors_values(false, false, b.device_memory().is_some());
+    let sm = if factored { sm.without_entry_order() } else { sm };
+    let s = b.sparse(&sm);
+    let vals = b.upload(&Mat::from_vec(sm.nnz(), 1, vec![B::T::of(1.0 / deg as f64); sm.nnz()]));
+    let factor = b.upload(&Mat::from_vec(n, 1, vec![B::T::of(0.25); n]));
+    let mut sparse = Vec::new();
+    for width in [16u64, 64, 256] {
+        let d = width as usize;
+        let h =
+            b.upload(&Mat::from_vec(n, d, (0..n * d).map(|i| B::T::of((i % 97) as f64 * 0.01)).collect()));
+        let mut z = b.output(n, d);
+        for transposed in [false, true] {
+            let t = median_secs(reps, || {
+                if factored {
+                    b.spmm_factored(&s, Some(&factor), Some(&factor), transposed, &h, 0.0, &mut z);
+                } else {
+                    b.spmm(&s, &vals, transposed, &h, 0.0, &mut z);
+                }
+                b.synchronize();
+            });
+            sparse.push(SparseRate { width, transposed, entry_columns_per_s: (entries * width) as f64 / t });
+        }
+    }
+    sparse
+}
+
 /// Measures `b`'s rates for [`Executor::predict_epoch`] (`device`: its name, `tf32` whether its
 /// products run in TF32): a 256-wide layer's three dense products, sparse products on a
 /// random graph at widths 16 to 256 each way, an element-wise copy, uploads and downloads
@@ -160,46 +204,7 @@ pub fn measure_rates<B: Backend>(
     });
     let elementwise_bytes_per_s = 2.0 * bytes / elementwise_s;
     drop((x, y, w, dw));
-    // sparse products on a random graph of 16 entries per row
-    let n = 65536 * scale;
-    let deg = 16;
-    let row_ptr: Vec<u64> = (0..=n as u64).map(|r| r * deg).collect();
-    let mut rng = grinnder_graph::rng::Stream::new(&[7, 7]);
-    let col_idx: Vec<u32> = (0..n)
-        .flat_map(|_| {
-            let mut c: Vec<u32> = (0..deg).map(|_| (rng.next_u64() % n as u64) as u32).collect();
-            c.sort_unstable();
-            c
-        })
-        .collect();
-    let sm = SparseMatrix::new(n, n, row_ptr, col_idx).with_transpose();
-    let entries = sm.nnz() as u64;
-    // the values the executor's partition graphs keep on this backend by default: factored
-    // (a row factor and a column factor, as GCN's) or one per entry
-    let factored = super::factors_values(false, false, b.device_memory().is_some());
-    let sm = if factored { sm.without_entry_order() } else { sm };
-    let s = b.sparse(&sm);
-    let vals = b.upload(&Mat::from_vec(sm.nnz(), 1, vec![B::T::of(1.0 / deg as f64); sm.nnz()]));
-    let factor = b.upload(&Mat::from_vec(n, 1, vec![B::T::of(0.25); n]));
-    let mut sparse = Vec::new();
-    for width in [16u64, 64, 256] {
-        let d = width as usize;
-        let h =
-            b.upload(&Mat::from_vec(n, d, (0..n * d).map(|i| B::T::of((i % 97) as f64 * 0.01)).collect()));
-        let mut z = b.output(n, d);
-        for transposed in [false, true] {
-            let t = median_secs(reps, || {
-                if factored {
-                    b.spmm_factored(&s, Some(&factor), Some(&factor), transposed, &h, 0.0, &mut z);
-                } else {
-                    b.spmm(&s, &vals, transposed, &h, 0.0, &mut z);
-                }
-                sync();
-            });
-            sparse.push(SparseRate { width, transposed, entry_columns_per_s: (entries * width) as f64 / t });
-        }
-    }
-    drop((s, vals, factor));
+    let sparse = sparse_rates(b, scale, reps);
     // uploads through the staging and downloads, as the executor moves host rows
     let rows = 65536 * scale;
     let host = vec![B::T::of(0.5); rows * 256];
