@@ -4,45 +4,6 @@
 use super::*;
 use crate::spmm::SpValues;
 
-impl Cuda {
-    /// An SpMM by grinnder's kernel or cuSPARSE (single-valued or factored values), as
-    /// [`SpmmKernel`] picks; shapes checked by the caller.
-    fn spmm_any(
-        &self,
-        s: &DSparse,
-        vals: SpValues<'_>,
-        transpose: bool,
-        x: &DMat,
-        beta: f64,
-        out: &mut DMat,
-    ) {
-        let rows = if transpose { s.cols } else { s.rows };
-        if rows == 0 || x.cols == 0 {
-            return;
-        }
-        let single = match vals {
-            SpValues::Entries(v) => v.cols == 1,
-            SpValues::Factored(..) => true,
-        };
-        let lib = match (&self.sparse_lib, &s.csr32) {
-            (Some(l), Some(c)) if single && s.nnz > 0 => Some((l, c)),
-            _ => None,
-        };
-        let use_lib = match (lib, self.spmm_kernel) {
-            (None, _) | (_, SpmmKernel::Ours | SpmmKernel::Warp) => false,
-            (Some(_), SpmmKernel::CuSparse) => true,
-            (Some(_), SpmmKernel::Auto) => self.pick_spmm(s, vals, transpose, x, beta, out),
-        };
-        if let (true, Some((l, c))) = (use_lib, lib) {
-            match self.spmm_lib(l, c, s, vals, transpose, x, beta, out) {
-                Ok(()) => return,
-                Err(e) => tracing::warn!("cuSPARSE SpMM failed ({e}); grinnder's kernel runs instead"),
-            }
-        }
-        self.spmm_ours(s, vals, transpose, x, beta, out);
-    }
-}
-
 impl GraphOps for Cuda {
     fn spmm(&self, s: &DSparse, vals: &DMat, transpose: bool, x: &DMat, beta: f64, out: &mut DMat) {
         let _p = self.span_shaped(if transpose { "spmm (transposed)" } else { "spmm" }, || {

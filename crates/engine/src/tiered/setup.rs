@@ -619,17 +619,17 @@ fn host_part<B: Backend>(
     let own_ids: Vec<u32> = partitioning.inv_perm[first..first + g.own].to_vec();
     let labels: Vec<i32> = own_ids.iter().map(|&v| ds.labels[v as usize]).collect();
     let halo_ids = g.halo.iter().map(|&h| partitioning.inv_perm[h as usize]);
+    let col_ids: Vec<u32> = own_ids.iter().copied().chain(halo_ids).collect();
     // (factors are keyed by the dataset's ids: a share, whose keys differ, has none)
     let vals = match factors {
         Some(f) => {
-            let col_ids: Vec<u32> = own_ids.iter().copied().chain(halo_ids.clone()).collect();
             let (r, c) = f.of(&own_ids, &col_ids);
             PartValues::Factored(r, c)
         }
         None => PartValues::Entries(std::mem::take(&mut g.values).into_iter().next().expect("one value set")),
     };
-    let own_ids: Vec<u32> = own_ids.into_iter().map(key).collect();
-    let col_ids: Vec<u32> = own_ids.iter().copied().chain(halo_ids.map(key)).collect();
+    let col_ids: Vec<u32> = col_ids.into_iter().map(key).collect();
+    let own_ids = col_ids[..g.own].to_vec();
     let cols = g.columns();
     let input_adjacency = in_pieces.then(|| input::HostAdjacency {
         row_ptr: g.row_ptr.clone(),
