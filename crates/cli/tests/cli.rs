@@ -894,7 +894,8 @@ fn info_with_parts_plans_the_run_and_predicts_its_epoch() {
         "--rates",
         &p("rates.json"),
     ];
-    let o = grinnder(&[&["info", "--json"][..], &flags].concat());
+    // with input dropout, the features are blocks read whole (without, layer 0 runs on `Â·x`: below)
+    let o = grinnder(&[&["info", "--json", "--input-dropout", "0.5"][..], &flags].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     let t = &v["tiered"];
@@ -925,8 +926,8 @@ fn info_with_parts_plans_the_run_and_predicts_its_epoch() {
         "{}",
         stdout(&o)
     );
-    // layer 0 from `Â·x` (no input dropout): every partition's own and halo rows are read once
-    let o = grinnder(&[&["info", "--json", "--input-dropout", "0"][..], &flags].concat());
+    // layer 0 from `Â·x` (no input dropout, the default): every partition's own and halo rows are read once
+    let o = grinnder(&[&["info", "--json"][..], &flags].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let w: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     let o = grinnder(&["-q", "partition", "--parts", "4", "--json", "--cache-dir", &p("cache")]);
