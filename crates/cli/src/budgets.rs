@@ -13,7 +13,6 @@ use crate::plan::{TieredPlan, TrainPlan};
 
 /// The workload `plan` trains on `ds`.
 pub fn workload(plan: &TrainPlan, ds: &Dataset) -> Workload {
-    let on_device = matches!(plan.device, crate::plan::Device::Cuda(_));
     let m = &plan.config.model;
     let mut widths = vec![ds.features.dim as u64];
     widths.extend((1..m.layers).map(|_| m.hidden_width() as u64));
@@ -25,14 +24,14 @@ pub fn workload(plan: &TrainPlan, ds: &Dataset) -> Workload {
         edges: ds.graph.num_edges() as u64,
         widths,
         edge_values,
-        factored: factored(m.kind, ds, on_device),
+        factored: factored(m.kind, ds),
         elem: 4,
         inference: false,
     }
 }
 
 /// The workload of running `model` over `ds` (`predict`).
-pub fn inference_workload(model: &ModelFile, ds: &Dataset, on_device: bool) -> Workload {
+pub fn inference_workload(model: &ModelFile, ds: &Dataset) -> Workload {
     let a = &model.arch;
     let gat = a.kind == grinnder_nn::Kind::Gat;
     let hidden = (a.hidden * if gat { a.heads.max(1) } else { 1 }) as u64;
@@ -44,7 +43,7 @@ pub fn inference_workload(model: &ModelFile, ds: &Dataset, on_device: bool) -> W
         edges: ds.graph.num_edges() as u64,
         widths,
         edge_values: if gat { a.heads.max(1) as u64 } else { 0 },
-        factored: factored(a.kind, ds, on_device),
+        factored: factored(a.kind, ds),
         elem: 4,
         inference: true,
     }
@@ -52,8 +51,8 @@ pub fn inference_workload(model: &ModelFile, ds: &Dataset, on_device: bool) -> W
 
 /// Whether the executor keeps the partition graphs' values as factors per node
 /// ([`grinnder_engine::tiered::factors_values`]).
-fn factored(kind: grinnder_nn::Kind, ds: &Dataset, on_device: bool) -> bool {
-    grinnder_engine::tiered::factors_values(kind.weighs_entries(), ds.edge_weight.is_some(), on_device)
+fn factored(kind: grinnder_nn::Kind, ds: &Dataset) -> bool {
+    grinnder_engine::tiered::factors_values(kind.weighs_entries(), ds.edge_weight.is_some())
 }
 
 /// Settles a prediction's budgets on this machine as [`settle`] does a training run's:

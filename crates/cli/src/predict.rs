@@ -227,7 +227,7 @@ fn settle_budgets(
     let mut gpu_mem = byte_size(a.gpu_mem.clone())?;
     let given = gpu_mem;
     let free = gpu.as_ref().map(|g| g.mem_info().0 as u64);
-    let w = crate::budgets::inference_workload(model, ds, free.is_some());
+    let w = crate::budgets::inference_workload(model, ds);
     let fresh = |parts| tiered_settings(a, parts).expect("the flags were read once already");
     for r in crate::budgets::settle_predict(tiered, a.parts.is_some(), &mut gpu_mem, &w, free, fresh)? {
         tracing::info!("plan: {r}");

@@ -228,7 +228,7 @@ pub fn choose(w: &Workload, room: Room, given: Given) -> Result<Budgets, String>
                     gib(device),
                     if cuda { "GPU" } else { "host" },
                     match (cuda, factored_would_fit) {
-                        (true, true) => "with GRINNDER_FACTORED=1 the partition graphs keep their normalisation per node (8 bytes an entry less) and fit; or train on a larger GPU, or with --device cpu",
+                        (true, true) => "without GRINNDER_FACTORED=0 the partition graphs keep their normalisation per node (8 bytes an entry less) and fit; or train on a larger GPU, or with --device cpu",
                         (true, false) => "train on a larger GPU, or with --device cpu",
                         _ => "train on a machine with more memory",
                     }
@@ -366,7 +366,7 @@ mod tests {
         let per_entry = Workload { factored: false, ..papers() };
         assert!(partition_graph_bytes(&per_entry) - partition_graph_bytes(&papers()) == 8 * papers().edges);
         let e = choose(&per_entry, room, Given::default()).unwrap_err();
-        assert!(e.contains("structure alone") && e.contains("GRINNDER_FACTORED=1"), "{e}");
+        assert!(e.contains("structure alone") && e.contains("without GRINNDER_FACTORED=0"), "{e}");
         assert!(choose(&papers(), room, Given::default()).unwrap().parts.is_some());
         // the in-memory trainer's whole graph keeps values per entry either way
         assert_eq!(graph_bytes(&per_entry), graph_bytes(&papers()));

@@ -136,9 +136,9 @@ fn sparse_rates<B: Backend>(b: &B, scale: usize, reps: usize) -> Vec<SparseRate>
         .collect();
     let sm = SparseMatrix::new(n, n, row_ptr, col_idx).with_transpose();
     let entries = sm.nnz() as u64;
-    // the values the executor's partition graphs keep on this backend by default: factored
-    // (a row factor and a column factor, as GCN's) or one per entry
-    let factored = super::factors_values(false, false, b.device_memory().is_some());
+    // the values the executor's partition graphs keep by default: factored (a row factor and
+    // a column factor, as GCN's) or, with GRINNDER_FACTORED=0, one per entry
+    let factored = super::factors_values(false, false);
     let sm = if factored { sm.without_entry_order() } else { sm };
     let s = b.sparse(&sm);
     let vals = b.upload(&Mat::from_vec(sm.nnz(), 1, vec![B::T::of(1.0 / deg as f64); sm.nnz()]));

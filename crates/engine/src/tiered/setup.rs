@@ -119,7 +119,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         // (a server's share: the whole graph's degrees)
         // — kept as factors per node where they factor (see `factored_adjacency`)
         let aggregation = model.aggregation();
-        let (mut pg, factors) = match factored_adjacency(b, ds, sub, &model) {
+        let (mut pg, factors) = match factored_adjacency(ds, sub, &model) {
             Some((csr, factors)) => (PartitionedGraph::build(&csr, &partitioning, &[]), Some(factors)),
             None => {
                 let (csr, vals): (Csr, Vec<f64>) = match sub {
@@ -440,13 +440,11 @@ pub(super) fn input_ids<'r>(
 /// The whole graph's adjacency for the model with its values as factors per node, where they
 /// factor ([`factors_values`]); `None`: values per entry.
 fn factored_adjacency<B: Backend>(
-    b: &B,
     ds: &Dataset,
     sub: Option<&SubgraphOf>,
     model: &Model<B>,
 ) -> Option<(Csr, grinnder_nn::Factors)> {
-    let on_device = b.device_memory().is_some();
-    if sub.is_some() || !factors_values(model.weighs_entries(), ds.edge_weight.is_some(), on_device) {
+    if sub.is_some() || !factors_values(model.weighs_entries(), ds.edge_weight.is_some()) {
         return None;
     }
     model.aggregation().factored(&ds.graph, ds.edge_weight.as_deref())
@@ -457,22 +455,20 @@ fn factored_adjacency<B: Backend>(
 /// GCN, SAGE, GIN on the whole graph (a server's share rescales partial rows per entry). A
 /// partition's graph then holds 8 bytes an entry on a device (the structure and its transpose)
 /// against 16 with values per entry and their transposed order: on papers-like at full size
-/// (3.3 G entries with self loops) about 25 GiB of GPU memory less (docs/gpu.md, kernels). On the CPU
-/// by default; on a GPU only with `GRINNDER_FACTORED=1` for now: grinnder's factored kernel
-/// ran on an H100 (2026-12-06: same losses, 0.467 s against 0.510 s an epoch of products-like
-/// on grinnder's kernels both ways), but cuSPARSE, twice as fast there on values per entry
-/// (0.23 s), takes factored values only through a route written since and not yet run on a
-/// device. `GRINNDER_FACTORED=0` keeps values per entry everywhere (for comparisons).
-pub fn factors_values(weighs_entries: bool, weighted: bool, on_device: bool) -> bool {
+/// (3.3 G entries with self loops) about 25 GiB of GPU memory less (docs/gpu.md, kernels).
+/// The default on every backend: on an H100 (2026-12-06, products-like, 16 parts under
+/// `--gpu-mem 8GiB`, same losses) GCN took 0.093 s an epoch against 0.085 s per entry and SAGE
+/// 0.163 s against 0.214 s, with half the peak host memory. `GRINNDER_FACTORED=0` keeps values
+/// per entry everywhere (for comparisons).
+pub fn factors_values(weighs_entries: bool, weighted: bool) -> bool {
     let chosen = match std::env::var("GRINNDER_FACTORED").as_deref() {
         Ok("0") => false,
-        Ok("1") => true,
+        Ok("1") | Err(_) => true,
         Ok(other) => {
             static ONCE: std::sync::Once = std::sync::Once::new();
             ONCE.call_once(|| tracing::warn!("GRINNDER_FACTORED={other:?} is neither 0 nor 1: the default"));
-            !on_device
+            true
         }
-        Err(_) => !on_device,
     };
     chosen && !weighs_entries && !weighted
 }

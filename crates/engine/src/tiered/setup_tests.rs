@@ -104,16 +104,14 @@ fn the_plan_counts_the_blocks_input_dropout_costs() {
     assert_eq!(plan_of("gat", 0.5).block_bytes_without_input_dropout, None);
 }
 
-/// Factored values by default on the CPU, per entry on a GPU (until cuSPARSE's factored
-/// route has run on one), never for attention or edge weights.
+/// Factored values by default, never for attention or edge weights.
 #[test]
-fn factored_values_are_the_cpus_default() {
+fn factored_values_are_the_default() {
     if std::env::var_os("GRINNDER_FACTORED").is_some() {
         return; // the variable chooses instead (see `factors_values`)
     }
-    assert!(factors_values(false, false, false));
-    assert!(!factors_values(false, false, true));
-    assert!(!factors_values(true, false, false) && !factors_values(false, true, false));
+    assert!(factors_values(false, false));
+    assert!(!factors_values(true, false) && !factors_values(false, true));
 }
 
 /// Where the storage directory holds every block's file, files outlive their reads; where
