@@ -174,13 +174,22 @@ impl<'a, B: Backend> Executor<'a, B> {
             drop(m);
             self.stats.download_bytes += (rows * cols * std::mem::size_of::<B::T>()) as u64;
             self.tiers.pin(id, h);
-        } else {
+        } else if self.pin_fixed && Self::fixed(id) {
             let (rows, cols) = self.b.dims(&m);
             let mut data = Vec::new();
             self.b.download_with(&m, &mut |h| data = par_to_vec(h));
             drop(m);
             self.stats.download_bytes += (data.len() * std::mem::size_of::<B::T>()) as u64;
             self.keep_host(id, Mat::from_vec(rows, cols, data))?;
+        } else {
+            // into the store straight from the staging buffer (bf16 blocks encoded from it)
+            let (rows, cols) = self.b.dims(&m);
+            let (b, tiers) = (self.b, &mut self.tiers);
+            let mut put = Ok(());
+            b.download_with(&m, &mut |h| put = tiers.store_put_slice(id, rows, cols, h));
+            drop(m);
+            put.map_err(io_err)?;
+            self.stats.download_bytes += (rows * cols * std::mem::size_of::<B::T>()) as u64;
         }
         self.stats.write_back_s += t.elapsed().as_secs_f64();
         Ok(())

@@ -165,6 +165,19 @@ impl<B: Backend> Tiers<B> {
         Ok(())
     }
 
+    /// [`Tiers::store_put`] of a copy of `data` ([`Store::put_slice`]).
+    pub(super) fn store_put_slice(
+        &mut self,
+        id: BlockId,
+        rows: usize,
+        cols: usize,
+        data: &[B::T],
+    ) -> std::io::Result<()> {
+        self.store.put_slice(id, rows, cols, data)?;
+        self.check(id);
+        Ok(())
+    }
+
     /// Adds `src` into rows `rows` of the stored block `id` (made at zero if absent).
     pub(super) fn store_add_rows(
         &mut self,
