@@ -501,9 +501,8 @@ pub struct TrainSettings {
     /// Dropout after each hidden layer [default: 0.5].
     #[arg(help_heading = "Model", long)]
     pub dropout: Option<f64>,
-    /// Dropout on the input features [default: 0, as PyG's `GCN`/`GraphSAGE`/`GAT`/`GIN` models
-    /// and OGB's examples: the input stays fixed, so the first aggregation is computed once and
-    /// layer 0 needs no blocks of its own; Kipf & Welling's citation setup used 0.5].
+    /// Dropout on the input features [default: 0, as PyG's GCN/GraphSAGE/GAT/GIN and OGB's examples:
+    /// the first aggregation is then computed once; Kipf & Welling's citation setup used 0.5].
     #[arg(help_heading = "Model", long)]
     pub input_dropout: Option<f64>,
     /// Input feature preprocessing: row (PyG's NormalizeFeatures: shift by the global minimum,
