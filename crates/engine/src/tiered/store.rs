@@ -459,7 +459,7 @@ impl<T: Scalar> Store<T> {
     pub fn put_slice(&mut self, id: BlockId, rows: usize, cols: usize, data: &[T]) -> io::Result<()> {
         assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
         let data = match self.cfg.dtype {
-            TierDtype::F32 => Data::Full(data.par_iter().with_min_len(1 << 16).copied().collect()),
+            TierDtype::F32 => Data::Full(super::par_to_vec(data)),
             TierDtype::Bf16 => Data::Bf16(bf16_of(data)),
         };
         self.put_data(id, rows, cols, data)
