@@ -11,9 +11,11 @@ pub(crate) struct Kernels {
     pub(crate) f: std::collections::HashMap<&'static str, CudaFunction>,
 }
 
-pub(crate) const KERNELS: [&str; 32] = [
+pub(crate) const KERNELS: [&str; 34] = [
     "iota_u32",
     "widen_offsets",
+    "to_bf16",
+    "from_bf16",
     "gather_rows2",
     "gather_rows_aligned",
     "permute",

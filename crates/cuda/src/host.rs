@@ -419,11 +419,11 @@ pub(crate) struct Staging {
 
 /// One staging buffer (none until first used).
 #[derive(Default)]
-struct Slot(Option<PinnedBuf>);
+pub(crate) struct Slot(Option<PinnedBuf>);
 
 impl Slot {
     /// The buffer as `n` floats, once its last copy has finished (grown where shorter).
-    fn get(&mut self, ctx: &Arc<CudaContext>, n: usize) -> &mut [f32] {
+    pub(crate) fn get(&mut self, ctx: &Arc<CudaContext>, n: usize) -> &mut [f32] {
         if let Some(b) = &mut self.0 {
             b.wait();
         }
@@ -440,6 +440,19 @@ impl Slot {
         // (waited for above) and the slice borrows it exclusively.
         unsafe { std::slice::from_raw_parts_mut(b.ptr() as *mut f32, n) }
     }
+
+    /// [`Slot::get`] as `n` bf16 elements (half the bytes).
+    pub(crate) fn get_u16(&mut self, ctx: &Arc<CudaContext>, n: usize) -> &mut [u16] {
+        let f = self.get(ctx, n.div_ceil(2));
+        // SAFETY: the floats hold at least `n` u16s, u16 needs no more alignment than f32, and
+        // every bit pattern is a u16; the slice borrows the buffer exclusively, as `f` did.
+        unsafe { std::slice::from_raw_parts_mut(f.as_mut_ptr() as *mut u16, n) }
+    }
+
+    /// Marks the buffer as used by the copies queued on `stream` so far.
+    pub(crate) fn queued(&mut self, stream: &CudaStream) {
+        self.0.as_mut().expect("allocated").queued(stream);
+    }
 }
 
 impl Staging {
@@ -450,7 +463,7 @@ impl Staging {
         }
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+    pub(crate) fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2;
         self.slots[i].lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -544,7 +557,7 @@ impl Drop for Leaving {
 /// # Safety
 /// `host` and `dst` hold `bytes` bytes each and stay alive and untouched until the copy is done;
 /// the stream's context is current on the calling thread (it is after any allocation on it).
-unsafe fn htod(stream: &CudaStream, dst: sys::CUdeviceptr, host: *const u8, bytes: usize) {
+pub(crate) unsafe fn htod(stream: &CudaStream, dst: sys::CUdeviceptr, host: *const u8, bytes: usize) {
     // SAFETY: the caller's promise.
     let r =
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, host as *const std::ffi::c_void, bytes, stream.cu_stream()) };
@@ -555,7 +568,7 @@ unsafe fn htod(stream: &CudaStream, dst: sys::CUdeviceptr, host: *const u8, byte
 ///
 /// # Safety
 /// As [`htod`].
-unsafe fn dtoh(stream: &CudaStream, host: *mut u8, src: sys::CUdeviceptr, bytes: usize) {
+pub(crate) unsafe fn dtoh(stream: &CudaStream, host: *mut u8, src: sys::CUdeviceptr, bytes: usize) {
     // SAFETY: the caller's promise.
     let r =
         unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut std::ffi::c_void, src, bytes, stream.cu_stream()) };

@@ -504,6 +504,26 @@ extern "C" __global__ void iota_u32(u32* out, i64 n) {
     if (t < n) out[t] = (u32)t;
 }
 
+// ---- bf16 across the bus: bit-identical to crates/tensor/src/scalar.rs (to_bf16, from_bf16) ----
+
+// out[i] = bf16 of x[i], round to nearest, ties to even (a NaN stays a quiet NaN)
+extern "C" __global__ void to_bf16(const float* x, i64 n, unsigned short* out) {
+    i64 t = global_thread();
+    if (t >= n) return;
+    u32 b = __float_as_uint(x[t]);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        out[t] = (unsigned short)((b >> 16) | 0x40u);
+    } else {
+        out[t] = (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+}
+
+// out[i] = the f32 bf16 h[i] holds (exact)
+extern "C" __global__ void from_bf16(const unsigned short* h, i64 n, float* out) {
+    i64 t = global_thread();
+    if (t < n) out[t] = __uint_as_float(((u32)h[t]) << 16);
+}
+
 // 32-bit offsets (cuSPARSE's) widened to the 64-bit ones grinnder's kernels read
 extern "C" __global__ void widen_offsets(const int* in, i64 n, u64* out) {
     i64 t = global_thread();

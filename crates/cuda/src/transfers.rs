@@ -70,6 +70,17 @@ impl Transfers for Cuda {
         let _p = self.span("download (staged)");
         self.staged_download(m, read)
     }
+    fn converts_bf16(&self) -> bool {
+        true
+    }
+    fn upload_bf16_with(&self, rows: usize, cols: usize, fill: &mut dyn FnMut(&mut [u16])) -> DMat {
+        let _p = self.span("upload (staged, bf16)");
+        self.staged_upload_bf16(rows, cols, fill)
+    }
+    fn download_bf16_with(&self, m: &DMat, read: &mut dyn FnMut(&[u16])) {
+        let _p = self.span("download (staged, bf16)");
+        self.staged_download_bf16(m, read)
+    }
     fn release_staging(&self) {
         self.staging.release();
     }

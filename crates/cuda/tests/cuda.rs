@@ -760,3 +760,87 @@ fn nccl_partition_parallel_on_two_gpus_gives_the_cpu_gradients() {
         }
     }
 }
+
+/// Blocks of a bf16 store cross the bus as bf16, rounded and widened on the device: the bits
+/// of the host's `to_bf16` and `from_bf16` over more elements than one device temporary holds
+/// (ties, the largest finite value, NaNs, subnormals, random patterns); a tiered epoch over
+/// bf16 blocks in host memory gives the CPU's losses and gradients over the same blocks, and
+/// moves the bytes the cost model predicts: two an element of a stored block.
+#[test]
+fn bf16_blocks_cross_the_bus_as_the_host_rounds_them() {
+    use grinnder_engine::tiered::{Executor, TierDtype, TieredConfig};
+    use grinnder_engine::FeatureNorm;
+    use grinnder_partition::Method;
+    use grinnder_tensor::scalar::{from_bf16, to_bf16};
+    let Some(g) = gpu() else { return };
+    assert!(g.converts_bf16());
+    let special =
+        [0x3f80_8000u32, 0x3f81_8000, 0x7f7f_ffff, 0x7f80_0000, 0xff80_0000, 0x7f80_0001, 0xffc1_2345];
+    let special = special.into_iter().chain([0x0000_0001, 0x807f_ffff, 0x8000_0000]);
+    let n = (1 << 24) + 12_345;
+    let mut s = 0x9E37_79B9u32;
+    let xs: Vec<f32> = special
+        .chain(std::iter::repeat_with(|| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        }))
+        .take(n)
+        .map(f32::from_bits)
+        .collect();
+    let m = g.upload(&Mat::from_vec(n, 1, xs.clone()));
+    let mut down = Vec::new();
+    g.download_bf16_with(&m, &mut |h| down = h.to_vec());
+    let want: Vec<u16> = xs.iter().map(|&x| to_bf16(x)).collect();
+    let wrong = down.iter().zip(&want).position(|(a, b)| a != b);
+    assert!(
+        wrong.is_none(),
+        "element {wrong:?}: {:#x} rounded to {:#x}",
+        xs[wrong.unwrap()].to_bits(),
+        down[wrong.unwrap()]
+    );
+    let up = g.upload_bf16_with(n, 1, &mut |h| h.copy_from_slice(&want));
+    let got = g.download(&up).data;
+    assert!(got.iter().zip(&want).all(|(x, &h)| x.to_bits() == from_bf16(h).to_bits()), "widened exactly");
+
+    let c = Cpu::<f32>::new();
+    let ds =
+        generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
+    for (kind, layers) in [(Kind::Gcn, 3), (Kind::Sage, 2), (Kind::Gat, 2)] {
+        let cfg =
+            ModelConfig { input_dropout: 0.0, norm: Norm::None, residual: false, layers, ..model_cfg(kind) };
+        let tc = TieredConfig {
+            tier_dtype: TierDtype::Bf16,
+            device_cache_bytes: Some(0),
+            ..TieredConfig::in_ram(4, Method::Metis { seed: 0 })
+        };
+        let mut ex_c = Executor::new(&c, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
+        let mut ex = Executor::new(&g, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
+        let predicted = ex.predict_epoch(None).expect("one process").traffic;
+        let predicted_c = ex_c.predict_epoch(None).expect("one process").traffic;
+        assert!(predicted.download_bytes < predicted_c.download_bytes, "{kind:?}: bf16 on the bus");
+        for epoch in [0, 1] {
+            ex_c.model.zero_grad(&c);
+            ex.model.zero_grad(&g);
+            let (loss_c, _) = ex_c.forward_backward(epoch).unwrap();
+            let (loss, _) = ex.forward_backward(epoch).unwrap();
+            let stats = ex.take_stats();
+            // a tie that f32 arithmetic on the two backends breaks differently moves a block
+            // element by one bf16 step (2^-8 of it): the bounds allow a few such, not a wrong row
+            assert!(
+                (loss - loss_c).abs() <= 1e-4 * loss_c,
+                "{kind:?} epoch {epoch}: loss {loss} vs {loss_c}"
+            );
+            let want: Vec<Mat<f32>> = ex_c.model.params_mut().into_iter().map(|p| p.grad.clone()).collect();
+            for (p, w) in ex.model.params_mut().into_iter().zip(&want) {
+                let e = rel(&g.download(&p.grad), w);
+                assert!(e <= 1e-3, "{kind:?} epoch {epoch}: relative gradient error {e:.3e}");
+            }
+            if epoch == 1 {
+                assert_eq!(predicted.upload_bytes, stats.upload_bytes, "{kind:?}: bytes to the GPU");
+                assert_eq!(predicted.download_bytes, stats.download_bytes, "{kind:?}: bytes from the GPU");
+            }
+        }
+    }
+}

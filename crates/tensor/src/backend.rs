@@ -181,6 +181,28 @@ pub trait Transfers: Memory {
     fn download_with(&self, m: &Self::Mat, read: &mut dyn FnMut(&[Self::T])) {
         read(&self.download(m).data)
     }
+    /// Whether [`Transfers::upload_bf16_with`] and [`Transfers::download_bf16_with`] convert
+    /// on the backend's side of a bus, so that bf16 elements cross it at half the bytes (a GPU);
+    /// where not (the host), their defaults convert on the host and gain nothing.
+    fn converts_bf16(&self) -> bool {
+        false
+    }
+    /// [`Transfers::upload_with`] of elements `fill` writes as bf16 ([`crate::scalar::to_bf16`]'s
+    /// encoding), each the f32 it holds once uploaded.
+    fn upload_bf16_with(&self, rows: usize, cols: usize, fill: &mut dyn FnMut(&mut [u16])) -> Self::Mat {
+        let mut h = vec![0u16; rows * cols];
+        fill(&mut h);
+        let data = h.iter().map(|&x| Self::T::of(crate::scalar::from_bf16(x) as f64)).collect();
+        self.upload_owned(Mat::from_vec(rows, cols, data))
+    }
+    /// [`Transfers::download_with`] of `m`'s elements rounded to bf16 (to nearest, ties to
+    /// even: the bits of [`crate::scalar::to_bf16`]).
+    fn download_bf16_with(&self, m: &Self::Mat, read: &mut dyn FnMut(&[u16])) {
+        self.download_with(m, &mut |h| {
+            let v: Vec<u16> = h.iter().map(|x| crate::scalar::to_bf16(x.f64() as f32)).collect();
+            read(&v)
+        })
+    }
     /// Frees the staging memory [`Transfers::upload_with`] and [`Transfers::download_with`]
     /// grew to (after a phase of transfers larger than later ones: it is kept otherwise); the
     /// next staged transfer allocates again.

@@ -52,3 +52,18 @@ impl Scalar for f64 {
         dst.iter_mut().zip(src).for_each(|(d, &s)| *d = s as f64);
     }
 }
+
+/// bf16 by round-to-nearest-even of the f32 bits (NaN stays NaN, made quiet): the encoding of
+/// the tiered store's bf16 blocks, on the host and (the same bits) in the CUDA kernels.
+pub fn to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// The f32 a bf16 holds (exact).
+pub fn from_bf16(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}

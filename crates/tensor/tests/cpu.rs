@@ -312,3 +312,58 @@ fn reductions_give_the_same_bits_on_any_thread_count() {
         }
     }
 }
+
+/// f32 values whose bf16 rounding is easy to get wrong: ties (to even, both ways), the largest
+/// finite value (rounds to infinity), infinities, NaNs with and without the quiet bit and with
+/// payloads, subnormals, zeros of both signs, and a sweep of bit patterns.
+fn bf16_cases() -> Vec<f32> {
+    let mut bits: Vec<u32> = vec![
+        0x3f80_8000, // 1 + 2^-8: a tie, rounds down to even
+        0x3f81_8000, // a tie that rounds up to even
+        0x3f80_8001,
+        0x7f7f_ffff, // the largest finite f32
+        0x7f80_0000,
+        0xff80_0000,
+        0x7f80_0001, // a signalling NaN: made quiet
+        0x7fc0_0000,
+        0xffc1_2345,
+        0x0000_0001, // the smallest subnormal
+        0x0000_8000,
+        0x807f_ffff,
+        0x0000_0000,
+        0x8000_0000,
+    ];
+    let mut s = 0x9E37_79B9u32;
+    bits.extend((0..4096).map(|_| {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        s
+    }));
+    bits.into_iter().map(f32::from_bits).collect()
+}
+
+#[test]
+fn bf16_rounds_to_nearest_even_as_the_half_crate_does_and_the_default_transfers_use_it() {
+    use grinnder_tensor::scalar::{from_bf16, to_bf16};
+    let xs = bf16_cases();
+    for &x in &xs {
+        let h = to_bf16(x);
+        if x.is_nan() {
+            assert!(from_bf16(h).is_nan(), "{:#x}: NaN stays NaN", x.to_bits());
+            assert_eq!(h & 0x40, 0x40, "{:#x}: made quiet", x.to_bits());
+        } else {
+            assert_eq!(h, half::bf16::from_f32(x).to_bits(), "{:#x}", x.to_bits());
+        }
+    }
+    // the host's transfers: downloads rounded by to_bf16, uploads the values the bits hold
+    let c = Cpu::<f32>::new();
+    let m = c.upload(&Mat::from_vec(xs.len(), 1, xs.clone()));
+    let mut down = Vec::new();
+    c.download_bf16_with(&m, &mut |h| down = h.to_vec());
+    assert_eq!(down, xs.iter().map(|&x| to_bf16(x)).collect::<Vec<_>>());
+    let up = c.upload_bf16_with(down.len(), 1, &mut |h| h.copy_from_slice(&down));
+    let got: Vec<u32> = c.download(&up).data.iter().map(|x| x.to_bits()).collect();
+    assert_eq!(got, down.iter().map(|&h| from_bf16(h).to_bits()).collect::<Vec<_>>());
+    assert!(!c.converts_bf16(), "the host converts on no bus");
+}

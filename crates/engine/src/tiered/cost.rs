@@ -271,9 +271,11 @@ struct Walk<'e, 'a, B: Backend> {
     ledger: Ledger,
     /// Each partition's arithmetic.
     work: Vec<Work>,
-    /// Bytes of a backend element, and of a stored one.
+    /// Bytes of a backend element, of a stored one, and of a stored one on the bus
+    /// ([`Executor::bus_elem`]).
     elem: u64,
     tier_elem: u64,
+    bus_elem: u64,
     /// Page-locked blocks written so far ([`Executor::add_pinned`] makes an absent one).
     pinned_present: HashSet<BlockId>,
 }
@@ -299,10 +301,11 @@ impl<B: Backend> Walk<'_, '_, B> {
             if self.ex.tiers.on_device(id(s)) {
                 continue;
             }
-            self.ledger.traffic.upload_bytes += n * d * self.elem;
             if self.pinned(id(s)) {
+                self.ledger.traffic.upload_bytes += n * d * self.elem;
                 self.ledger.traffic.pinned_upload_bytes += n * d * self.elem;
             } else {
+                self.ledger.traffic.upload_bytes += n * d * self.bus_elem;
                 self.ledger.read_rows(id(s), idx, d * self.tier_elem);
             }
         }
@@ -333,10 +336,11 @@ impl<B: Backend> Walk<'_, '_, B> {
         }
         let rows = self.ex.parts[q].own as u64;
         let d = self.width(kind, l);
-        self.ledger.traffic.download_bytes += rows * d * self.elem;
         if self.pinned(id) {
+            self.ledger.traffic.download_bytes += rows * d * self.elem;
             self.pinned_present.insert(id);
         } else {
+            self.ledger.traffic.download_bytes += rows * d * self.bus_elem;
             self.ledger.put(id, rows, rows * d * self.tier_elem);
         }
     }
@@ -723,6 +727,7 @@ impl<B: Backend> Executor<'_, B> {
             work: vec![Work::default(); parts],
             elem,
             tier_elem,
+            bus_elem: self.bus_elem(),
             pinned_present: HashSet::new(),
         };
         w.first_blocks();

@@ -308,7 +308,7 @@ impl<'a, B: Backend> Executor<'a, B> {
 }
 
 /// A copy of `h`, in parallel for large slices (blocks of hundreds of MB leave staging memory).
-fn par_to_vec<T: Scalar>(h: &[T]) -> Vec<T> {
+fn par_to_vec<T: Copy + Send + Sync>(h: &[T]) -> Vec<T> {
     use rayon::prelude::*;
     h.par_iter().with_min_len(1 << 16).copied().collect()
 }

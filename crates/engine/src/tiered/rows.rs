@@ -49,32 +49,28 @@ impl<'a, B: Backend> Executor<'a, B> {
         let host_sources: Vec<(BlockId, Rows<'_>)> =
             sources.iter().filter(|(s, _)| self.tiers.in_store(*s)).copied().collect();
         let host_rows: usize = host_sources.iter().map(|(_, r)| r.len()).sum();
-        // host rows straight into the backend's staging memory
+        // host rows straight into the backend's staging memory (as bf16 where they cross so)
         let staged = if host_sources.is_empty() {
             None
         } else {
             self.tiers.store.pin(host_sources.iter().map(|(s, _)| *s));
+            let bf16_bus = self.bf16_bus();
             let store = &mut self.tiers.store;
             let mut failed = None;
-            let staged = b.upload_with(host_rows, d, &mut |buf: &mut [B::T]| {
-                let mut at = 0;
-                for (src, r) in &host_sources {
-                    let idx = match r {
-                        Rows::Index(i) => Some(*i),
-                        Rows::Range(..) => None,
-                    };
-                    if let Err(e) = store.read_rows(*src, idx, &mut buf[at * d..(at + r.len()) * d]) {
-                        failed.get_or_insert(e);
-                        return;
-                    }
-                    at += r.len();
-                }
-            });
+            let staged = if bf16_bus {
+                b.upload_bf16_with(host_rows, d, &mut |buf: &mut [u16]| {
+                    failed = read_sources(&host_sources, d, buf, &mut |s, i, o| store.read_rows_bf16(s, i, o))
+                })
+            } else {
+                b.upload_with(host_rows, d, &mut |buf: &mut [B::T]| {
+                    failed = read_sources(&host_sources, d, buf, &mut |s, i, o| store.read_rows(s, i, o))
+                })
+            };
             self.tiers.store.unpin_all();
             if let Some(e) = failed {
                 return Err(io_err(e));
             }
-            self.stats.upload_bytes += (host_rows * d) as u64 * elem;
+            self.stats.upload_bytes += (host_rows * d) as u64 * self.bus_elem();
             Some(staged)
         };
         let m = match staged {
@@ -182,14 +178,19 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.stats.download_bytes += (data.len() * std::mem::size_of::<B::T>()) as u64;
             self.keep_host(id, Mat::from_vec(rows, cols, data))?;
         } else {
-            // into the store straight from the staging buffer (bf16 blocks encoded from it)
+            // into the store straight from the staging buffer (bf16 blocks encoded from it, or
+            // by the backend before they cross the bus)
             let (rows, cols) = self.b.dims(&m);
-            let (b, tiers) = (self.b, &mut self.tiers);
+            let (b, bf16_bus, tiers) = (self.b, self.bf16_bus(), &mut self.tiers);
             let mut put = Ok(());
-            b.download_with(&m, &mut |h| put = tiers.store_put_slice(id, rows, cols, h));
+            if bf16_bus {
+                b.download_bf16_with(&m, &mut |h| put = tiers.store_put_bf16(id, rows, cols, h));
+            } else {
+                b.download_with(&m, &mut |h| put = tiers.store_put_slice(id, rows, cols, h));
+            }
             drop(m);
             put.map_err(io_err)?;
-            self.stats.download_bytes += (rows * cols * std::mem::size_of::<B::T>()) as u64;
+            self.stats.download_bytes += (rows * cols) as u64 * self.bus_elem();
         }
         self.stats.write_back_s += t.elapsed().as_secs_f64();
         Ok(())
@@ -220,16 +221,41 @@ impl<'a, B: Backend> Executor<'a, B> {
             b.gather_rows(block, rows, out, at);
             return Ok(());
         }
-        let idx = match rows {
-            Rows::Index(i) => Some(i),
-            Rows::Range(..) => None,
+        let source = [(id, rows)];
+        let bf16_bus = self.bf16_bus();
+        let store = &mut self.tiers.store;
+        let mut failed = None;
+        let m = if bf16_bus {
+            b.upload_bf16_with(rows.len(), d, &mut |buf: &mut [u16]| {
+                failed = read_sources(&source, d, buf, &mut |s, i, o| store.read_rows_bf16(s, i, o))
+            })
+        } else {
+            b.upload_with(rows.len(), d, &mut |buf: &mut [B::T]| {
+                failed = read_sources(&source, d, buf, &mut |s, i, o| store.read_rows(s, i, o))
+            })
         };
-        let mut h = vec![B::T::of(0.0); rows.len() * d];
-        self.tiers.store.read_rows(id, idx, &mut h).map_err(io_err)?;
-        self.stats.upload_bytes += std::mem::size_of_val(h.as_slice()) as u64;
-        let m = b.upload_owned(Mat::from_vec(rows.len(), d, h));
+        if let Some(e) = failed {
+            return Err(io_err(e));
+        }
+        self.stats.upload_bytes += (rows.len() * d) as u64 * self.bus_elem();
         b.gather_rows(&m, Rows::Range(0, rows.len()), out, at);
         Ok(())
+    }
+
+    /// Whether the store's rows cross the bus as bf16: a bf16 store and a backend that
+    /// converts on its side ([`grinnder_tensor::Transfers::converts_bf16`]); the values are the
+    /// same bits either way.
+    pub(super) fn bf16_bus(&self) -> bool {
+        self.tiers.store.dtype() == TierDtype::Bf16 && self.b.converts_bf16()
+    }
+
+    /// Bytes of an element of a stored block crossing the bus (its gathers and puts).
+    pub(super) fn bus_elem(&self) -> u64 {
+        if self.bf16_bus() {
+            2
+        } else {
+            std::mem::size_of::<B::T>() as u64
+        }
     }
 
     /// Row width of the `kind` blocks of layer `l`.
@@ -440,4 +466,29 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.stats.download_bytes += (n * d * std::mem::size_of::<B::T>()) as u64;
         failed.map_or(Ok(()), |e| Err(io_err(e)))
     }
+}
+
+/// A store's read of some rows (`None`: all) of a block into a slice.
+type ReadRows<'r, O> = dyn FnMut(BlockId, Option<&[u32]>, &mut [O]) -> std::io::Result<()> + 'r;
+
+/// Rows of `sources` (blocks and their rows, in order) into `buf` (`d` wide) by `read`; the
+/// first error, if any.
+fn read_sources<O>(
+    sources: &[(BlockId, Rows<'_>)],
+    d: usize,
+    buf: &mut [O],
+    read: &mut ReadRows<'_, O>,
+) -> Option<std::io::Error> {
+    let mut at = 0;
+    for (src, r) in sources {
+        let idx = match r {
+            Rows::Index(i) => Some(*i),
+            Rows::Range(..) => None,
+        };
+        if let Err(e) = read(*src, idx, &mut buf[at * d..(at + r.len()) * d]) {
+            return Some(e);
+        }
+        at += r.len();
+    }
+    None
 }

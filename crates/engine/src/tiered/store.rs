@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+pub use grinnder_tensor::scalar::{from_bf16, to_bf16};
 use grinnder_tensor::Scalar;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -99,19 +100,6 @@ impl<T: Scalar> Data<T> {
 /// epoch's write-back (papers-like at full size, bf16 blocks in RAM on an H100: 128 of 148 s).
 fn bf16_of<T: Scalar>(v: &[T]) -> Vec<u16> {
     v.par_iter().with_min_len(1 << 16).map(|x| to_bf16(x.f64() as f32)).collect()
-}
-
-/// bf16 by round-to-nearest-even of the f32 bits (NaN stays NaN).
-pub fn to_bf16(x: f32) -> u16 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return ((b >> 16) | 0x40) as u16;
-    }
-    ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
-}
-
-pub fn from_bf16(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
 }
 
 struct Entry<T> {
@@ -465,6 +453,24 @@ impl<T: Scalar> Store<T> {
         self.put_data(id, rows, cols, data)
     }
 
+    /// [`Store::put_slice`] of bf16 elements ([`to_bf16`]'s bits), kept as they are in a bf16
+    /// store (a block a device rounded before it crossed the bus).
+    pub fn put_bf16(&mut self, id: BlockId, rows: usize, cols: usize, data: &[u16]) -> io::Result<()> {
+        assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
+        let data = match self.cfg.dtype {
+            TierDtype::F32 => Data::Full(
+                data.par_iter().with_min_len(1 << 16).map(|&h| T::of(from_bf16(h) as f64)).collect(),
+            ),
+            TierDtype::Bf16 => Data::Bf16(super::par_to_vec(data)),
+        };
+        self.put_data(id, rows, cols, data)
+    }
+
+    /// The type blocks are kept as.
+    pub fn dtype(&self) -> TierDtype {
+        self.cfg.dtype
+    }
+
     fn put_data(&mut self, id: BlockId, rows: usize, cols: usize, data: Data<T>) -> io::Result<()> {
         self.poll(false)?;
         self.remove_ram(id);
@@ -513,9 +519,46 @@ impl<T: Scalar> Store<T> {
     /// ([`CacheMode::PartitionLru`]), are read from its file alone: the pages that hold them,
     /// without loading the block.
     pub fn read_rows(&mut self, id: BlockId, idx: Option<&[u32]>, out: &mut [T]) -> io::Result<()> {
+        let of_bf16 = |h: u16| T::of(from_bf16(h) as f64);
+        self.read_rows_as(
+            id,
+            idx,
+            out,
+            &|row: &[T], o: &mut [T]| o.copy_from_slice(row),
+            &|row: &[u16], o: &mut [T]| o.iter_mut().zip(row).for_each(|(x, &h)| *x = of_bf16(h)),
+            (&T::of, &of_bf16),
+        )
+    }
+
+    /// [`Store::read_rows`] as bf16 ([`to_bf16`]'s bits: a bf16 block's own), for a bus that
+    /// carries them.
+    pub fn read_rows_bf16(&mut self, id: BlockId, idx: Option<&[u32]>, out: &mut [u16]) -> io::Result<()> {
+        let of_f64 = |x: f64| to_bf16(x as f32);
+        self.read_rows_as(
+            id,
+            idx,
+            out,
+            &|row: &[T], o: &mut [u16]| o.iter_mut().zip(row).for_each(|(h, x)| *h = of_f64(x.f64())),
+            &|row: &[u16], o: &mut [u16]| o.copy_from_slice(row),
+            (&of_f64, &|h| h),
+        )
+    }
+
+    /// [`Store::read_rows`] into elements of type `O`: a row of an f32 block by `full`, of a
+    /// bf16 block by `half`, of a file read in part by `partial` (from f32 or f64 values, and
+    /// from bf16 bits).
+    fn read_rows_as<O: Copy + Send + Sync>(
+        &mut self,
+        id: BlockId,
+        idx: Option<&[u32]>,
+        out: &mut [O],
+        full: &(impl Fn(&[T], &mut [O]) + Sync),
+        half: &(impl Fn(&[u16], &mut [O]) + Sync),
+        partial: (&(impl Fn(f64) -> O + Sync), &(impl Fn(u16) -> O + Sync)),
+    ) -> io::Result<()> {
         if let Some(idx) = idx {
             if self.cfg.mode == CacheMode::PartitionLru && self.on_disk_only(id)? {
-                return self.read_rows_from_file(id, idx, out);
+                return self.read_rows_from_file_as(id, idx, out, partial.0, partial.1);
             }
         }
         let from_storage = self.load(id)?;
@@ -528,20 +571,18 @@ impl<T: Scalar> Store<T> {
         assert_eq!(out.len(), n * d, "block {id:?}: output holds the rows read");
         let row = |k: usize| idx.map_or(k, |i| i[k] as usize);
         // rows in parallel, a few thousand per task
-        let per = (PAR_BYTES / (d * std::mem::size_of::<T>()).max(1)).max(1);
+        let per = (PAR_BYTES / (d * std::mem::size_of::<O>()).max(1)).max(1);
         match e.data.as_ref().expect("loaded") {
             Data::Full(v) => out.par_chunks_mut(d.max(1) * per).enumerate().for_each(|(c, o)| {
                 for (k, o) in o.chunks_exact_mut(d.max(1)).enumerate() {
                     let r = row(c * per + k);
-                    o.copy_from_slice(&v[r * d..(r + 1) * d]);
+                    full(&v[r * d..(r + 1) * d], o);
                 }
             }),
             Data::Bf16(v) => out.par_chunks_mut(d.max(1) * per).enumerate().for_each(|(c, o)| {
                 for (k, o) in o.chunks_exact_mut(d.max(1)).enumerate() {
                     let r = row(c * per + k);
-                    for (x, &h) in o.iter_mut().zip(&v[r * d..(r + 1) * d]) {
-                        *x = T::of(from_bf16(h) as f64);
-                    }
+                    half(&v[r * d..(r + 1) * d], o);
                 }
             }),
         }

@@ -14,7 +14,16 @@ impl<T: Scalar> Store<T> {
 
     /// Rows `idx` of block `id`, which is on disk only, read from the chunks of its file that
     /// hold them.
-    pub(super) fn read_rows_from_file(&mut self, id: BlockId, idx: &[u32], out: &mut [T]) -> io::Result<()> {
+    /// The elements are of type `O`, made from the file's values by `of_f64` (f32 and f64
+    /// files) or `of_bf16` (the bits of a bf16 file).
+    pub(super) fn read_rows_from_file_as<O: Copy + Send + Sync>(
+        &mut self,
+        id: BlockId,
+        idx: &[u32],
+        out: &mut [O],
+        of_f64: &(impl Fn(f64) -> O + Sync),
+        of_bf16: &(impl Fn(u16) -> O + Sync),
+    ) -> io::Result<()> {
         self.wait_writes(id)?;
         let t = self.tick();
         let e = self.entries.get_mut(&id).expect("present");
@@ -58,33 +67,39 @@ impl<T: Scalar> Store<T> {
             let from = r * rb;
             &data[at[from / SUM_CHUNK] + from % SUM_CHUNK..][..rb]
         };
-        let per = (PAR_BYTES / (d * std::mem::size_of::<T>()).max(1)).max(1);
+        let per = (PAR_BYTES / (d * std::mem::size_of::<O>()).max(1)).max(1);
         out.par_chunks_mut(d.max(1) * per).enumerate().for_each(|(c, o)| {
             for (k, o) in o.chunks_exact_mut(d.max(1)).enumerate() {
                 let src = bytes_of(idx[c * per + k] as usize);
-                decode_into(dtype, src, o);
+                decode_into(dtype, src, o, of_f64, of_bf16);
             }
         });
         Ok(())
     }
 }
 
-/// Elements of `dtype` in little-endian `src` into `out`.
-fn decode_into<T: Scalar>(dtype: Dtype, src: &[u8], out: &mut [T]) {
+/// Elements of `dtype` in little-endian `src` into `out`, by `of_f64` or (bf16) `of_bf16`.
+fn decode_into<O>(
+    dtype: Dtype,
+    src: &[u8],
+    out: &mut [O],
+    of_f64: &impl Fn(f64) -> O,
+    of_bf16: &impl Fn(u16) -> O,
+) {
     match dtype {
         Dtype::Bf16 => {
             for (x, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *x = T::of(from_bf16(u16::from_le_bytes([c[0], c[1]])) as f64);
+                *x = of_bf16(u16::from_le_bytes([c[0], c[1]]));
             }
         }
         Dtype::F32 => {
             for (x, c) in out.iter_mut().zip(src.chunks_exact(4)) {
-                *x = T::of(f32::from_le_bytes(c.try_into().unwrap()) as f64);
+                *x = of_f64(f32::from_le_bytes(c.try_into().unwrap()) as f64);
             }
         }
         Dtype::F64 => {
             for (x, c) in out.iter_mut().zip(src.chunks_exact(8)) {
-                *x = T::of(f64::from_le_bytes(c.try_into().unwrap()));
+                *x = of_f64(f64::from_le_bytes(c.try_into().unwrap()));
             }
         }
     }

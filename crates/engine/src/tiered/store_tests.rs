@@ -237,3 +237,56 @@ fn files_removed_once_read_hold_the_spill_alone() {
         assert!(st.storage_write_bytes > 0 && st.storage_read_bytes > 0, "{st:?}");
     }
 }
+
+/// Rows read as bf16 for a bus that carries them are `to_bf16` of the rows read as f32, from
+/// RAM, from a block loaded from its file and from the chunks of a file read in part; a block
+/// put as bf16 reads back as the values the bits hold.
+#[test]
+fn rows_read_and_put_as_bf16_are_the_stores_values_rounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rows, d) = (4000usize, 64usize);
+    // values not exact in bf16 (an f32 store rounds them on the way out), a NaN, infinities
+    let mut block: Vec<f32> = (0..rows * d).map(|i| ((i * 7919) % 100_003) as f32 / 977.0 - 51.0).collect();
+    block[3] = f32::NAN;
+    block[d + 1] = f32::INFINITY;
+    block[2 * d] = -1e-40;
+    let bits = |v: &[f32]| v.iter().map(|&x| to_bf16(x)).collect::<Vec<u16>>();
+    let want_rows = [3999u32, 5, 3000, 3001, 0, 1];
+    let gathered: Vec<f32> =
+        want_rows.iter().flat_map(|&r| block[r as usize * d..(r as usize + 1) * d].to_vec()).collect();
+    for dtype in [TierDtype::F32, TierDtype::Bf16] {
+        // in RAM; then on disk only (a layer's worth does not fit: rows read in part)
+        for budget in [None, Some(0)] {
+            let cfg = StoreConfig { budget, mode: CacheMode::PartitionLru, dtype, faults: Faults::default() };
+            let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
+            s.put(id(0, 0), rows, d, block.clone()).unwrap();
+            s.put(id(0, 1), 1, d, vec![0.0; d]).unwrap();
+            s.sync().unwrap();
+            let what = format!("{dtype:?}, budget {budget:?}");
+            let mut some = vec![0u16; want_rows.len() * d];
+            s.read_rows_bf16(id(0, 0), Some(&want_rows), &mut some).unwrap();
+            assert_eq!(some, bits(&gathered), "{what}: some rows");
+            if budget.is_some() {
+                assert_eq!(s.take_stats().row_reads, 1, "{what}: read from the file in part");
+            }
+            let mut all = vec![0u16; rows * d];
+            s.read_rows_bf16(id(0, 0), None, &mut all).unwrap();
+            assert_eq!(all, bits(&block), "{what}: every row");
+            // bits put as they are: read back as f32 they are the values the bits hold
+            let h = bits(&block[..10 * d]);
+            s.put_bf16(id(1, 0), 10, d, &h).unwrap();
+            s.put(id(1, 1), 1, d, vec![0.0; d]).unwrap();
+            let mut back = vec![0f32; 10 * d];
+            s.read_rows(id(1, 0), None, &mut back).unwrap();
+            let held: Vec<f32> = h.iter().map(|&x| from_bf16(x)).collect();
+            assert_eq!(
+                back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                held.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{what}"
+            );
+            let mut again = vec![0u16; 10 * d];
+            s.read_rows_bf16(id(1, 0), None, &mut again).unwrap();
+            assert_eq!(again, h, "{what}: the bits come back");
+        }
+    }
+}

@@ -178,6 +178,19 @@ impl<B: Backend> Tiers<B> {
         Ok(())
     }
 
+    /// [`Tiers::store_put`] of bf16 elements ([`Store::put_bf16`]).
+    pub(super) fn store_put_bf16(
+        &mut self,
+        id: BlockId,
+        rows: usize,
+        cols: usize,
+        data: &[u16],
+    ) -> std::io::Result<()> {
+        self.store.put_bf16(id, rows, cols, data)?;
+        self.check(id);
+        Ok(())
+    }
+
     /// Adds `src` into rows `rows` of the stored block `id` (made at zero if absent).
     pub(super) fn store_add_rows(
         &mut self,
