@@ -453,24 +453,6 @@ impl<T: Scalar> Store<T> {
         self.put_data(id, rows, cols, data)
     }
 
-    /// [`Store::put_slice`] of bf16 elements ([`to_bf16`]'s bits), kept as they are in a bf16
-    /// store (a block a device rounded before it crossed the bus).
-    pub fn put_bf16(&mut self, id: BlockId, rows: usize, cols: usize, data: &[u16]) -> io::Result<()> {
-        assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
-        let data = match self.cfg.dtype {
-            TierDtype::F32 => Data::Full(
-                data.par_iter().with_min_len(1 << 16).map(|&h| T::of(from_bf16(h) as f64)).collect(),
-            ),
-            TierDtype::Bf16 => Data::Bf16(super::par_to_vec(data)),
-        };
-        self.put_data(id, rows, cols, data)
-    }
-
-    /// The type blocks are kept as.
-    pub fn dtype(&self) -> TierDtype {
-        self.cfg.dtype
-    }
-
     fn put_data(&mut self, id: BlockId, rows: usize, cols: usize, data: Data<T>) -> io::Result<()> {
         self.poll(false)?;
         self.remove_ram(id);
@@ -527,20 +509,6 @@ impl<T: Scalar> Store<T> {
             &|row: &[T], o: &mut [T]| o.copy_from_slice(row),
             &|row: &[u16], o: &mut [T]| o.iter_mut().zip(row).for_each(|(x, &h)| *x = of_bf16(h)),
             (&T::of, &of_bf16),
-        )
-    }
-
-    /// [`Store::read_rows`] as bf16 ([`to_bf16`]'s bits: a bf16 block's own), for a bus that
-    /// carries them.
-    pub fn read_rows_bf16(&mut self, id: BlockId, idx: Option<&[u32]>, out: &mut [u16]) -> io::Result<()> {
-        let of_f64 = |x: f64| to_bf16(x as f32);
-        self.read_rows_as(
-            id,
-            idx,
-            out,
-            &|row: &[T], o: &mut [u16]| o.iter_mut().zip(row).for_each(|(h, x)| *h = of_f64(x.f64())),
-            &|row: &[u16], o: &mut [u16]| o.copy_from_slice(row),
-            (&of_f64, &|h| h),
         )
     }
 
@@ -912,6 +880,9 @@ impl<T: Scalar> Drop for Store<T> {
 
 #[path = "store_partial.rs"]
 mod partial;
+
+#[path = "store_bus.rs"]
+mod bus;
 
 #[cfg(test)]
 #[path = "store_tests.rs"]
