@@ -96,10 +96,11 @@ impl<T: Scalar> Data<T> {
     }
 }
 
-/// `v` as bf16 on every core: a block's encoding on one core ran at about 2 GB/s and bound an
-/// epoch's write-back (papers-like at full size, bf16 blocks in RAM on an H100: 128 of 148 s).
-fn bf16_of<T: Scalar>(v: &[T]) -> Vec<u16> {
-    v.par_iter().with_min_len(1 << 16).map(|x| to_bf16(x.f64() as f32)).collect()
+/// `v`'s first `out.len()` elements as bf16 into `out` (a chunk of a block: blocks are encoded
+/// on every core, [`Store::make_data`]; on one core the encoding ran at about 2 GB/s and bound
+/// an epoch's write-back, papers-like at full size on an H100: 128 of 148 s).
+fn encode_into<T: Scalar>(v: &[T], out: &mut [u16]) {
+    out.iter_mut().zip(v).for_each(|(h, x)| *h = to_bf16(x.f64() as f32));
 }
 
 struct Entry<T> {
@@ -213,6 +214,11 @@ pub struct Store<T: Scalar> {
     /// The run's private storage directory (removed on drop unless `keep_files`).
     run_dir: Option<crate::scratch::RunDir>,
     stats: TierStats,
+    /// Buffers of blocks replaced or removed, for the next block of their length
+    /// (store_spare.rs), their bytes, and the most bytes the blocks in RAM have held at once.
+    spare: Vec<Data<T>>,
+    spare_bytes: u64,
+    peak_live: u64,
 }
 
 fn elem_dtype<T: Scalar>() -> Dtype {
@@ -257,6 +263,9 @@ impl<T: Scalar> Store<T> {
             ready: HashMap::new(),
             prefetch_bytes: 0,
             deferred: None,
+            spare: Vec::new(),
+            spare_bytes: 0,
+            peak_live: 0,
             keep_files,
             keep_read_files: true,
             run_dir,
@@ -289,9 +298,9 @@ impl<T: Scalar> Store<T> {
         Ok(())
     }
 
-    /// Bytes held: resident blocks, writes in flight, prefetched buffers.
+    /// Bytes held: resident blocks, writes in flight, prefetched buffers, spares.
     fn held(&self) -> u64 {
-        self.resident + self.writing_bytes + self.prefetch_bytes
+        self.resident + self.writing_bytes + self.prefetch_bytes + self.spare_bytes
     }
 
     /// Takes finished I/O jobs (waiting for one when `wait`); returns a deferred write error.
@@ -427,16 +436,19 @@ impl<T: Scalar> Store<T> {
         self.clock
     }
 
-    fn encode(&self, v: Vec<T>) -> Data<T> {
+    fn encode(&mut self, v: Vec<T>) -> Data<T> {
         match self.cfg.dtype {
             TierDtype::F32 => Data::Full(v),
-            TierDtype::Bf16 => Data::Bf16(bf16_of(&v)),
+            TierDtype::Bf16 => {
+                self.make_data(v.len(), |_, _| unreachable!(), |at, c| encode_into(&v[at..], c))
+            }
         }
     }
 
     /// Stores `data` (`rows × cols`, row-major) as block `id`, replacing what was there.
     pub fn put(&mut self, id: BlockId, rows: usize, cols: usize, data: Vec<T>) -> io::Result<()> {
         assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
+        self.retire_ram(id);
         let data = self.encode(data);
         self.put_data(id, rows, cols, data)
     }
@@ -446,16 +458,18 @@ impl<T: Scalar> Store<T> {
     /// every core).
     pub fn put_slice(&mut self, id: BlockId, rows: usize, cols: usize, data: &[T]) -> io::Result<()> {
         assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
-        let data = match self.cfg.dtype {
-            TierDtype::F32 => Data::Full(super::par_to_vec(data)),
-            TierDtype::Bf16 => Data::Bf16(bf16_of(data)),
-        };
+        self.retire_ram(id);
+        let data = self.make_data(
+            data.len(),
+            |at, c| c.copy_from_slice(&data[at..at + c.len()]),
+            |at, c| encode_into(&data[at..], c),
+        );
         self.put_data(id, rows, cols, data)
     }
 
     fn put_data(&mut self, id: BlockId, rows: usize, cols: usize, data: Data<T>) -> io::Result<()> {
         self.poll(false)?;
-        self.remove_ram(id);
+        self.retire_ram(id);
         self.forget_prefetch(id);
         // the file of the version replaced goes now, not when this one is written
         self.spill_only(id)?;
@@ -478,6 +492,7 @@ impl<T: Scalar> Store<T> {
             },
         );
         self.resident += bytes;
+        self.trim_spares();
         self.make_room(Some(id))
     }
 
@@ -512,52 +527,6 @@ impl<T: Scalar> Store<T> {
         )
     }
 
-    /// [`Store::read_rows`] into elements of type `O`: a row of an f32 block by `full`, of a
-    /// bf16 block by `half`, of a file read in part by `partial` (from f32 or f64 values, and
-    /// from bf16 bits).
-    fn read_rows_as<O: Copy + Send + Sync>(
-        &mut self,
-        id: BlockId,
-        idx: Option<&[u32]>,
-        out: &mut [O],
-        full: &(impl Fn(&[T], &mut [O]) + Sync),
-        half: &(impl Fn(&[u16], &mut [O]) + Sync),
-        partial: (&(impl Fn(f64) -> O + Sync), &(impl Fn(u16) -> O + Sync)),
-    ) -> io::Result<()> {
-        if let Some(idx) = idx {
-            if self.cfg.mode == CacheMode::PartitionLru && self.on_disk_only(id)? {
-                return self.read_rows_from_file_as(id, idx, out, partial.0, partial.1);
-            }
-        }
-        let from_storage = self.load(id)?;
-        let e = &self.entries[&id];
-        let d = e.cols;
-        let n = idx.map_or(e.rows, |i| i.len());
-        if from_storage {
-            self.stats.storage_needed_bytes += (n * d * self.elem_bytes()) as u64;
-        }
-        assert_eq!(out.len(), n * d, "block {id:?}: output holds the rows read");
-        let row = |k: usize| idx.map_or(k, |i| i[k] as usize);
-        // rows in parallel, a few thousand per task
-        let per = (PAR_BYTES / (d * std::mem::size_of::<O>()).max(1)).max(1);
-        match e.data.as_ref().expect("loaded") {
-            Data::Full(v) => out.par_chunks_mut(d.max(1) * per).enumerate().for_each(|(c, o)| {
-                for (k, o) in o.chunks_exact_mut(d.max(1)).enumerate() {
-                    let r = row(c * per + k);
-                    full(&v[r * d..(r + 1) * d], o);
-                }
-            }),
-            Data::Bf16(v) => out.par_chunks_mut(d.max(1) * per).enumerate().for_each(|(c, o)| {
-                for (k, o) in o.chunks_exact_mut(d.max(1)).enumerate() {
-                    let r = row(c * per + k);
-                    half(&v[r * d..(r + 1) * d], o);
-                }
-            }),
-        }
-        self.stats.host_read_bytes += (n * d * self.elem_bytes()) as u64;
-        Ok(())
-    }
-
     /// Bytes of a stored element (f32 or bf16 blocks).
     pub(super) fn elem_bytes(&self) -> usize {
         self.cfg.dtype.bytes(std::mem::size_of::<T>())
@@ -574,7 +543,8 @@ impl<T: Scalar> Store<T> {
         src: &[T],
     ) -> io::Result<()> {
         if !self.entries.contains_key(&id) {
-            self.put(id, rows, cols, vec![T::zero(); rows * cols])?;
+            let zeros = self.make_data(rows * cols, |_, c| c.fill(T::zero()), |_, c| c.fill(0));
+            self.put_data(id, rows, cols, zeros)?;
         }
         if self.load(id)? {
             self.stats.storage_needed_bytes += (rows * cols * self.elem_bytes()) as u64;
@@ -637,7 +607,7 @@ impl<T: Scalar> Store<T> {
         while self.reading.contains(&id) {
             self.poll(true)?;
         }
-        self.remove_ram(id);
+        self.retire_ram(id);
         self.forget_prefetch(id);
         if let Some(e) = self.entries.remove(&id) {
             if e.on_disk {
@@ -732,6 +702,7 @@ impl<T: Scalar> Store<T> {
         e.data = Some(data);
         e.dirty = false;
         self.resident += bytes;
+        self.trim_spares();
         self.spill_only(id)?;
         self.make_room(Some(id))?;
         Ok(true)
@@ -771,6 +742,10 @@ impl<T: Scalar> Store<T> {
     /// Evicts victims under the cache mode until the blocks and buffers read ahead in RAM are
     /// at most `target` bytes (or only pinned blocks and `keep` remain in RAM).
     fn evict_down_to(&mut self, target: u64, keep: Option<BlockId>) -> io::Result<()> {
+        // spares go before any block
+        if self.resident + self.prefetch_bytes + self.spare_bytes > target {
+            self.drop_spares();
+        }
         // writes in flight leave by themselves (the callers wait for them). Counted here, an
         // evicted block's write buffer (a page more than its RAM copy) kept each eviction from
         // lowering the figure: making room for one block emptied the cache of dirty blocks
@@ -883,6 +858,9 @@ mod partial;
 
 #[path = "store_bus.rs"]
 mod bus;
+
+#[path = "store_spare.rs"]
+mod spare;
 
 #[cfg(test)]
 #[path = "store_tests.rs"]

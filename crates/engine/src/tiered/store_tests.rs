@@ -290,3 +290,72 @@ fn rows_read_and_put_as_bf16_are_the_stores_values_rounded() {
         }
     }
 }
+
+/// A block replaced, or removed and made again at its length, takes its predecessor's buffer
+/// (no fresh pages to fault in) with exactly its own values; spares never take the store past
+/// the most its blocks held at once, and go before any block is evicted.
+#[test]
+fn buffers_of_replaced_and_removed_blocks_are_reused_within_the_peak() {
+    for dtype in [TierDtype::F32, TierDtype::Bf16] {
+        let cfg = StoreConfig { budget: None, mode: CacheMode::LruLayer, dtype, faults: Faults::default() };
+        let mut s = Store::<f32>::new(cfg, None, false).unwrap();
+        let (rows, d) = (4096usize, 256usize); // 4 MiB as f32, 2 MiB as bf16
+        let ptr = |s: &Store<f32>, i: BlockId| match s.entries[&i].data.as_ref().unwrap() {
+            Data::Full(v) => v.as_ptr() as usize,
+            Data::Bf16(v) => v.as_ptr() as usize,
+        };
+        let values = |k: f32| (0..rows * d).map(|i| (i % 7) as f32 + k).collect::<Vec<f32>>();
+        let read = |s: &mut Store<f32>, i: BlockId| {
+            let mut out = vec![0f32; rows * d];
+            s.read_rows(i, None, &mut out).unwrap();
+            out
+        };
+        s.put_slice(id(1, 0), rows, d, &values(0.0)).unwrap();
+        let first = ptr(&s, id(1, 0));
+        s.put_slice(id(1, 0), rows, d, &values(1.0)).unwrap();
+        assert_eq!(ptr(&s, id(1, 0)), first, "{dtype:?}: a block replaced keeps its buffer");
+        assert_eq!(read(&mut s, id(1, 0)), values(1.0));
+        // removed, then a gradient block of the same length made at zero and added to
+        s.remove(id(1, 0)).unwrap();
+        let src = vec![2.0f32; 3 * d];
+        s.add_rows(id(2, 3), rows, d, Some(&[5, 0, 4095]), &src).unwrap();
+        assert_eq!(ptr(&s, id(2, 3)), first, "{dtype:?}: a block made again takes the spare");
+        let got = read(&mut s, id(2, 3));
+        for r in 0..rows {
+            let want = if [0, 5, 4095].contains(&r) { 2.0 } else { 0.0 };
+            assert!(got[r * d..(r + 1) * d].iter().all(|&x| x == want), "{dtype:?}: row {r}");
+        }
+        // a block of another length: the spare may not stay beside it past the peak
+        s.put_bf16(id(3, 0), rows, d, &vec![0x3f80; rows * d]).unwrap();
+        s.remove(id(3, 0)).unwrap();
+        s.remove(id(2, 3)).unwrap();
+        s.put_slice(id(4, 0), rows * 2, d, &vec![1.0; rows * 2 * d]).unwrap();
+        assert!(
+            s.resident + s.spare_bytes <= s.peak_live,
+            "{dtype:?}: {} + {} > {}",
+            s.resident,
+            s.spare_bytes,
+            s.peak_live
+        );
+    }
+    // under a budget: a spare is reused there too, and never makes a block leave RAM
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        budget: Some(3 << 20),
+        mode: CacheMode::LruLayer,
+        dtype: TierDtype::F32,
+        faults: Faults::default(),
+    };
+    let mut s = Store::<f32>::new(cfg, Some(dir.path()), false).unwrap();
+    let n = 1 << 18; // 1 MiB
+    for p in 0..3 {
+        s.put_slice(id(0, p), 1, n, &vec![p as f32; n]).unwrap();
+    }
+    s.remove(id(0, 2)).unwrap();
+    assert_eq!(s.spare_bytes, 4 << 18);
+    s.put_slice(id(0, 3), 1, n, &vec![3.0; n]).unwrap();
+    assert_eq!((s.spare_bytes, s.take_stats().evictions), (0, 0), "the spare was taken, no block left");
+    s.remove(id(0, 3)).unwrap();
+    s.put_slice(id(0, 4), 1, n / 2, &vec![4.0; n / 2]).unwrap();
+    assert!(s.held() <= 3 << 20 && s.take_stats().evictions == 0, "the spare went, no block");
+}
