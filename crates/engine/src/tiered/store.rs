@@ -551,44 +551,13 @@ impl<T: Scalar> Store<T> {
         }
         let e = self.entries.get_mut(&id).expect("loaded");
         assert_eq!((e.rows, e.cols), (rows, cols), "block {id:?}: shape");
-        let d = cols.max(1);
-        let k = src.len() / d;
-        // source rows grouped by destination row (repeats add up in order), so that disjoint
-        // destination rows go to parallel tasks
-        let identity: Vec<u32>;
-        let idx = match idx {
-            Some(i) => i,
-            None => {
-                identity = (0..k as u32).collect();
-                &identity
-            }
-        };
-        let (ptr, order) = grinnder_tensor::sparse::group_by_row(idx, rows);
-        let per = (PAR_BYTES / (d * std::mem::size_of::<T>())).max(1);
-        fn each<E: Send>(
-            v: &mut [E],
-            d: usize,
-            per: usize,
-            groups: (&[usize], &[u32]),
-            f: &(dyn Fn(&mut [E], usize) + Sync),
-        ) {
-            let (ptr, order) = groups;
-            v.par_chunks_mut(d * per).enumerate().for_each(|(c, chunk)| {
-                for (j, row) in chunk.chunks_exact_mut(d).enumerate() {
-                    let r = c * per + j;
-                    for &i in &order[ptr[r]..ptr[r + 1]] {
-                        f(row, i as usize);
-                    }
-                }
-            });
-        }
-        let groups = (&ptr[..], &order[..]);
-        match e.data.as_mut().expect("loaded") {
-            Data::Full(v) => each(v, d, per, groups, &|row: &mut [T], i| {
-                row.iter_mut().zip(&src[i * d..(i + 1) * d]).for_each(|(x, &y)| *x += y);
+        let data = e.data.as_mut().expect("loaded");
+        match data {
+            Data::Full(v) => add_into(v, cols, idx, src, &|row: &mut [T], s: &[T]| {
+                row.iter_mut().zip(s).for_each(|(x, &y)| *x += y);
             }),
-            Data::Bf16(v) => each(v, d, per, groups, &|row: &mut [u16], i| {
-                for (x, &y) in row.iter_mut().zip(&src[i * d..(i + 1) * d]) {
+            Data::Bf16(v) => add_into(v, cols, idx, src, &|row: &mut [u16], s: &[T]| {
+                for (x, &y) in row.iter_mut().zip(s) {
                     *x = to_bf16(from_bf16(*x) + y.f64() as f32);
                 }
             }),
@@ -861,6 +830,10 @@ mod bus;
 
 #[path = "store_spare.rs"]
 mod spare;
+
+#[path = "store_add.rs"]
+mod add;
+use add::add_into;
 
 #[cfg(test)]
 #[path = "store_tests.rs"]

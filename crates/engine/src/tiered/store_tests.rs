@@ -359,3 +359,53 @@ fn buffers_of_replaced_and_removed_blocks_are_reused_within_the_peak() {
     s.put_slice(id(0, 4), 1, n / 2, &vec![4.0; n / 2]).unwrap();
     assert!(s.held() <= 3 << 20 && s.take_stats().evictions == 0, "the spare went, no block");
 }
+
+/// Rows added into a block, by each of `add_rows`' ways (a block's first rows, distinct rows,
+/// rows that repeat), give a one-row-at-a-time reference's values exactly (repeats in order).
+#[test]
+fn rows_added_every_way_give_the_sequential_sums() {
+    let (rows, d) = (3000usize, 5usize);
+    let mut state = 7u64;
+    let mut next = |m: u64| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) % m
+    };
+    let base: Vec<f32> = (0..rows * d).map(|_| next(1000) as f32 / 64.0).collect();
+    let distinct: Vec<u32> = {
+        let mut v: Vec<u32> = (0..rows as u32).collect();
+        for i in (1..v.len()).rev() {
+            v.swap(i, next(i as u64 + 1) as usize);
+        }
+        v.truncate(1777);
+        v
+    };
+    let repeated: Vec<u32> = (0..2500).map(|_| next(40) as u32 * 7).collect();
+    for dtype in [TierDtype::F32, TierDtype::Bf16] {
+        for idx in [None, Some(&distinct[..]), Some(&repeated[..])] {
+            let k = idx.map_or(1234, |i| i.len());
+            let src: Vec<f32> = (0..k * d).map(|_| next(1000) as f32 / 128.0 - 3.0).collect();
+            let cfg =
+                StoreConfig { budget: None, mode: CacheMode::LruLayer, dtype, faults: Faults::default() };
+            let mut s = Store::<f32>::new(cfg, None, false).unwrap();
+            s.put(id(0, 0), rows, d, base.clone()).unwrap();
+            let mut want = vec![0f32; rows * d];
+            s.read_rows(id(0, 0), None, &mut want).unwrap();
+            for j in 0..k {
+                let r = idx.map_or(j, |i| i[j] as usize);
+                for c in 0..d {
+                    let x = want[r * d + c] + src[j * d + c];
+                    want[r * d + c] = if dtype == TierDtype::Bf16 { from_bf16(to_bf16(x)) } else { x };
+                }
+            }
+            s.add_rows(id(0, 0), rows, d, idx, &src).unwrap();
+            let mut got = vec![0f32; rows * d];
+            s.read_rows(id(0, 0), None, &mut got).unwrap();
+            let what = format!("{dtype:?}, {} rows", idx.map_or("first".into(), |i| i.len().to_string()));
+            assert_eq!(
+                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{what}"
+            );
+        }
+    }
+}
