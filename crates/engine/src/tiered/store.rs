@@ -377,7 +377,10 @@ impl<T: Scalar> Store<T> {
             self.evict_down_to(budget - bytes, None)?;
             self.poll(false)?;
             // an evicted block's write buffer (header page, aligned payload) can outweigh its
-            // RAM copy: never leave the budget exceeded by queued writes
+            // RAM copy: never leave the budget exceeded by queued writes (spares go first)
+            if self.held() + bytes > budget {
+                self.drop_spares();
+            }
             while self.held() > budget && !self.writing.is_empty() {
                 self.poll(true)?;
             }
@@ -448,6 +451,8 @@ impl<T: Scalar> Store<T> {
     /// Stores `data` (`rows × cols`, row-major) as block `id`, replacing what was there.
     pub fn put(&mut self, id: BlockId, rows: usize, cols: usize, data: Vec<T>) -> io::Result<()> {
         assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
+        // a deferred write error before the block's data is retired: the block stays whole
+        self.poll(false)?;
         self.retire_ram(id);
         let data = self.encode(data);
         self.put_data(id, rows, cols, data)
@@ -458,6 +463,7 @@ impl<T: Scalar> Store<T> {
     /// every core).
     pub fn put_slice(&mut self, id: BlockId, rows: usize, cols: usize, data: &[T]) -> io::Result<()> {
         assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
+        self.poll(false)?;
         self.retire_ram(id);
         let data = self.make_data(
             data.len(),
@@ -553,10 +559,10 @@ impl<T: Scalar> Store<T> {
         assert_eq!((e.rows, e.cols), (rows, cols), "block {id:?}: shape");
         let data = e.data.as_mut().expect("loaded");
         match data {
-            Data::Full(v) => add_into(v, cols, idx, src, &|row: &mut [T], s: &[T]| {
+            Data::Full(v) => add_into(v, (rows, cols), idx, src, &|row: &mut [T], s: &[T]| {
                 row.iter_mut().zip(s).for_each(|(x, &y)| *x += y);
             }),
-            Data::Bf16(v) => add_into(v, cols, idx, src, &|row: &mut [u16], s: &[T]| {
+            Data::Bf16(v) => add_into(v, (rows, cols), idx, src, &|row: &mut [u16], s: &[T]| {
                 for (x, &y) in row.iter_mut().zip(s) {
                     *x = to_bf16(from_bf16(*x) + y.f64() as f32);
                 }
@@ -695,7 +701,10 @@ impl<T: Scalar> Store<T> {
         self.stats.peak_cache_bytes = self.stats.peak_cache_bytes.max(self.held());
         let Some(budget) = self.cfg.budget.map(|b| b.saturating_sub(extra)) else { return Ok(()) };
         self.evict_down_to(budget, keep)?;
-        // prefetched buffers give way first, then writes drain
+        // spares give way first, then prefetched buffers, then writes drain
+        if self.held() > budget {
+            self.drop_spares();
+        }
         if self.held() > budget {
             let ids: Vec<BlockId> = self.ready.keys().copied().collect();
             for id in ids {

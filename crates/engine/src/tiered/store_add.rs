@@ -7,16 +7,20 @@
 use super::*;
 
 /// `add(v's row r, src's row j)` for each `j`, `r = idx[j]` (`j` itself when `idx` is `None`),
-/// rows `d` wide; rows that repeat are added in `src`'s order.
+/// `v` being `rows × d`; rows that repeat are added in `src`'s order.
 pub(super) fn add_into<E: Send + Sync, T: Scalar>(
     v: &mut [E],
-    d: usize,
+    (rows, d): (usize, usize),
     idx: Option<&[u32]>,
     src: &[T],
     add: &(dyn Fn(&mut [E], &[T]) + Sync),
 ) {
-    let d = d.max(1);
-    let rows = v.len() / d;
+    if d == 0 {
+        return;
+    }
+    let k = idx.map_or(src.len() / d, |i| i.len());
+    assert_eq!(src.len(), k * d, "rows added: {} values for {k} rows of {d}", src.len());
+    assert!(k <= rows || idx.is_some(), "{k} rows added into the first rows of a block of {rows}");
     let per = (PAR_BYTES / (d * std::mem::size_of::<T>())).max(1);
     let Some(idx) = idx else {
         // the first rows, in order

@@ -23,6 +23,7 @@ impl<T: Scalar> Store<T> {
     /// store (a block a device rounded before it crossed the bus).
     pub fn put_bf16(&mut self, id: BlockId, rows: usize, cols: usize, data: &[u16]) -> io::Result<()> {
         assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
+        self.poll(false)?;
         self.retire_ram(id);
         let data = self.make_data(
             data.len(),

@@ -47,7 +47,7 @@ impl<T: Scalar> Store<T> {
             (Data::Bf16(v), TierDtype::Bf16) => v.len() == len,
             _ => false,
         })?;
-        let d = self.spare.swap_remove(i);
+        let d = self.spare.remove(i); // oldest first stays the order `trim_spares` drops by
         self.spare_bytes -= d.bytes();
         Some(d)
     }
