@@ -4,7 +4,8 @@
 # baseline at .gpu/old/grinnder with OLD=1), with the flags given, each command's wall time,
 # its epoch lines, phases and peaks.
 #
-#   SCALE=0.5 DTYPE=f16 [BAR=1] [PREDICT=1] bench/gpu_papers.sh [TRAIN FLAGS...]   e.g. --parts 32 --gpu-mem 48GiB
+#   SCALE=0.5 DTYPE=f16 [BAR=1] [PREDICT=1] [RATES=1] bench/gpu_papers.sh [TRAIN FLAGS...]   e.g. --parts 32 --gpu-mem 48GiB
+#   (RATES=1: `bench rates --device cuda` first, so that train prints the cost model's epoch beside epoch 1's)
 #   (BAR=1: train's defaults but the model; no flags: the budgets the run chooses from the machine; TAG names the run's files, so that
 #   several runs of one call keep theirs)
 # Results under $OUT (or /tmp/gpu-out).
@@ -49,6 +50,7 @@ for r in rows:
               f"  host peak {r['peak_host_bytes'] / 2**30:.1f} GiB  GPU peak {(r.get('peak_device_bytes') or 0) / 2**30:.1f} GiB")
 PY
 }
+[ -z "${RATES:-}" ] || /usr/bin/time -f "bench rates: %e s wall" .gpu/bin/grinnder -q bench rates --device cuda
 [ -z "${PREDICT:-}" ] || common+=(--save-model "$data/m.safetensors")
 run "${TAG:-new}" .gpu/bin/grinnder "$@"
 if [ -n "${PREDICT:-}" ]; then # PREDICT=1: every node's class, then the test split's logits
