@@ -17,6 +17,15 @@ use crate::host::{dtoh, htod};
 pub(crate) const BF16_CHUNK: usize = 1 << 24;
 
 impl Cuda {
+    /// The chunk a transfer of `n` bf16 elements converts by, and a device temporary of that
+    /// many (its elements unspecified: each chunk is written whole before it is read).
+    fn bf16_temp(&self, n: usize) -> (usize, CudaSlice<u16>) {
+        let chunk = n.min(BF16_CHUNK);
+        self.charge(chunk * 2);
+        // SAFETY: the callers write each chunk whole (a copy or `to_bf16`) before reading it.
+        (chunk, unsafe { self.stream.alloc::<u16>(chunk) }.or_oom())
+    }
+
     /// See `Transfers::upload_bf16_with`: `fill` writes bf16 into a staging buffer, copied
     /// chunk by chunk to the device and widened there.
     pub(crate) fn staged_upload_bf16(
@@ -35,10 +44,7 @@ impl Cuda {
         let host = slot.get_u16(&self.ctx, n);
         fill(host);
         let src = host.as_ptr() as *const u8;
-        let chunk = n.min(BF16_CHUNK);
-        self.charge(chunk * 2);
-        // SAFETY: each chunk is written whole by the copy below before `from_bf16` reads it.
-        let mut temp = unsafe { self.stream.alloc::<u16>(chunk) }.or_oom();
+        let (chunk, mut temp) = self.bf16_temp(n);
         for at in (0..n).step_by(chunk) {
             let len = chunk.min(n - at);
             {
@@ -69,10 +75,7 @@ impl Cuda {
         let mut slot = self.staging.slot();
         let host = slot.get_u16(&self.ctx, n);
         let dst = host.as_mut_ptr() as *mut u8;
-        let chunk = n.min(BF16_CHUNK);
-        self.charge(chunk * 2);
-        // SAFETY: each chunk is written whole by `to_bf16` below before the copy reads it.
-        let mut temp = unsafe { self.stream.alloc::<u16>(chunk) }.or_oom();
+        let (chunk, mut temp) = self.bf16_temp(n);
         for at in (0..n).step_by(chunk) {
             let len = chunk.min(n - at);
             let (len64, part) = (len as i64, m.data.slice(at..at + len));

@@ -782,7 +782,7 @@ impl Cuda {
             // the buffer is not touched again before the event recorded below completes.
             unsafe { htod(&self.stream, dst, src, n * 4) };
         }
-        slot.0.as_mut().expect("allocated").queued(&self.stream);
+        slot.queued(&self.stream);
         out
     }
 

@@ -54,24 +54,11 @@ impl<'a, B: Backend> Executor<'a, B> {
             None
         } else {
             self.tiers.store.pin(host_sources.iter().map(|(s, _)| *s));
-            let bf16_bus = self.bf16_bus();
-            let store = &mut self.tiers.store;
-            let mut failed = None;
-            let staged = if bf16_bus {
-                b.upload_bf16_with(host_rows, d, &mut |buf: &mut [u16]| {
-                    failed = read_sources(&host_sources, d, buf, &mut |s, i, o| store.read_rows_bf16(s, i, o))
-                })
-            } else {
-                b.upload_with(host_rows, d, &mut |buf: &mut [B::T]| {
-                    failed = read_sources(&host_sources, d, buf, &mut |s, i, o| store.read_rows(s, i, o))
-                })
-            };
+            let bus = (b, self.bf16_bus());
+            let staged =
+                upload_stored(bus, &mut self.tiers.store, &host_sources, d, &mut self.stats.upload_bytes);
             self.tiers.store.unpin_all();
-            if let Some(e) = failed {
-                return Err(io_err(e));
-            }
-            self.stats.upload_bytes += (host_rows * d) as u64 * self.bus_elem();
-            Some(staged)
+            Some(staged?)
         };
         let m = match staged {
             Some(staged) if host_rows == rows => staged,
@@ -221,23 +208,8 @@ impl<'a, B: Backend> Executor<'a, B> {
             b.gather_rows(block, rows, out, at);
             return Ok(());
         }
-        let source = [(id, rows)];
-        let bf16_bus = self.bf16_bus();
-        let store = &mut self.tiers.store;
-        let mut failed = None;
-        let m = if bf16_bus {
-            b.upload_bf16_with(rows.len(), d, &mut |buf: &mut [u16]| {
-                failed = read_sources(&source, d, buf, &mut |s, i, o| store.read_rows_bf16(s, i, o))
-            })
-        } else {
-            b.upload_with(rows.len(), d, &mut |buf: &mut [B::T]| {
-                failed = read_sources(&source, d, buf, &mut |s, i, o| store.read_rows(s, i, o))
-            })
-        };
-        if let Some(e) = failed {
-            return Err(io_err(e));
-        }
-        self.stats.upload_bytes += (rows.len() * d) as u64 * self.bus_elem();
+        let bus = (b, self.bf16_bus());
+        let m = upload_stored(bus, &mut self.tiers.store, &[(id, rows)], d, &mut self.stats.upload_bytes)?;
         b.gather_rows(&m, Rows::Range(0, rows.len()), out, at);
         Ok(())
     }
@@ -466,6 +438,36 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.stats.download_bytes += (n * d * std::mem::size_of::<B::T>()) as u64;
         failed.map_or(Ok(()), |e| Err(io_err(e)))
     }
+}
+
+/// Rows of stored blocks (`sources`: blocks and their rows, in order; `d` wide) read into the
+/// backend's staging memory and uploaded by `b`, as bf16 where `bf16_bus`
+/// ([`Executor::bf16_bus`]); the bytes that crossed added to `uploaded`.
+fn upload_stored<B: Backend>(
+    (b, bf16_bus): (&B, bool),
+    store: &mut Store<B::T>,
+    sources: &[(BlockId, Rows<'_>)],
+    d: usize,
+    uploaded: &mut u64,
+) -> Result<B::Mat, TrainError> {
+    let rows: usize = sources.iter().map(|(_, r)| r.len()).sum();
+    let mut failed = None;
+    let (m, elem) = if bf16_bus {
+        let m = b.upload_bf16_with(rows, d, &mut |buf: &mut [u16]| {
+            failed = read_sources(sources, d, buf, &mut |s, i, o| store.read_rows_bf16(s, i, o))
+        });
+        (m, 2)
+    } else {
+        let m = b.upload_with(rows, d, &mut |buf: &mut [B::T]| {
+            failed = read_sources(sources, d, buf, &mut |s, i, o| store.read_rows(s, i, o))
+        });
+        (m, std::mem::size_of::<B::T>())
+    };
+    if let Some(e) = failed {
+        return Err(io_err(e));
+    }
+    *uploaded += (rows * d * elem) as u64;
+    Ok(m)
 }
 
 /// A store's read of some rows (`None`: all) of a block into a slice.

@@ -377,10 +377,7 @@ impl<T: Scalar> Store<T> {
             self.evict_down_to(budget - bytes, None)?;
             self.poll(false)?;
             // an evicted block's write buffer (header page, aligned payload) can outweigh its
-            // RAM copy: never leave the budget exceeded by queued writes (spares go first)
-            if self.held() + bytes > budget {
-                self.drop_spares();
-            }
+            // RAM copy: never leave the budget exceeded by queued writes
             while self.held() > budget && !self.writing.is_empty() {
                 self.poll(true)?;
             }
@@ -463,13 +460,29 @@ impl<T: Scalar> Store<T> {
     /// every core).
     pub fn put_slice(&mut self, id: BlockId, rows: usize, cols: usize, data: &[T]) -> io::Result<()> {
         assert_eq!(data.len(), rows * cols, "block {id:?}: data is rows × cols");
-        self.poll(false)?;
-        self.retire_ram(id);
-        let data = self.make_data(
-            data.len(),
+        self.put_made(
+            id,
+            rows,
+            cols,
             |at, c| c.copy_from_slice(&data[at..at + c.len()]),
             |at, c| encode_into(&data[at..], c),
-        );
+        )
+    }
+
+    /// Block `id` (`rows × cols`) replaced by one [`Store::make_data`] makes with `full` or
+    /// `half` (into the replaced block's buffer where it fits).
+    fn put_made(
+        &mut self,
+        id: BlockId,
+        rows: usize,
+        cols: usize,
+        full: impl Fn(usize, &mut [T]) + Sync,
+        half: impl Fn(usize, &mut [u16]) + Sync,
+    ) -> io::Result<()> {
+        // a deferred write error before the block's data is retired: the block stays whole
+        self.poll(false)?;
+        self.retire_ram(id);
+        let data = self.make_data(rows * cols, full, half);
         self.put_data(id, rows, cols, data)
     }
 
@@ -522,15 +535,7 @@ impl<T: Scalar> Store<T> {
     /// ([`CacheMode::PartitionLru`]), are read from its file alone: the pages that hold them,
     /// without loading the block.
     pub fn read_rows(&mut self, id: BlockId, idx: Option<&[u32]>, out: &mut [T]) -> io::Result<()> {
-        let of_bf16 = |h: u16| T::of(from_bf16(h) as f64);
-        self.read_rows_as(
-            id,
-            idx,
-            out,
-            &|row: &[T], o: &mut [T]| o.copy_from_slice(row),
-            &|row: &[u16], o: &mut [T]| o.iter_mut().zip(row).for_each(|(x, &h)| *x = of_bf16(h)),
-            (&T::of, &of_bf16),
-        )
+        self.read_rows_as(id, idx, out, &T::of, &|h| T::of(from_bf16(h) as f64))
     }
 
     /// Bytes of a stored element (f32 or bf16 blocks).
@@ -701,10 +706,7 @@ impl<T: Scalar> Store<T> {
         self.stats.peak_cache_bytes = self.stats.peak_cache_bytes.max(self.held());
         let Some(budget) = self.cfg.budget.map(|b| b.saturating_sub(extra)) else { return Ok(()) };
         self.evict_down_to(budget, keep)?;
-        // spares give way first, then prefetched buffers, then writes drain
-        if self.held() > budget {
-            self.drop_spares();
-        }
+        // prefetched buffers give way first (after spares), then writes drain
         if self.held() > budget {
             let ids: Vec<BlockId> = self.ready.keys().copied().collect();
             for id in ids {
@@ -720,8 +722,8 @@ impl<T: Scalar> Store<T> {
     /// Evicts victims under the cache mode until the blocks and buffers read ahead in RAM are
     /// at most `target` bytes (or only pinned blocks and `keep` remain in RAM).
     fn evict_down_to(&mut self, target: u64, keep: Option<BlockId>) -> io::Result<()> {
-        // spares go before any block
-        if self.resident + self.prefetch_bytes + self.spare_bytes > target {
+        // spares go before any block, prefetched buffer or wait on a write
+        if self.held() > target {
             self.drop_spares();
         }
         // writes in flight leave by themselves (the callers wait for them). Counted here, an
