@@ -112,12 +112,23 @@ pub(super) fn seal<'a>(
 
 /// Refuses metadata grinnder did not write into a file it wrote: an entry it does not write,
 /// or entries, tensor names, types or shapes its `checksum` does not match. A file of another
-/// producer (PyG's, with or without metadata) is read as it is; a file grinnder wrote before
-/// the `checksum` entry (its `checksums` alone) is accepted when its entries are grinnder's.
+/// producer (PyG's, with or without metadata) is read as it is; a file grinnder wrote without
+/// the `checksum` entry (before 2026-12-05, or with it removed) is refused unless
+/// [`UNSEALED_VAR`] is set, and then accepted when its entries are grinnder's.
 pub(super) fn metadata<'a>(
     meta: &HashMap<String, String>,
     tensors: impl Iterator<Item = (&'a str, String, &'a [usize])>,
     path: &Path,
+) -> Result<(), ModelFileError> {
+    metadata_with(meta, tensors, path, unsealed_accepted())
+}
+
+/// [`metadata`], a file without the `checksum` entry accepted or not.
+pub(super) fn metadata_with<'a>(
+    meta: &HashMap<String, String>,
+    tensors: impl Iterator<Item = (&'a str, String, &'a [usize])>,
+    path: &Path,
+    accept_unsealed: bool,
 ) -> Result<(), ModelFileError> {
     let grinnders = meta.get("producer").is_some_and(|p| p.starts_with("grinnder"))
         || meta.contains_key("checksums")
@@ -136,16 +147,38 @@ pub(super) fn metadata<'a>(
     if let Some(k) = keys.into_iter().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
         return Err(changed(k, &meta[k], "not an entry grinnder writes"));
     }
-    if let Some(want) = meta.get("checksum") {
-        if seal(meta, tensors) != *want {
-            return Err(changed(
-                "checksum",
-                want,
-                "the metadata or the tensors' names, types or shapes differ from what it covers",
-            ));
+    match meta.get("checksum") {
+        Some(want) if seal(meta, tensors) != *want => Err(changed(
+            "checksum",
+            want,
+            "the metadata or the tensors' names, types or shapes differ from what it covers",
+        )),
+        Some(_) => Ok(()),
+        None if accept_unsealed => {
+            tracing::warn!(
+                "model file {}: no checksum entry; its metadata is taken as written ({UNSEALED_VAR}=1)",
+                path.display()
+            );
+            Ok(())
         }
+        None => Err(ModelFileError::Metadata {
+            path: path.into(),
+            key: "checksum".into(),
+            value: String::new(),
+            reason: format!(
+                "absent from a file grinnder wrote: grinnder seals every file it writes, so this one was written before 2026-12-05 or had its checksum removed, and its metadata (which changes predictions) cannot be checked; train it again, or set {UNSEALED_VAR}=1 to read it as written"
+            ),
+        }),
     }
-    Ok(())
+}
+
+/// The variable that lets a grinnder file without a `checksum` entry be read (files written
+/// before 2026-12-05 have none).
+pub(super) const UNSEALED_VAR: &str = "GRINNDER_UNSEALED_MODELS";
+
+/// Whether [`UNSEALED_VAR`] is `1`.
+fn unsealed_accepted() -> bool {
+    std::env::var(UNSEALED_VAR).is_ok_and(|v| v == "1")
 }
 
 /// What the tensors say of the model, to hold the metadata against.

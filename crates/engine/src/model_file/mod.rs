@@ -760,7 +760,8 @@ mod tests {
                     let b = edited(&bytes, |m| drop(m.insert(key.to_string(), value.clone())), seal);
                     let got = ModelFile::from_bytes(&b, p);
                     // heads of a family without them is never read: the file is the same model
-                    if key == &"heads" && kind.heads_tensor(0).is_none() {
+                    // (without its checksum it is refused for that alone)
+                    if seal && key == &"heads" && kind.heads_tensor(0).is_none() {
                         assert_eq!(got.unwrap().tensors, file(kind).tensors, "{kind:?} {key}={value}");
                         continue;
                     }
@@ -805,6 +806,26 @@ mod tests {
             err.contains("feature_normalisation") && err.contains("not an entry grinnder writes"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_grinnder_file_without_its_checksum_is_refused_unless_asked_for() {
+        let p = Path::new("m.safetensors");
+        let bytes = file(Kind::parse("gcn").unwrap()).to_bytes().unwrap();
+        // the checksum removed and a value that changes predictions edited, as a file written
+        // before the checksum existed would look
+        let b = edited(&bytes, |m| drop(m.insert("feature_shift".into(), "1".into())), false);
+        let err = ModelFile::from_bytes(&b, p).unwrap_err().to_string();
+        assert!(err.contains("metadata checksum") && err.contains(check::UNSEALED_VAR), "{err}");
+        let (_, m) = SafeTensors::read_metadata(&b).unwrap();
+        let st = SafeTensors::deserialize(&b).unwrap();
+        let views = st.tensors();
+        let tensors = || views.iter().map(|(n, v)| (n.as_str(), format!("{:?}", v.dtype()), v.shape()));
+        let meta = m.metadata().clone().unwrap();
+        assert!(check::metadata_with(&meta, tensors(), p, true).is_ok(), "accepted when asked for");
+        // a file of another producer (no grinnder entries) needs no checksum
+        let foreign: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        assert!(check::metadata_with(&foreign, tensors(), p, false).is_ok());
     }
 
     #[test]
