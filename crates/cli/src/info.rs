@@ -356,6 +356,14 @@ fn print_tiered(t: &TieredInfo) {
         ),
         _ => println!("predicted      no rates: `grinnder bench rates [--device cuda] [--storage-dir DIR]` measures them"),
     }
+    let ev = &pr.evaluation_traffic;
+    let bytes = format!("to the device {}, back {}", gib(ev.upload_bytes), gib(ev.download_bytes));
+    match pr.evaluation_s {
+        Some(s) => println!(
+            "evaluation     {s:.3} s after each evaluated epoch (--eval-every; a forward pass without dropout): {bytes}"
+        ),
+        None => println!("evaluation     after each evaluated epoch (--eval-every): {bytes}"),
+    }
 }
 
 /// The setup phases `info` ran and the first blocks' prediction: a run's setup.

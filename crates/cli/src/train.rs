@@ -623,6 +623,9 @@ fn predicted_against_measured(
             mib(st.storage_write_bytes)
         );
     }
+    if let (Some(e), Some(predicted)) = (m.eval_s, p.evaluation_s) {
+        tracing::info!("epoch {}: evaluation {e:.3} s; the cost model predicted {predicted:.3} s", m.epoch);
+    }
     if let (Some(s), Some(r)) = (&p.seconds, rates) {
         tracing::info!(
             "epoch {}: {:.3} s; the cost model predicted {:.3} s ({:+.0} %: compute {:.3} s, bus {:.3} s, host copies {:.3} s, storage {:.3} s at the rates in {})",

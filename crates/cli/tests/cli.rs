@@ -906,6 +906,9 @@ fn info_with_parts_plans_the_run_and_predicts_its_epoch() {
     assert!(traffic["storage_read_bytes"].as_u64().unwrap() > 0, "{traffic}");
     let s = &t["prediction"]["seconds"];
     assert!(s["epoch_s"].as_f64().unwrap() > 0.0 && s["storage_s"].as_f64().unwrap() > 0.0, "{s}");
+    // an evaluation: a forward pass, less than the epoch's forward and backward
+    let e = t["prediction"]["evaluation_s"].as_f64().unwrap();
+    assert!(e > 0.0 && e < s["epoch_s"].as_f64().unwrap(), "evaluation {e} s, epoch {s}");
     // the setup: the phases info ran, and the first blocks (the features read and kept)
     let phases: Vec<&str> = t["setup"].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
     assert!(phases.contains(&"partitioning (4 parts)") && phases.contains(&"partition graphs"), "{phases:?}");
@@ -922,7 +925,9 @@ fn info_with_parts_plans_the_run_and_predicts_its_epoch() {
     );
     let o = grinnder(&[&["info"][..], &flags].concat());
     assert!(
-        stdout(&o).contains("predicted      ") && stdout(&o).contains("first blocks   predicted"),
+        stdout(&o).contains("predicted      ")
+            && stdout(&o).contains("first blocks   predicted")
+            && stdout(&o).contains("evaluation     "),
         "{}",
         stdout(&o)
     );
@@ -957,6 +962,7 @@ fn info_with_parts_plans_the_run_and_predicts_its_epoch() {
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("the cost model predicted"), "{err}");
+    assert!(err.lines().any(|l| l.contains("evaluation") && l.contains("the cost model predicted")), "{err}");
     // the traffic the model predicted is what the epoch moved
     let line = err.lines().find(|l| l.contains("predicted / measured MiB")).expect("the traffic line");
     for pair in line.split(", ").filter_map(|f| f.rsplit(' ').nth(2).zip(f.rsplit(' ').next())) {

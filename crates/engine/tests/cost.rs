@@ -2,7 +2,8 @@
 //! to and from the backend, and to and from the storage files, for every layer kind, with
 //! and without a host cache budget (both cache modes), a GPU tier (the CPU backend's memory
 //! standing in) and bf16 blocks. The prediction is made before any epoch runs; the second
-//! epoch's counters are compared (the first also writes the fixed blocks the cache evicts).
+//! epoch's counters are compared (the first also writes the fixed blocks the cache evicts),
+//! then an evaluation's after it.
 
 use grinnder_engine::tiered::{CacheMode, Executor, TierDtype, TieredConfig, Traffic};
 use grinnder_engine::FeatureNorm;
@@ -53,7 +54,8 @@ fn close(what: &str, name: &str, predicted: u64, measured: u64) {
 fn check(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, what: &str) -> Traffic {
     let b = Cpu::<f32>::new();
     let mut ex = Executor::new(&b, ds, cfg, FeatureNorm::Row, tc).unwrap();
-    let predicted = ex.predict_epoch(None).expect("one process").traffic;
+    let prediction = ex.predict_epoch(None).expect("one process");
+    let predicted = prediction.traffic;
     let mut measured = None;
     for epoch in 0..2 {
         ex.model.zero_grad(&b);
@@ -65,6 +67,15 @@ fn check(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, what: &str) -> Traf
     assert_eq!(predicted.download_bytes, m.download_bytes, "{what}: bytes from the backend");
     close(what, "storage read", predicted.storage_read_bytes, m.tier.storage_read_bytes);
     close(what, "storage write", predicted.storage_write_bytes, m.tier.storage_write_bytes);
+    // an evaluation after the second epoch
+    ex.evaluate(2).unwrap();
+    let (pe, me) = (prediction.evaluation_traffic, ex.take_stats());
+    let what = format!("{what}, evaluation");
+    assert!(pe.upload_bytes > 0 || me.upload_bytes == 0, "{what}: some traffic predicted");
+    assert_eq!(pe.upload_bytes, me.upload_bytes, "{what}: bytes to the backend");
+    assert_eq!(pe.download_bytes, me.download_bytes, "{what}: bytes from the backend");
+    close(&what, "storage read", pe.storage_read_bytes, me.tier.storage_read_bytes);
+    close(&what, "storage write", pe.storage_write_bytes, me.tier.storage_write_bytes);
     predicted
 }
 

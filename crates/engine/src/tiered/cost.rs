@@ -46,6 +46,11 @@ pub struct Prediction {
     /// Seconds of each term at the rates given (`None` without rates).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seconds: Option<Seconds>,
+    /// An evaluation after the epoch ([`Executor::evaluate`]: a forward pass without dropout
+    /// and the output layer's rows): its bytes, and its seconds at the rates given.
+    pub evaluation_traffic: Traffic,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evaluation_s: Option<f64>,
 }
 
 /// A predicted epoch's seconds by term; `epoch_s` is their sum.
@@ -506,6 +511,34 @@ impl<B: Backend> Walk<'_, '_, B> {
         }
     }
 
+    /// [`Executor::evaluate_pass`]: the hidden layers, then the output layer's rows partition
+    /// by partition ([`Executor::output_rows`]), then the forward blocks removed.
+    fn evaluate(&mut self) {
+        self.forward();
+        let layers = self.ex.model.layers();
+        let l = layers - 1;
+        for q in self.ex.local.clone() {
+            if self.ex.split(l) {
+                self.gather(BlockKind::Xw, l, q, true);
+                if self.ex.model.split_reads_own_input(l) {
+                    self.own(BlockKind::Act, l, q);
+                }
+                self.prefetch(BlockKind::Xw, l, q + 1, true, &[]);
+                let w = self.ex.model.split_work(l, self.shape(q)).aggregate;
+                self.compute(q, w);
+            } else {
+                self.inputs(l, q);
+                self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.ex.pre), &[]);
+                let w = self.layer_work(l, q).forward;
+                self.compute(q, w);
+            }
+        }
+        for layer in 1..layers {
+            self.remove(BlockKind::Act, layer);
+        }
+        self.remove(BlockKind::Xw, l);
+    }
+
     /// [`Executor::forward_backward_pass`]'s backward.
     fn backward(&mut self) {
         let layers = self.ex.model.layers();
@@ -642,7 +675,7 @@ impl<B: Backend> Executor<'_, B> {
         let elem = std::mem::size_of::<B::T>() as u64;
         // walked again below where the GPU tier's refinement moves blocks (or ends layer 0's
         // fusion)
-        let (mut traffic, mut work) = self.walk();
+        let (mut traffic, mut work, mut evaluation) = self.walk();
         // the partition whose compute is measured: the largest by the model's time, or by rows
         // and entries without rates
         let size = |q: usize| match rates {
@@ -677,7 +710,7 @@ impl<B: Backend> Executor<'_, B> {
                 let margin = self.plan.device.as_ref().map_or(0, |d| d.margin_bytes);
                 let room = self.gpu_mem.unwrap_or(0).saturating_sub(margin).saturating_sub(m.peak + placed);
                 if let Ok(moved) = self.place_within(room) {
-                    (traffic, work) = self.walk();
+                    (traffic, work, evaluation) = self.walk();
                     tracing::debug!(
                         "predicted: after the first epoch the GPU tier takes {} more blocks ({:.2} GiB)",
                         moved.0,
@@ -690,25 +723,37 @@ impl<B: Backend> Executor<'_, B> {
         let all: Work = work.iter().cloned().sum();
         let sparse_entry_columns = all.sparse.iter().map(|s| s.entries * s.width).sum();
         let elementwise_bytes = all.elementwise * elem;
-        let seconds = rates.zip(measured).map(|(r, measured)| {
-            let modelled: Vec<f64> = work.iter().map(|w| r.compute_seconds(w, elem)).collect();
-            let largest = modelled[q];
-            let compute_s =
-                if largest > 0.0 { measured * modelled.iter().sum::<f64>() / largest } else { measured };
-            r.seconds(&traffic, compute_s)
+        // the measured partition's compute scales the model's to every partition's, and to an
+        // evaluation's
+        let scaled = rates.zip(measured).map(|(r, measured)| {
+            let largest = r.compute_seconds(&work[q], elem);
+            let compute_s = move |w: &[Work]| {
+                let modelled: f64 = w.iter().map(|w| r.compute_seconds(w, elem)).sum();
+                if largest > 0.0 {
+                    measured * modelled / largest
+                } else {
+                    measured
+                }
+            };
+            (
+                r.seconds(&traffic, compute_s(&work)),
+                r.seconds(&evaluation.0, compute_s(&evaluation.1)).epoch_s,
+            )
         });
         Some(Prediction {
             traffic,
             gemm_flops: all.gemm_flops,
             sparse_entry_columns,
             elementwise_bytes,
-            seconds,
+            seconds: scaled.as_ref().map(|s| s.0.clone()),
+            evaluation_traffic: evaluation.0,
+            evaluation_s: scaled.map(|s| s.1),
         })
     }
 
     /// Two epochs walked after the first blocks: the second one's traffic and each partition's
-    /// arithmetic.
-    fn walk(&self) -> (Traffic, Vec<Work>) {
+    /// arithmetic; then an evaluation's.
+    fn walk(&self) -> (Traffic, Vec<Work>, (Traffic, Vec<Work>)) {
         let elem = std::mem::size_of::<B::T>() as u64;
         let tier_elem = self.tiers.store.elem_bytes() as u64;
         let ledger = Ledger {
@@ -737,6 +782,11 @@ impl<B: Backend> Executor<'_, B> {
             w.forward();
             w.backward();
         }
-        (w.ledger.traffic, w.work)
+        let epoch = (
+            std::mem::take(&mut w.ledger.traffic),
+            std::mem::replace(&mut w.work, vec![Work::default(); parts]),
+        );
+        w.evaluate();
+        (epoch.0, epoch.1, (w.ledger.traffic, w.work))
     }
 }
