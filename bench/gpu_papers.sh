@@ -43,10 +43,11 @@ try:
 except OSError:
     sys.exit()
 for r in rows:
-    t = r.get("tier")
-    if "epoch" in r and t:
-        print(f"  epoch {r['epoch']}: loss {r.get('loss')!r}  {r['epoch_s']:.2f} s  gather {t['gather_s']:.2f}  compute {t['compute_s']:.2f}"
-              f"  write-back {t['write_back_s']:.2f}  up {t['upload_bytes'] / 1e9:.1f} GB  down {t['download_bytes'] / 1e9:.1f} GB"
+    # (the tiered executor's figures sit beside the epoch's, as --metrics-out writes them)
+    if "epoch" in r and "gather_s" in r:
+        print(f"  epoch {r['epoch']}: loss {r.get('loss')!r}  {r['epoch_s']:.2f} s + evaluation {r.get('eval_s') or 0:.2f} s"
+              f"  gather {r['gather_s']:.2f}  compute {r['compute_s']:.2f}  write-back {r['write_back_s']:.2f}"
+              f"  up {r['upload_bytes'] / 1e9:.1f} GB  down {r['download_bytes'] / 1e9:.1f} GB  host writes {r['host_write_bytes'] / 1e9:.1f} GB"
               f"  host peak {r['peak_host_bytes'] / 2**30:.1f} GiB  GPU peak {(r.get('peak_device_bytes') or 0) / 2**30:.1f} GiB")
 PY
 }

@@ -11,8 +11,10 @@ pub(crate) struct Kernels {
     pub(crate) f: std::collections::HashMap<&'static str, CudaFunction>,
 }
 
-pub(crate) const KERNELS: [&str; 34] = [
+pub(crate) const KERNELS: [&str; 36] = [
     "iota_u32",
+    "gather_rows_host_bf16",
+    "scatter_add_rows_host_bf16",
     "widen_offsets",
     "to_bf16",
     "from_bf16",

@@ -16,11 +16,13 @@ use crate::pinned::{mapped_uninit, mapped_zeroed, PageLock, PageLocked};
 use crate::pool::OrOutOfMemory;
 use crate::{err, Arriving, Cuda, CudaError, DMat};
 
-/// A `rows × cols` row-major `f32` table in page-locked host memory, mapped into the device.
+/// A `rows × cols` row-major table in page-locked host memory, mapped into the device: of `f32`,
+/// or of bf16 ([`Cuda::host_table_bf16`]; the device widens what it reads and rounds what it
+/// writes, so that the bus carries two bytes an element).
 pub struct HostTable {
-    buf: PageLocked,
+    pub(crate) buf: PageLocked,
     /// The table's address in the device's address space.
-    dptr: u64,
+    pub(crate) dptr: u64,
     /// Per stream (its handle), recorded after the last copy queued there from the table: the
     /// host's next write waits for them ([`HostTable::as_mut_slice`]), the main stream's next
     /// write to it too ([`HostTable::before_device_write`]). (Gathers reading the table through
@@ -33,6 +35,8 @@ pub struct HostTable {
     device_use: Mutex<Option<CudaEvent>>,
     pub rows: usize,
     pub cols: usize,
+    /// Whether the elements are bf16 (`u16`s of [`grinnder_tensor::scalar::to_bf16`]'s bits).
+    pub bf16: bool,
 }
 
 impl Drop for HostTable {
@@ -44,24 +48,36 @@ impl Drop for HostTable {
 }
 
 impl HostTable {
-    /// The elements, once the device work writing them has finished.
+    /// A table of page-locked `buf` (at `dptr` on the device), used by no copy yet.
+    pub(crate) fn new(buf: PageLocked, dptr: u64, rows: usize, cols: usize, bf16: bool) -> HostTable {
+        HostTable { buf, dptr, copies: Default::default(), device_use: Default::default(), rows, cols, bf16 }
+    }
+
+    /// The elements (of an `f32` table), once the device work writing them has finished.
     pub fn as_slice(&self) -> &[f32] {
-        if let Some(e) = self.device_use.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            e.synchronize().expect("CUDA event");
-        }
+        assert!(!self.bf16, "a bf16 table's elements are read with as_u16");
+        self.wait_device_use();
         self.buf.as_slice()
     }
 
-    /// The elements, for writing, once the copies reading them and the device work on them
-    /// have finished.
+    /// Waits for the device work queued on the table (before the host reads it).
+    pub(crate) fn wait_device_use(&self) {
+        if let Some(e) = self.device_use.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            e.synchronize().expect("CUDA event");
+        }
+    }
+
+    /// The elements (of an `f32` table), for writing, once the copies reading them and the
+    /// device work on them have finished.
     pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        assert!(!self.bf16, "a bf16 table's elements are written with as_mut_u16");
         self.settle();
         self.buf.as_mut_slice()
     }
 
     /// Waits for the copies queued from the table and the device work queued on it (before the
     /// host touches it).
-    fn settle(&mut self) {
+    pub(crate) fn settle(&mut self) {
         for (_, e) in self.copies.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
             e.synchronize().expect("CUDA event");
         }
@@ -72,7 +88,7 @@ impl HostTable {
 
     /// Makes `stream`'s next work (a write through the device) wait for the copies queued
     /// from the table on other streams; the host does not wait.
-    fn before_device_write(&self, stream: &CudaStream) {
+    pub(crate) fn before_device_write(&self, stream: &CudaStream) {
         let key = stream.cu_stream() as usize;
         for (s, e) in self.copies.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             if *s != key {
@@ -82,22 +98,22 @@ impl HostTable {
     }
 
     /// Records that work touching the table was queued on `stream` (the main one).
-    fn used_on(&self, stream: &CudaStream) {
+    pub(crate) fn used_on(&self, stream: &CudaStream) {
         let e = stream.record_event(None).expect("CUDA event");
         *self.device_use.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
     }
 
     /// Makes `stream` (another than the main one) wait for the device work queued on the table.
-    fn after_device_use(&self, stream: &CudaStream) {
+    pub(crate) fn after_device_use(&self, stream: &CudaStream) {
         if let Some(e) = self.device_use.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             stream.wait(e).expect("CUDA stream wait");
         }
     }
 
-    /// Queues a copy of the first `n` elements into `dst` on `stream`; the next host write
-    /// waits for it.
+    /// Queues a copy of the first `n` elements (of an `f32` table) into `dst` on `stream`; the
+    /// next host write waits for it.
     fn copy_to(&self, stream: &CudaStream, n: usize, dst: &mut CudaSlice<f32>) {
-        assert!(n <= self.buf.len() && n <= dst.len(), "copy of {n} elements");
+        assert!(!self.bf16 && n <= self.buf.len() && n <= dst.len(), "copy of {n} elements");
         if n == 0 {
             return;
         }
@@ -112,6 +128,12 @@ impl HostTable {
             };
             assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA upload from page-locked memory");
         }
+        self.copied_on(stream);
+    }
+
+    /// Records that a copy from the table was queued on `stream`: the next host write waits
+    /// for it.
+    pub(crate) fn copied_on(&self, stream: &CudaStream) {
         let done = stream.record_event(None).expect("CUDA event");
         // a stream's copies run in order: its last one stands for the others
         let key = stream.cu_stream() as usize;
@@ -161,7 +183,7 @@ impl Cuda {
     /// [`Cuda::host_table`] page-locked by `how`.
     pub fn host_table_by(&self, rows: usize, cols: usize, how: PageLock) -> Result<HostTable, CudaError> {
         let (buf, dptr) = PageLocked::new(&self.ctx, rows * cols, how)?;
-        Ok(HostTable { buf, dptr, copies: Default::default(), device_use: Default::default(), rows, cols })
+        Ok(HostTable::new(buf, dptr, rows, cols, false))
     }
 
     /// `labels` (one per node; -1: none) mapped for [`Cuda::cross_entropy_mapped`].
@@ -202,7 +224,8 @@ impl Cuda {
             return;
         }
         let dst = out.data.slice_mut(at * d..(at + n) * d);
-        let (name, cfg) = self.host_gather_kernel(n, d);
+        let (name, cfg) =
+            if t.bf16 { ("gather_rows_host_bf16", crate::warps(n)) } else { self.host_gather_kernel(n, d) };
         self.launch_rows(name, t.dptr, rows, d, dst, cfg);
         t.used_on(&self.stream);
     }
@@ -215,6 +238,9 @@ impl Cuda {
         let n = t.rows * t.cols;
         if n == 0 {
             return;
+        }
+        if t.bf16 {
+            return self.download_table_bf16(m, from, t);
         }
         t.before_device_write(&self.stream);
         let view = m.data.slice(from * t.cols..from * t.cols + n);
@@ -242,7 +268,8 @@ impl Cuda {
             Rows::Range(s, _) => (None, s as i64),
         };
         let (n64, d32, null) = (n as i64, d as i32, 0u64);
-        let mut l = self.stream.launch_builder(self.func("scatter_add_rows_host"));
+        let name = if t.bf16 { "scatter_add_rows_host_bf16" } else { "scatter_add_rows_host" };
+        let mut l = self.stream.launch_builder(self.func(name));
         l.arg(&src);
         match idx.as_deref() {
             Some(i) => l.arg(i),
@@ -251,19 +278,21 @@ impl Cuda {
         l.arg(&start).arg(&n64).arg(&d32).arg(&t.dptr);
         // SAFETY: every row number was checked against both matrices above; the table's
         // mapped memory lives until `used_on`'s event completes (`settle` at drop).
-        unsafe { l.launch(crate::warps(n)) }.expect("scatter_add_rows_host");
+        unsafe { l.launch(crate::warps(n)) }.expect(name);
         t.used_on(&self.stream);
     }
 
     /// `t = 0`, written by the device over the bus; queued as [`Cuda::download_table`] is.
     pub fn zero_table(&self, t: &mut HostTable) {
-        let n = t.rows * t.cols;
-        if n == 0 {
+        if t.rows * t.cols == 0 {
             return;
         }
         t.before_device_write(&self.stream);
-        // SAFETY: the table's `n` mapped floats, alive until `used_on`'s event completes.
-        let r = unsafe { sys::cuMemsetD32Async(t.dptr, 0, n, self.stream.cu_stream()) };
+        // every 32-bit word of the buffer (a bf16 table holds two elements a word; zero bits are
+        // zero either way)
+        let words = t.buf.len();
+        // SAFETY: the table's `words` mapped words, alive until `used_on`'s event completes.
+        let r = unsafe { sys::cuMemsetD32Async(t.dptr, 0, words, self.stream.cu_stream()) };
         assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA memset of a host table");
         t.used_on(&self.stream);
     }
@@ -275,6 +304,7 @@ impl Cuda {
 
     /// [`Cuda::gather_host`] with indices already on the device.
     pub fn gather_host_indexed(&self, t: &HostTable, idx: &DeviceIndex, out: &mut DMat, at: usize) {
+        assert!(!t.bf16, "indexed gathers read f32 tables");
         let (d, n) = (t.cols, idx.idx.len());
         assert!(out.cols == d && at + n <= out.rows && idx.rows_end <= t.rows, "gather: shapes");
         if n == 0 || d == 0 {
@@ -290,6 +320,7 @@ impl Cuda {
     /// computes); the main stream's work waits for it from [`Cuda::arrived`] on.
     pub fn gather_host_async(&self, t: &HostTable, ids: &[u32]) -> Arriving {
         let (d, n) = (t.cols, ids.len());
+        assert!(!t.bf16, "mini-batch gathers read f32 tables");
         assert!(ids.iter().all(|&i| (i as usize) < t.rows), "gather: row out of range");
         let side = self.side_stream();
         t.after_device_use(side);
@@ -342,7 +373,9 @@ impl Cuda {
         t.after_device_use(side);
         // SAFETY: the copy below writes every element before any use.
         let mut data = unsafe { side.alloc::<f32>(n.max(1)) }.or_oom();
-        if n > 0 {
+        if n > 0 && t.bf16 {
+            self.timed_on_side(side, (n * 2) as u64, || self.widen_table_on(side, t, n, &mut data));
+        } else if n > 0 {
             self.timed_on_side(side, (n * 4) as u64, || t.copy_to(side, n, &mut data));
         }
         self.arriving(side, DMat { rows, cols: t.cols, data })

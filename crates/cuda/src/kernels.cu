@@ -506,22 +506,99 @@ extern "C" __global__ void iota_u32(u32* out, i64 n) {
 
 // ---- bf16 across the bus: bit-identical to crates/tensor/src/scalar.rs (to_bf16, from_bf16) ----
 
-// out[i] = bf16 of x[i], round to nearest, ties to even (a NaN stays a quiet NaN)
+// bf16 of x, round to nearest, ties to even (a NaN stays a quiet NaN)
+__device__ __forceinline__ u32 bf16_of(float x) {
+    u32 b = __float_as_uint(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (b >> 16) | 0x40u;
+    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+}
+
+// the f32 a bf16 holds (exact)
+__device__ __forceinline__ float f32_of(u32 h) {
+    return __uint_as_float(h << 16);
+}
+
+// out[i] = bf16 of x[i]
 extern "C" __global__ void to_bf16(const float* x, i64 n, unsigned short* out) {
     i64 t = global_thread();
-    if (t >= n) return;
-    u32 b = __float_as_uint(x[t]);
-    if ((b & 0x7fffffffu) > 0x7f800000u) {
-        out[t] = (unsigned short)((b >> 16) | 0x40u);
-    } else {
-        out[t] = (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    if (t < n) out[t] = (unsigned short)bf16_of(x[t]);
+}
+
+// out[i] = the f32 bf16 h[i] holds
+extern "C" __global__ void from_bf16(const unsigned short* h, i64 n, float* out) {
+    i64 t = global_thread();
+    if (t < n) out[t] = f32_of(h[t]);
+}
+
+// gather_rows from a bf16 table in host memory mapped into the device (a page-locked bf16
+// block): a warp per row; where rows are whole 16-byte pieces (d % 8 == 0) each lane reads 8
+// elements at once, two pieces in flight before the stores; widened to f32 (exact).
+extern "C" __global__ void gather_rows_host_bf16(const unsigned short* __restrict__ x, const u32* idx,
+                                                 i64 start, i64 n, int d, float* __restrict__ out) {
+    int lane = threadIdx.x % 32;
+    i64 warps = (i64)gridDim.x * blockDim.x / 32;
+    for (i64 w = global_thread() / 32; w < n; w += warps) {
+        u64 r = idx ? (u64)idx[w] : (u64)(start + w);
+        const unsigned short* s = x + r * (u64)d;
+        float* o = out + (u64)w * d;
+        if (d % 8 == 0) {
+            const uint4* s8 = (const uint4*)s;
+            float4* o4 = (float4*)o;
+            int m = d / 8;
+            for (int j = lane; j < m; j += 64) {
+                bool h = j + 32 < m;
+                uint4 a = s8[j], b;
+                if (h) b = s8[j + 32];
+                o4[2 * j] = make_float4(f32_of(a.x & 0xffffu), f32_of(a.x >> 16), f32_of(a.y & 0xffffu), f32_of(a.y >> 16));
+                o4[2 * j + 1] = make_float4(f32_of(a.z & 0xffffu), f32_of(a.z >> 16), f32_of(a.w & 0xffffu), f32_of(a.w >> 16));
+                if (h) {
+                    int k = j + 32;
+                    o4[2 * k] = make_float4(f32_of(b.x & 0xffffu), f32_of(b.x >> 16), f32_of(b.y & 0xffffu), f32_of(b.y >> 16));
+                    o4[2 * k + 1] = make_float4(f32_of(b.z & 0xffffu), f32_of(b.z >> 16), f32_of(b.w & 0xffffu), f32_of(b.w >> 16));
+                }
+            }
+        } else {
+            for (int j = lane; j < d; j += 32) o[j] = f32_of(s[j]);
+        }
     }
 }
 
-// out[i] = the f32 bf16 h[i] holds (exact)
-extern "C" __global__ void from_bf16(const unsigned short* h, i64 n, float* out) {
-    i64 t = global_thread();
-    if (t < n) out[t] = __uint_as_float(((u32)h[t]) << 16);
+// the f32 sums of 8 bf16 (a piece of a host row) and 8 floats, rounded back to bf16 pairs (the
+// host's add: to_bf16(from_bf16(h) + x), one rounding of an f32 sum)
+__device__ __forceinline__ u32 add_pair(u32 h, float lo, float hi) {
+    return bf16_of(__fadd_rn(f32_of(h & 0xffffu), lo)) | (bf16_of(__fadd_rn(f32_of(h >> 16), hi)) << 16);
+}
+
+__device__ __forceinline__ uint4 add_piece(uint4 h, float4 a, float4 b) {
+    return make_uint4(add_pair(h.x, a.x, a.y), add_pair(h.y, a.z, a.w), add_pair(h.z, b.x, b.y),
+                      add_pair(h.w, b.z, b.w));
+}
+
+// scatter_add_rows_host into a bf16 table: out[r] = bf16(out[r] + src[i]) for n distinct rows,
+// a warp per row, each lane's 16-byte reads of out issued before its adds and writes.
+extern "C" __global__ void scatter_add_rows_host_bf16(const float* src, const u32* idx, i64 start, i64 n,
+                                                      int d, unsigned short* out) {
+    int lane = threadIdx.x % 32;
+    i64 warps = (i64)gridDim.x * blockDim.x / 32;
+    for (i64 w = global_thread() / 32; w < n; w += warps) {
+        u64 r = idx ? (u64)idx[w] : (u64)(start + w);
+        unsigned short* o = out + r * (u64)d;
+        const float* s = src + (u64)w * d;
+        if (d % 8 == 0) {
+            uint4* o8 = (uint4*)o;
+            const float4* s4 = (const float4*)s;
+            int m = d / 8;
+            for (int j = lane; j < m; j += 64) {
+                bool h = j + 32 < m;
+                uint4 a = o8[j], b;
+                if (h) b = o8[j + 32];
+                o8[j] = add_piece(a, s4[2 * j], s4[2 * j + 1]);
+                if (h) o8[j + 32] = add_piece(b, s4[2 * (j + 32)], s4[2 * (j + 32) + 1]);
+            }
+        } else {
+            for (int j = lane; j < d; j += 32) o[j] = (unsigned short)bf16_of(__fadd_rn(f32_of(o[j]), s[j]));
+        }
+    }
 }
 
 // 32-bit offsets (cuSPARSE's) widened to the 64-bit ones grinnder's kernels read

@@ -90,6 +90,12 @@ impl Transfers for Cuda {
     fn new_host_block(&self, rows: usize, cols: usize) -> Option<host::HostTable> {
         self.host_table(rows, cols).ok()
     }
+    fn new_host_block_bf16(&self, rows: usize, cols: usize) -> Option<host::HostTable> {
+        self.host_table_bf16(rows, cols).ok()
+    }
+    fn host_block_bf16(&self, m: Mat<f32>) -> Result<host::HostTable, Mat<f32>> {
+        self.table_bf16_of(m)
+    }
     fn download_into_host_block(&self, m: &DMat, from: usize, h: &mut host::HostTable) {
         let _p = self.span("download (host block)");
         self.download_table(m, from, h)

@@ -807,19 +807,31 @@ fn bf16_blocks_cross_the_bus_as_the_host_rounds_them() {
     let c = Cpu::<f32>::new();
     let ds =
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
-    for (kind, layers) in [(Kind::Gcn, 3), (Kind::Sage, 2), (Kind::Gat, 2)] {
+    // with no host budget the blocks are page-locked bf16 tables the device writes and reads;
+    // with a cache size the store keeps them (the CPU's store either way)
+    let runs = [(Kind::Gcn, 3, None), (Kind::Sage, 2, None), (Kind::Gat, 2, None)];
+    let stored =
+        [(Kind::Gcn, 3, Some(1u64 << 40)), (Kind::Sage, 2, Some(1 << 40)), (Kind::Gat, 2, Some(1 << 40))];
+    for (kind, layers, cache_bytes) in runs.into_iter().chain(stored) {
         let cfg =
             ModelConfig { input_dropout: 0.0, norm: Norm::None, residual: false, layers, ..model_cfg(kind) };
         let tc = TieredConfig {
             tier_dtype: TierDtype::Bf16,
             device_cache_bytes: Some(0),
+            cache_bytes,
             ..TieredConfig::in_ram(4, Method::Metis { seed: 0 })
         };
+        let kind = (kind, if cache_bytes.is_none() { "page-locked" } else { "stored" });
         let mut ex_c = Executor::new(&c, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
         let mut ex = Executor::new(&g, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
         let predicted = ex.predict_epoch(None).expect("one process").traffic;
         let predicted_c = ex_c.predict_epoch(None).expect("one process").traffic;
         assert!(predicted.download_bytes < predicted_c.download_bytes, "{kind:?}: bf16 on the bus");
+        assert_eq!(
+            predicted.pinned_upload_bytes > 0,
+            cache_bytes.is_none(),
+            "{kind:?}: where the blocks live"
+        );
         for epoch in [0, 1] {
             ex_c.model.zero_grad(&c);
             ex.model.zero_grad(&g);
@@ -842,5 +854,62 @@ fn bf16_blocks_cross_the_bus_as_the_host_rounds_them() {
                 assert_eq!(predicted.download_bytes, stats.download_bytes, "{kind:?}: bytes from the GPU");
             }
         }
+    }
+}
+
+#[test]
+fn bf16_host_tables_hold_the_hosts_bits() {
+    use grinnder_tensor::scalar::{from_bf16, to_bf16};
+    let Some(g) = gpu() else { return };
+    let c = Cpu::<f32>::new();
+    // 256 wide: 16-byte pieces of a row; 7 wide: element by element
+    for d in [256usize, 7] {
+        let rows = 3_000;
+        let x = random(rows, d, 71);
+        let want: Vec<u16> = x.data.iter().map(|&v| to_bf16(v)).collect();
+        let widen = |h: &[u16]| Mat::from_vec(rows, d, h.iter().map(|&b| from_bf16(b)).collect());
+        // a download into the table rounds as the host does; from a row offset too
+        let big = g.upload(&random(rows + 5, d, 72));
+        let mut t = g.new_host_block_bf16(rows, d).expect("page-locked memory");
+        g.download_into_host_block(&big, 5, &mut t);
+        let shifted: Vec<u16> = random(rows + 5, d, 72).data[5 * d..].iter().map(|&v| to_bf16(v)).collect();
+        assert!(t.as_u16() == &shifted[..], "d {d}: downloaded from row 5");
+        let dx = g.upload(&x);
+        g.download_into_host_block(&dx, 0, &mut t);
+        assert!(t.as_u16() == &want[..], "d {d}: downloaded rows rounded to the host's bits");
+        let t2 = g.host_block_bf16(x.clone()).unwrap_or_else(|_| panic!("page-locked memory"));
+        assert!(t2.as_u16() == &want[..], "d {d}: rounded on the host");
+        // gathers and uploads widen exactly
+        let idx: Vec<u32> = (0..rows as u32).rev().step_by(3).collect();
+        let mut out = g.zeros(idx.len() + 2, d);
+        g.gather_host_block(&t, Rows::Index(&idx), &mut out, 2);
+        let got = g.download(&out);
+        let whole = widen(&want);
+        let mut expect = Mat::zeros(idx.len() + 2, d);
+        c.gather_rows(&whole, Rows::Index(&idx), &mut expect, 2);
+        assert!(
+            got.data.iter().zip(&expect.data).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "d {d}: gathered"
+        );
+        let up = g.download(&g.arrived(g.upload_host_block(&t)));
+        assert!(up.data.iter().zip(&whole.data).all(|(a, b)| a.to_bits() == b.to_bits()), "d {d}: uploaded");
+        // adds: the f32 sum of the held value and the added one, rounded once
+        let add = random(idx.len(), d, 73);
+        g.scatter_add_host_block(&g.upload(&add), 0, Rows::Index(&idx), &mut t);
+        let mut host = want.clone();
+        for (i, &r) in idx.iter().enumerate() {
+            for j in 0..d {
+                let h = &mut host[r as usize * d + j];
+                *h = to_bf16(from_bf16(*h) + add.data[i * d + j]);
+            }
+        }
+        assert!(t.as_u16() == &host[..], "d {d}: rows added as the host adds them");
+        g.scatter_add_host_block(&g.upload(&x), 0, Rows::Range(0, rows), &mut t);
+        for (h, &v) in host.iter_mut().zip(&x.data) {
+            *h = to_bf16(from_bf16(*h) + v);
+        }
+        assert!(t.as_u16() == &host[..], "d {d}: a range added");
+        g.zero_host_block(&mut t);
+        assert!(t.as_u16().iter().all(|&h| h == 0), "d {d}: zeroed");
     }
 }

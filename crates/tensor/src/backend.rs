@@ -183,7 +183,8 @@ pub trait Transfers: Memory {
     }
     /// Whether [`Transfers::upload_bf16_with`] and [`Transfers::download_bf16_with`] convert
     /// on the backend's side of a bus, so that bf16 elements cross it at half the bytes (a GPU);
-    /// where not (the host), their defaults convert on the host and gain nothing.
+    /// where not (the host), their defaults convert on the host and gain nothing. A backend
+    /// that converts also has bf16 host blocks ([`Transfers::new_host_block_bf16`]).
     fn converts_bf16(&self) -> bool {
         false
     }
@@ -219,6 +220,18 @@ pub trait Transfers: Memory {
     fn new_host_block(&self, rows: usize, cols: usize) -> Option<Self::HostBlock> {
         self.host_block(Mat::zeros(rows, cols)).ok()
     }
+    /// [`Transfers::new_host_block`] holding bf16 ([`crate::scalar::to_bf16`]'s bits: what the
+    /// operations on host blocks write is rounded so, what they read widened back), for a tier
+    /// of bf16 blocks; `None` where the backend has none (the default: the host keeps bf16
+    /// blocks in its store) or cannot have one now.
+    fn new_host_block_bf16(&self, _rows: usize, _cols: usize) -> Option<Self::HostBlock> {
+        None
+    }
+    /// `m` rounded into a bf16 host block ([`Transfers::new_host_block_bf16`]); `m` back where
+    /// the backend cannot have one.
+    fn host_block_bf16(&self, m: Mat<Self::T>) -> Result<Self::HostBlock, Mat<Self::T>> {
+        Err(m)
+    }
     /// `h` = rows `from..from + h.rows` of `m` (of `h`'s width): on a GPU straight into the
     /// page-locked block, no staging copy, queued behind the work that makes `m` (the host waits
     /// only where it reads the block: [`Transfers::host_block_mut`]).
@@ -230,7 +243,8 @@ pub trait Transfers: Memory {
     /// `h = 0`, queued as [`Transfers::download_into_host_block`] is.
     fn zero_host_block(&self, h: &mut Self::HostBlock);
     fn host_block_dims(&self, h: &Self::HostBlock) -> (usize, usize);
-    /// A host block's elements, for writing; waits for copies still reading it.
+    /// A host block's elements (not a bf16 one's), for writing; waits for copies still reading
+    /// it.
     fn host_block_mut<'h>(&self, h: &'h mut Self::HostBlock) -> &'h mut [Self::T];
     /// `out[at + i] = h[rows[i]]` (on a GPU: device threads read the rows from host memory).
     fn gather_host_block(&self, h: &Self::HostBlock, rows: Rows<'_>, out: &mut Self::Mat, at: usize);

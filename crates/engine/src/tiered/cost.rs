@@ -276,11 +276,12 @@ struct Walk<'e, 'a, B: Backend> {
     ledger: Ledger,
     /// Each partition's arithmetic.
     work: Vec<Work>,
-    /// Bytes of a backend element, of a stored one, and of a stored one on the bus
-    /// ([`Executor::bus_elem`]).
+    /// Bytes of a backend element, of a stored one, of a stored one on the bus
+    /// ([`Executor::bus_elem`]) and of a page-locked one ([`Executor::pinned_elem`]).
     elem: u64,
     tier_elem: u64,
     bus_elem: u64,
+    pinned_elem: u64,
     /// Page-locked blocks written so far ([`Executor::add_pinned`] makes an absent one).
     pinned_present: HashSet<BlockId>,
 }
@@ -307,8 +308,8 @@ impl<B: Backend> Walk<'_, '_, B> {
                 continue;
             }
             if self.pinned(id(s)) {
-                self.ledger.traffic.upload_bytes += n * d * self.elem;
-                self.ledger.traffic.pinned_upload_bytes += n * d * self.elem;
+                self.ledger.traffic.upload_bytes += n * d * self.pinned_elem;
+                self.ledger.traffic.pinned_upload_bytes += n * d * self.pinned_elem;
             } else {
                 self.ledger.traffic.upload_bytes += n * d * self.bus_elem;
                 self.ledger.read_rows(id(s), idx, d * self.tier_elem);
@@ -342,7 +343,7 @@ impl<B: Backend> Walk<'_, '_, B> {
         let rows = self.ex.parts[q].own as u64;
         let d = self.width(kind, l);
         if self.pinned(id) {
-            self.ledger.traffic.download_bytes += rows * d * self.elem;
+            self.ledger.traffic.download_bytes += rows * d * self.pinned_elem;
             self.pinned_present.insert(id);
         } else {
             self.ledger.traffic.download_bytes += rows * d * self.bus_elem;
@@ -370,13 +371,13 @@ impl<B: Backend> Walk<'_, '_, B> {
                 // own rows first and whole are its copy, and an absent block is zeroed first
                 let t = &mut self.ledger.traffic;
                 if self.pinned_present.contains(&id(p)) {
-                    t.upload_bytes += n * d * self.elem;
-                    t.download_bytes += n * d * self.elem;
+                    t.upload_bytes += n * d * self.pinned_elem;
+                    t.download_bytes += n * d * self.pinned_elem;
                 } else if p == q {
-                    t.download_bytes += n * d * self.elem;
+                    t.download_bytes += n * d * self.pinned_elem;
                 } else {
-                    t.upload_bytes += n * d * self.elem;
-                    t.download_bytes += (block_rows + n) * d * self.elem;
+                    t.upload_bytes += n * d * self.pinned_elem;
+                    t.download_bytes += (block_rows + n) * d * self.pinned_elem;
                 }
                 self.pinned_present.insert(id(p));
                 continue;
@@ -773,6 +774,7 @@ impl<B: Backend> Executor<'_, B> {
             elem,
             tier_elem,
             bus_elem: self.bus_elem(),
+            pinned_elem: self.pinned_elem(),
             pinned_present: HashSet::new(),
         };
         w.first_blocks();

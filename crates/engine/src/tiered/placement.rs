@@ -55,12 +55,30 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.pin_fixed && (self.pin_all || Self::fixed(id))
     }
 
+    /// Whether page-locked host blocks hold bf16 (those of a bf16 tier: the device rounds what
+    /// it writes there, as the store would, and widens what it reads).
+    fn pins_bf16(&self) -> bool {
+        self.tiers.store.dtype() == TierDtype::Bf16
+    }
+
+    /// Bytes of an element of a page-locked host block, on the bus.
+    pub(super) fn pinned_elem(&self) -> u64 {
+        if self.pins_bf16() {
+            2
+        } else {
+            std::mem::size_of::<B::T>() as u64
+        }
+    }
+
     /// A page-locked host block of `rows × cols` for block `id`: its own (written again), one a
     /// removed block gave up, or a new one; `None` when page-locked memory runs out (then the
     /// remaining blocks go to the store, as in [`Self::keep_host`]).
     fn host_block_for(&mut self, id: BlockId, rows: usize, cols: usize) -> Option<B::HostBlock> {
         let h = self.tiers.unpin(id).or_else(|| self.tiers.take_free((rows, cols)));
-        let h = h.or_else(|| self.b.new_host_block(rows, cols));
+        let h = h.or_else(|| match self.pins_bf16() {
+            true => self.b.new_host_block_bf16(rows, cols),
+            false => self.b.new_host_block(rows, cols),
+        });
         if h.is_none() {
             self.stop_pinning();
         }
@@ -93,7 +111,8 @@ impl<'a, B: Backend> Executor<'a, B> {
     ) -> bool {
         let b = self.b;
         let d = b.dims(dx).1;
-        let bytes = |n: usize| (n * d * std::mem::size_of::<B::T>()) as u64;
+        let elem = self.pinned_elem();
+        let bytes = |n: usize| (n * d) as u64 * elem;
         if let Some(h) = self.tiers.pinned_mut(id) {
             b.scatter_add_host_block(dx, from, r, h);
             self.stats.upload_bytes += bytes(r.len());
@@ -124,7 +143,8 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// (`pin_fixed`), everything else in the store.
     pub(super) fn keep_host(&mut self, id: BlockId, mut m: Mat<B::T>) -> Result<(), TrainError> {
         if self.pin_fixed && Self::fixed(id) {
-            match self.b.host_block(m) {
+            let made = if self.pins_bf16() { self.b.host_block_bf16(m) } else { self.b.host_block(m) };
+            match made {
                 Ok(h) => {
                     self.tiers.pin(id, h);
                     return Ok(());

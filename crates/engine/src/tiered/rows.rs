@@ -22,7 +22,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             _ => self.model.dim(l),
         };
         let id = |p: usize| BlockId { kind, layer: l, part: p };
-        let elem = std::mem::size_of::<B::T>() as u64;
+        let pinned_elem = self.pinned_elem();
         // a whole block of the backend's host memory alone: one copy (a DMA on a GPU), maybe
         // started ahead
         if !halo || self.parts[q].fetch.is_empty() {
@@ -74,7 +74,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                         b.gather_rows(block, *r, &mut m, at);
                     } else if let Some(h) = self.tiers.pinned(*src) {
                         b.gather_host_block(h, *r, &mut m, at);
-                        self.stats.upload_bytes += (r.len() * d) as u64 * elem;
+                        self.stats.upload_bytes += (r.len() * d) as u64 * pinned_elem;
                     } else {
                         let staged = staged.as_ref().expect("host rows were staged");
                         b.gather_rows(staged, Rows::Range(at_host, r.len()), &mut m, at);
@@ -155,7 +155,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         } else if let Some(h) = self.pinned_copy(id, &m) {
             let (rows, cols) = self.b.dims(&m);
             drop(m);
-            self.stats.download_bytes += (rows * cols * std::mem::size_of::<B::T>()) as u64;
+            self.stats.download_bytes += (rows * cols) as u64 * self.pinned_elem();
             self.tiers.pin(id, h);
         } else if self.pin_fixed && Self::fixed(id) {
             let (rows, cols) = self.b.dims(&m);
@@ -302,7 +302,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let h = self.tiers.pinned(id)?;
         let (r, c) = self.b.host_block_dims(h);
         let m = self.b.upload_host_block(h);
-        self.stats.upload_bytes += (r * c * std::mem::size_of::<B::T>()) as u64;
+        self.stats.upload_bytes += (r * c) as u64 * self.pinned_elem();
         Some(m)
     }
 

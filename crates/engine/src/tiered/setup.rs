@@ -177,7 +177,10 @@ impl<'a, B: Backend> Executor<'a, B> {
             measured_device_working: None,
             tiers: Tiers::new(store),
             ahead: Vec::new(),
-            pin_fixed: tc.host_mem.is_none() && tc.cache_bytes.is_none() && tc.tier_dtype == TierDtype::F32,
+            // (bf16 blocks page-locked where the backend converts bf16 on its side of the bus)
+            pin_fixed: tc.host_mem.is_none()
+                && tc.cache_bytes.is_none()
+                && (tc.tier_dtype == TierDtype::F32 || b.converts_bf16()),
             pin_all: false,
             stopped: None,
             fused: false,

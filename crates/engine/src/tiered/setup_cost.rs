@@ -80,20 +80,22 @@ impl<'a, B: Backend> Executor<'a, B> {
                 let (own, cols) = (p.own as u64, p.graph.cols as u64);
                 let mut e =
                     PartFirstBlocks { read: if whole { cols } else { own } * d * 4, ..Default::default() };
-                let mut keep = |id: BlockId, bytes: u64| {
-                    *if self.tiers.on_device(id) {
-                        &mut e.device
+                // (page-locked bf16 blocks: two bytes an element)
+                let pinned_elem = self.pinned_elem();
+                let mut keep = |id: BlockId, elems: u64| {
+                    if self.tiers.on_device(id) {
+                        e.device += elems * elem;
                     } else if self.pin_fixed {
-                        &mut e.pinned
+                        e.pinned += elems * pinned_elem;
                     } else {
-                        &mut e.stored
-                    } += bytes;
+                        e.stored += elems * elem;
+                    }
                 };
                 if !whole {
-                    keep(act(0, q), own * d * elem);
+                    keep(act(0, q), own * d);
                 }
                 if self.pre {
-                    keep(BlockId { kind: BlockKind::Pre, layer: 0, part: q }, own * d * elem);
+                    keep(BlockId { kind: BlockKind::Pre, layer: 0, part: q }, own * d);
                     e.upload = if on_gpu { cols * d * elem } else { 0 };
                     e.entry_columns = p.graph.nnz() as u64 * d;
                 }
