@@ -65,6 +65,8 @@ fn check(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, what: &str) -> Traf
     let m = measured.unwrap();
     assert_eq!(predicted.upload_bytes, m.upload_bytes, "{what}: bytes to the backend");
     assert_eq!(predicted.download_bytes, m.download_bytes, "{what}: bytes from the backend");
+    assert_eq!(predicted.mapped_read_bytes, m.mapped_read_bytes, "{what}: read in place");
+    assert_eq!(predicted.pinned_download_bytes, m.pinned_download_bytes, "{what}: into host blocks");
     close(what, "storage read", predicted.storage_read_bytes, m.tier.storage_read_bytes);
     close(what, "storage write", predicted.storage_write_bytes, m.tier.storage_write_bytes);
     // an evaluation after the second epoch
@@ -74,6 +76,8 @@ fn check(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, what: &str) -> Traf
     assert!(pe.upload_bytes > 0 || me.upload_bytes == 0, "{what}: some traffic predicted");
     assert_eq!(pe.upload_bytes, me.upload_bytes, "{what}: bytes to the backend");
     assert_eq!(pe.download_bytes, me.download_bytes, "{what}: bytes from the backend");
+    assert_eq!(pe.mapped_read_bytes, me.mapped_read_bytes, "{what}: read in place");
+    assert_eq!(pe.pinned_download_bytes, me.pinned_download_bytes, "{what}: into host blocks");
     close(&what, "storage read", pe.storage_read_bytes, me.tier.storage_read_bytes);
     close(&what, "storage write", pe.storage_write_bytes, me.tier.storage_write_bytes);
     predicted
@@ -91,7 +95,9 @@ fn the_predicted_traffic_is_what_an_epoch_moves() {
     {
         let cfg = model(kind, layers, hidden);
         let what = |s: &str| format!("{kind:?} {layers}×{hidden}, {s}");
-        check(&ds, &cfg, &base, &what("every block in RAM"));
+        // every block in the backend's own host blocks (as page-locked ones on a GPU)
+        let t = check(&ds, &cfg, &base, &what("every block in RAM"));
+        assert!(t.mapped_read_bytes > 0 && t.pinned_download_bytes > 0, "{}: {t:?}", what("in RAM"));
         for mode in [CacheMode::LruLayer, CacheMode::PartitionLru] {
             // 8 and 20 of the largest blocks (the features': about 57 rows × 128 × 4 bytes)
             for cache in [250_000u64, 600_000] {

@@ -26,9 +26,16 @@ pub struct Traffic {
     /// Host rows handed to the backend, and results taken back (on a GPU: the bus).
     pub upload_bytes: u64,
     /// Of them, whole blocks of the backend's page-locked host memory (one copy each, no
-    /// staging).
+    /// staging, beside the compute), and rows its threads read from such blocks in place on
+    /// the compute stream (zero-copy gathers, the rows an addition reads).
     pub pinned_upload_bytes: u64,
+    #[serde(default)]
+    pub mapped_read_bytes: u64,
     pub download_bytes: u64,
+    /// Of them, what the backend writes into its page-locked host blocks (whole blocks, added
+    /// rows, zeros), on the compute stream.
+    #[serde(default)]
+    pub pinned_download_bytes: u64,
     /// Rows copied out of and added into the host cache.
     pub host_copy_bytes: u64,
     pub storage_read_bytes: u64,
@@ -300,6 +307,9 @@ impl<B: Backend> Walk<'_, '_, B> {
         let d = self.width(kind, l);
         let id = |p: usize| BlockId { kind, layer: l, part: p };
         let part = &self.ex.parts[q];
+        // a page-locked block read alone goes whole, by a copy beside the compute; rows of
+        // several blocks are read in place by the gather
+        let whole = !halo || part.fetch.is_empty();
         let own: Option<&[u32]> = None;
         let sources = std::iter::once((q, own, part.own as u64))
             .chain(part.fetch.iter().filter(|_| halo).map(|(s, idx)| (*s, Some(&idx[..]), idx.len() as u64)));
@@ -308,8 +318,13 @@ impl<B: Backend> Walk<'_, '_, B> {
                 continue;
             }
             if self.pinned(id(s)) {
-                self.ledger.traffic.upload_bytes += n * d * self.pinned_elem;
-                self.ledger.traffic.pinned_upload_bytes += n * d * self.pinned_elem;
+                let t = &mut self.ledger.traffic;
+                t.upload_bytes += n * d * self.pinned_elem;
+                if whole {
+                    t.pinned_upload_bytes += n * d * self.pinned_elem;
+                } else {
+                    t.mapped_read_bytes += n * d * self.pinned_elem;
+                }
             } else {
                 self.ledger.traffic.upload_bytes += n * d * self.bus_elem;
                 self.ledger.read_rows(id(s), idx, d * self.tier_elem);
@@ -344,6 +359,7 @@ impl<B: Backend> Walk<'_, '_, B> {
         let d = self.width(kind, l);
         if self.pinned(id) {
             self.ledger.traffic.download_bytes += rows * d * self.pinned_elem;
+            self.ledger.traffic.pinned_download_bytes += rows * d * self.pinned_elem;
             self.pinned_present.insert(id);
         } else {
             self.ledger.traffic.download_bytes += rows * d * self.bus_elem;
@@ -369,16 +385,18 @@ impl<B: Backend> Walk<'_, '_, B> {
             if self.pinned(id(p)) {
                 // [`Executor::add_pinned`]: the device reads and writes the host rows, a block's
                 // own rows first and whole are its copy, and an absent block is zeroed first
-                let t = &mut self.ledger.traffic;
-                if self.pinned_present.contains(&id(p)) {
-                    t.upload_bytes += n * d * self.pinned_elem;
-                    t.download_bytes += n * d * self.pinned_elem;
+                let (read, written) = if self.pinned_present.contains(&id(p)) {
+                    (n, n)
                 } else if p == q {
-                    t.download_bytes += n * d * self.pinned_elem;
+                    (0, n)
                 } else {
-                    t.upload_bytes += n * d * self.pinned_elem;
-                    t.download_bytes += (block_rows + n) * d * self.pinned_elem;
-                }
+                    (n, block_rows + n)
+                };
+                let (e, t) = (d * self.pinned_elem, &mut self.ledger.traffic);
+                t.upload_bytes += read * e;
+                t.mapped_read_bytes += read * e;
+                t.download_bytes += written * e;
+                t.pinned_download_bytes += written * e;
                 self.pinned_present.insert(id(p));
                 continue;
             }

@@ -189,11 +189,25 @@ pub struct PhaseStats {
     /// tier (on a GPU: the PCIe traffic).
     pub upload_bytes: u64,
     pub download_bytes: u64,
+    /// Of them: rows the backend read in place from page-locked host blocks (zero-copy
+    /// gathers, the rows an addition reads), and bytes it wrote into such blocks.
+    pub mapped_read_bytes: u64,
+    pub pinned_download_bytes: u64,
     #[serde(flatten)]
     pub tier: TierStats,
     /// Partition-parallel runs: bytes exchanged, summed over the ranks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub comm: Option<CommStats>,
+}
+
+impl PhaseStats {
+    /// Counts bytes the backend read in place from page-locked host blocks and wrote into them.
+    fn pinned_traffic(&mut self, read: u64, written: u64) {
+        self.upload_bytes += read;
+        self.mapped_read_bytes += read;
+        self.download_bytes += written;
+        self.pinned_download_bytes += written;
+    }
 }
 
 /// A layer's gathered inputs: its input rows (`None`: the layer reads `pre` instead) and the

@@ -111,23 +111,20 @@ impl<'a, B: Backend> Executor<'a, B> {
     ) -> bool {
         let b = self.b;
         let d = b.dims(dx).1;
-        let elem = self.pinned_elem();
-        let bytes = |n: usize| (n * d) as u64 * elem;
+        let row = d as u64 * self.pinned_elem();
         if let Some(h) = self.tiers.pinned_mut(id) {
             b.scatter_add_host_block(dx, from, r, h);
-            self.stats.upload_bytes += bytes(r.len());
-            self.stats.download_bytes += bytes(r.len());
+            self.stats.pinned_traffic(r.len() as u64 * row, r.len() as u64 * row);
             return true;
         }
         let Some(mut h) = self.host_block_for(id, rows, d) else { return false };
         if matches!(r, Rows::Range(0, n) if n == rows) {
             b.download_into_host_block(dx, from, &mut h);
-            self.stats.download_bytes += bytes(rows);
+            self.stats.pinned_traffic(0, rows as u64 * row);
         } else {
             b.zero_host_block(&mut h);
             b.scatter_add_host_block(dx, from, r, &mut h);
-            self.stats.upload_bytes += bytes(r.len());
-            self.stats.download_bytes += bytes(rows + r.len());
+            self.stats.pinned_traffic(r.len() as u64 * row, (rows + r.len()) as u64 * row);
         }
         self.tiers.pin(id, h);
         true

@@ -33,6 +33,13 @@ pub struct Rates {
     /// Whole page-locked host blocks to the backend.
     pub pinned_upload_bytes_per_s: f64,
     pub download_bytes_per_s: f64,
+    /// Rows of a page-locked host block read in place by the backend (a zero-copy gather in
+    /// random order), and whole blocks written into one; absent from rates measured before
+    /// 2026-12-07 (then the cost model takes `pinned_upload_bytes_per_s` for both).
+    #[serde(default)]
+    pub mapped_read_bytes_per_s: Option<f64>,
+    #[serde(default)]
+    pub pinned_download_bytes_per_s: Option<f64>,
     /// Host memory copies on every core.
     pub host_copy_bytes_per_s: f64,
     /// Host blocks made (page-locked on a GPU), bytes per second; absent from rates measured
@@ -85,13 +92,19 @@ impl Rates {
 
     /// An epoch's seconds: `compute_s`, and each tier's traffic at its rate.
     pub(super) fn seconds(&self, t: &Traffic, compute_s: f64) -> Seconds {
-        let staged = t.upload_bytes - t.pinned_upload_bytes;
+        let staged_up = t.upload_bytes.saturating_sub(t.pinned_upload_bytes + t.mapped_read_bytes);
+        let staged_down = t.download_bytes.saturating_sub(t.pinned_download_bytes);
         // whole page-locked blocks go ahead, on the backend's second stream beside the previous
-        // partition's compute: only what the compute does not cover counts
+        // partition's compute: only what the compute does not cover counts; rows read in place
+        // and writes into page-locked blocks are queued with the compute, at the bus's rates
         let pinned_s = t.pinned_upload_bytes as f64 / self.pinned_upload_bytes_per_s;
-        let transfer_s = staged as f64 / self.upload_bytes_per_s
+        let mapped = self.mapped_read_bytes_per_s.unwrap_or(self.pinned_upload_bytes_per_s);
+        let pinned_down = self.pinned_download_bytes_per_s.unwrap_or(self.pinned_upload_bytes_per_s);
+        let transfer_s = staged_up as f64 / self.upload_bytes_per_s
             + (pinned_s - compute_s).max(0.0)
-            + t.download_bytes as f64 / self.download_bytes_per_s;
+            + t.mapped_read_bytes as f64 / mapped
+            + staged_down as f64 / self.download_bytes_per_s
+            + t.pinned_download_bytes as f64 / pinned_down;
         let host_copy_s = t.host_copy_bytes as f64 / self.host_copy_bytes_per_s;
         let rate = |x: Option<f64>| x.unwrap_or(f64::INFINITY);
         let storage_s = t.storage_read_bytes as f64 / rate(self.storage_read_bytes_per_s)
@@ -224,15 +237,35 @@ pub fn measure_rates<B: Backend>(
     // to make one (page-locking it) too
     let t = Instant::now();
     let (made, page_lock_s) = (b.new_host_block(rows, 256), t.elapsed().as_secs_f64());
-    let pinned_upload_s = match made {
+    // and rows read from one in place in a random order (a halo's), and whole blocks written
+    // into one (a block kept there)
+    let order: Vec<u32> = {
+        let mut rng = grinnder_graph::rng::Stream::new(&[7, 9]);
+        let mut o: Vec<u32> = (0..rows as u32).collect();
+        for i in (1..o.len()).rev() {
+            o.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+        o
+    };
+    let (pinned_upload_s, mapped_read_s, pinned_download_s) = match made {
         Some(mut h) => {
             b.host_block_mut(&mut h).copy_from_slice(&host);
-            median_secs(reps, || {
+            let upload = median_secs(reps, || {
                 drop(b.arrived(b.upload_host_block(&h)));
                 sync();
-            })
+            });
+            let mut out = b.output(rows, 256);
+            let read = median_secs(reps, || {
+                b.gather_host_block(&h, Rows::Index(&order), &mut out, 0);
+                sync();
+            });
+            let write = median_secs(reps, || {
+                b.download_into_host_block(&up, 0, &mut h);
+                sync();
+            });
+            (upload, Some(read), Some(write))
         }
-        None => upload_s,
+        None => (upload_s, None, None),
     };
     let mut copy = vec![B::T::of(0.0); host.len()];
     let host_copy_s = median_secs(reps, || par_copy(&host, &mut copy));
@@ -252,6 +285,8 @@ pub fn measure_rates<B: Backend>(
         upload_bytes_per_s: host_bytes / upload_s,
         pinned_upload_bytes_per_s: host_bytes / pinned_upload_s,
         download_bytes_per_s: host_bytes / download_s,
+        mapped_read_bytes_per_s: mapped_read_s.map(|s| host_bytes / s),
+        pinned_download_bytes_per_s: pinned_download_s.map(|s| host_bytes / s),
         host_copy_bytes_per_s: host_bytes / host_copy_s,
         page_lock_bytes_per_s: Some(host_bytes / page_lock_s),
         storage_read_bytes_per_s,
@@ -287,4 +322,49 @@ fn storage_rates<T: Scalar>(dir: &Path, data: Vec<T>) -> std::io::Result<(f64, f
     let read_s = t.elapsed().as_secs_f64();
     let s = store.take_stats();
     Ok((s.storage_read_bytes as f64 / read_s, s.storage_write_bytes as f64 / write_s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rates(mapped: Option<f64>, pinned_down: Option<f64>) -> Rates {
+        Rates {
+            device: "test".into(),
+            tf32: false,
+            gemm_flops_per_s: 1.0,
+            sparse: Vec::new(),
+            elementwise_bytes_per_s: 1.0,
+            upload_bytes_per_s: 10.0,
+            pinned_upload_bytes_per_s: 50.0,
+            download_bytes_per_s: 5.0,
+            mapped_read_bytes_per_s: mapped,
+            pinned_download_bytes_per_s: pinned_down,
+            host_copy_bytes_per_s: 1.0,
+            page_lock_bytes_per_s: None,
+            storage_read_bytes_per_s: None,
+            storage_write_bytes_per_s: None,
+        }
+    }
+
+    #[test]
+    fn each_kind_of_transfer_is_priced_at_its_own_rate() {
+        // 100 bytes staged up, 200 whole blocks up beside the compute, 40 read in place; 50
+        // staged down, 80 written into page-locked blocks
+        let t = Traffic {
+            upload_bytes: 340,
+            pinned_upload_bytes: 200,
+            mapped_read_bytes: 40,
+            download_bytes: 130,
+            pinned_download_bytes: 80,
+            ..Traffic::default()
+        };
+        let s = rates(Some(20.0), Some(40.0)).seconds(&t, 1.0);
+        // 100/10 + (200/50 - 1) + 40/20 + 50/5 + 80/40
+        assert!((s.transfer_s - (10.0 + 3.0 + 2.0 + 10.0 + 2.0)).abs() < 1e-12, "{s:?}");
+        assert!((s.epoch_s - (s.transfer_s + 1.0)).abs() < 1e-12);
+        // rates measured before the two in-place rates: the whole-block rate stands in
+        let s = rates(None, None).seconds(&t, 10.0);
+        assert!((s.transfer_s - (10.0 + 0.0 + 40.0 / 50.0 + 10.0 + 80.0 / 50.0)).abs() < 1e-12, "{s:?}");
+    }
 }

@@ -74,7 +74,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                         b.gather_rows(block, *r, &mut m, at);
                     } else if let Some(h) = self.tiers.pinned(*src) {
                         b.gather_host_block(h, *r, &mut m, at);
-                        self.stats.upload_bytes += (r.len() * d) as u64 * pinned_elem;
+                        self.stats.pinned_traffic((r.len() * d) as u64 * pinned_elem, 0);
                     } else {
                         let staged = staged.as_ref().expect("host rows were staged");
                         b.gather_rows(staged, Rows::Range(at_host, r.len()), &mut m, at);
@@ -155,7 +155,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         } else if let Some(h) = self.pinned_copy(id, &m) {
             let (rows, cols) = self.b.dims(&m);
             drop(m);
-            self.stats.download_bytes += (rows * cols) as u64 * self.pinned_elem();
+            self.stats.pinned_traffic(0, (rows * cols) as u64 * self.pinned_elem());
             self.tiers.pin(id, h);
         } else if self.pin_fixed && Self::fixed(id) {
             let (rows, cols) = self.b.dims(&m);
