@@ -35,8 +35,9 @@ pub struct HostTable {
     device_use: Mutex<Option<CudaEvent>>,
     pub rows: usize,
     pub cols: usize,
-    /// Whether the elements are bf16 (`u16`s of [`grinnder_tensor::scalar::to_bf16`]'s bits).
-    pub bf16: bool,
+    /// Whether the elements are bf16 (`u16`s of [`grinnder_tensor::scalar::to_bf16`]'s bits);
+    /// fixed when the table is made (the kernels size their reads by it).
+    pub(crate) bf16: bool,
 }
 
 impl Drop for HostTable {
@@ -58,6 +59,11 @@ impl HostTable {
         assert!(!self.bf16, "a bf16 table's elements are read with as_u16");
         self.wait_device_use();
         self.buf.as_slice()
+    }
+
+    /// Whether the elements are bf16 ([`Cuda::host_table_bf16`]).
+    pub fn is_bf16(&self) -> bool {
+        self.bf16
     }
 
     /// Waits for the device work queued on the table (before the host reads it).

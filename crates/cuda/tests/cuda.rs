@@ -871,6 +871,7 @@ fn bf16_host_tables_hold_the_hosts_bits() {
         // a download into the table rounds as the host does; from a row offset too
         let big = g.upload(&random(rows + 5, d, 72));
         let mut t = g.new_host_block_bf16(rows, d).expect("page-locked memory");
+        assert!(t.is_bf16());
         g.download_into_host_block(&big, 5, &mut t);
         let shifted: Vec<u16> = random(rows + 5, d, 72).data[5 * d..].iter().map(|&v| to_bf16(v)).collect();
         assert!(t.as_u16() == &shifted[..], "d {d}: downloaded from row 5");

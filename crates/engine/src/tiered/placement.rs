@@ -75,9 +75,12 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// remaining blocks go to the store, as in [`Self::keep_host`]).
     fn host_block_for(&mut self, id: BlockId, rows: usize, cols: usize) -> Option<B::HostBlock> {
         let h = self.tiers.unpin(id).or_else(|| self.tiers.take_free((rows, cols)));
-        let h = h.or_else(|| match self.pins_bf16() {
-            true => self.b.new_host_block_bf16(rows, cols),
-            false => self.b.new_host_block(rows, cols),
+        let h = h.or_else(|| {
+            if self.pins_bf16() {
+                self.b.new_host_block_bf16(rows, cols)
+            } else {
+                self.b.new_host_block(rows, cols)
+            }
         });
         if h.is_none() {
             self.stop_pinning();
