@@ -80,11 +80,17 @@ fn run_plan(
 ) -> anyhow::Result<(RunPlan, TrainPlan)> {
     let mut p = plan.clone();
     p.gpu_mem = p.gpu_mem.or(gpu_mem);
-    if let (Some(h), None) = (host_mem, p.tiered.as_ref()) {
+    match (host_mem, p.tiered.as_mut()) {
         // a host budget alone makes a tiered run
-        let mut t = crate::plan::TieredPlan::with_parts(4);
-        t.host_mem = Some(h);
-        p.tiered = Some(t);
+        (Some(h), None) => {
+            let mut t = crate::plan::TieredPlan::with_parts(4);
+            t.host_mem = Some(h);
+            p.tiered = Some(t);
+        }
+        // beside another of its settings (--storage-dir) it is that run's budget, as train
+        // takes it (info planned without it, and named 4 partitions where train took 64)
+        (Some(h), Some(t)) if t.host_mem.is_none() => t.host_mem = Some(h),
+        _ => {}
     }
     let free = match p.device {
         Device::Cuda(n) => Some(crate::train::open_gpu(n, None, false, "plan")?.mem_info().0 as u64),

@@ -45,6 +45,15 @@ fn info_json_and_budgets() {
     assert_eq!(v["layer_bytes"], 2708 * 64 * 4);
     assert_eq!(v["fits_gpu"], false);
     assert_eq!(v["fits_host"], true);
+    // a host budget beside another setting of the partitioned executor (--storage-dir) is that
+    // run's budget, as train takes it (info planned every block in RAM)
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = grinnder(&["info", "--json", "--hidden", "64", "--host-mem", "100MiB", "--storage-dir", d]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let cache = &v["tiered"]["plan"]["cache_bytes"];
+    assert!(cache.as_u64().is_some_and(|c| c < 100 << 20), "a host cache under the budget: {cache}");
 }
 
 #[test]
