@@ -63,6 +63,13 @@ impl Stream {
         ((self.next_u64() as u128 * n as u128) >> 64) as u64
     }
 
+    /// `v` in a uniformly random order (Fisher–Yates from the end, [`Stream::below`] per step).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i as u64 + 1) as usize);
+        }
+    }
+
     /// A standard normal sample (Box–Muller, one of the pair).
     #[inline]
     pub fn normal(&mut self) -> f64 {

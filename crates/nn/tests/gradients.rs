@@ -200,9 +200,7 @@ fn relabelling_nodes_permutes_outputs_and_keeps_gradients() {
     // a permutation: new id of old node v
     let mut s = Stream::new(&[99]);
     let mut perm: Vec<u32> = (0..N as u32).collect();
-    for i in (1..N).rev() {
-        perm.swap(i, s.below(i as u64 + 1) as usize);
-    }
+    s.shuffle(&mut perm);
     let (src, dst) = csr.to_coo();
     let psrc: Vec<u32> = src.iter().map(|&v| perm[v as usize]).collect();
     let pdst: Vec<u32> = dst.iter().map(|&v| perm[v as usize]).collect();

@@ -502,31 +502,34 @@ impl<B: Backend> Walk<'_, '_, B> {
                     self.compute(q, w);
                     self.put(BlockKind::Xw, l, q);
                 }
-                if top {
-                    break;
-                }
-                for q in self.ex.local.clone() {
-                    self.gather(BlockKind::Xw, l, q, true);
-                    if self.ex.model.split_reads_own_input(l) {
-                        self.own(BlockKind::Act, l, q);
-                    }
-                    self.prefetch(BlockKind::Xw, l, q + 1, true, &[]);
-                    let w = self.ex.model.split_work(l, self.shape(q)).aggregate;
-                    self.compute(q, w);
-                    self.put(BlockKind::Act, l + 1, q);
-                }
-                continue;
             }
             if top {
                 break;
             }
             for q in self.ex.local.clone() {
-                self.inputs(l, q);
-                self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.ex.pre), &[]);
-                let w = self.layer_work(l, q).forward;
-                self.compute(q, w);
+                self.output(l, q);
                 self.put(BlockKind::Act, l + 1, q);
             }
+        }
+    }
+
+    /// Layer `l`'s output rows of partition `q` (after a split layer's transform): a split
+    /// layer's aggregation of the transformed rows, another layer's whole forward
+    /// ([`Executor::output_rows`]'s reads and work).
+    fn output(&mut self, l: usize, q: usize) {
+        if self.ex.split(l) {
+            self.gather(BlockKind::Xw, l, q, true);
+            if self.ex.model.split_reads_own_input(l) {
+                self.own(BlockKind::Act, l, q);
+            }
+            self.prefetch(BlockKind::Xw, l, q + 1, true, &[]);
+            let w = self.ex.model.split_work(l, self.shape(q)).aggregate;
+            self.compute(q, w);
+        } else {
+            self.inputs(l, q);
+            self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.ex.pre), &[]);
+            let w = self.layer_work(l, q).forward;
+            self.compute(q, w);
         }
     }
 
@@ -537,20 +540,7 @@ impl<B: Backend> Walk<'_, '_, B> {
         let layers = self.ex.model.layers();
         let l = layers - 1;
         for q in self.ex.local.clone() {
-            if self.ex.split(l) {
-                self.gather(BlockKind::Xw, l, q, true);
-                if self.ex.model.split_reads_own_input(l) {
-                    self.own(BlockKind::Act, l, q);
-                }
-                self.prefetch(BlockKind::Xw, l, q + 1, true, &[]);
-                let w = self.ex.model.split_work(l, self.shape(q)).aggregate;
-                self.compute(q, w);
-            } else {
-                self.inputs(l, q);
-                self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.ex.pre), &[]);
-                let w = self.layer_work(l, q).forward;
-                self.compute(q, w);
-            }
+            self.output(l, q);
         }
         for layer in 1..layers {
             self.remove(BlockKind::Act, layer);
@@ -759,14 +749,15 @@ impl<B: Backend> Executor<'_, B> {
                 r.seconds(&evaluation.0, compute_s(&evaluation.1)).epoch_s,
             )
         });
+        let (seconds, evaluation_s) = scaled.unzip();
         Some(Prediction {
             traffic,
             gemm_flops: all.gemm_flops,
             sparse_entry_columns,
             elementwise_bytes,
-            seconds: scaled.as_ref().map(|s| s.0.clone()),
+            seconds,
             evaluation_traffic: evaluation.0,
-            evaluation_s: scaled.map(|s| s.1),
+            evaluation_s,
         })
     }
 

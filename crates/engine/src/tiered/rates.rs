@@ -239,14 +239,8 @@ pub fn measure_rates<B: Backend>(
     let (made, page_lock_s) = (b.new_host_block(rows, 256), t.elapsed().as_secs_f64());
     // and rows read from one in place in a random order (a halo's), and whole blocks written
     // into one (a block kept there)
-    let order: Vec<u32> = {
-        let mut rng = grinnder_graph::rng::Stream::new(&[7, 9]);
-        let mut o: Vec<u32> = (0..rows as u32).collect();
-        for i in (1..o.len()).rev() {
-            o.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-        }
-        o
-    };
+    let mut order: Vec<u32> = (0..rows as u32).collect();
+    grinnder_graph::rng::Stream::new(&[7, 9]).shuffle(&mut order);
     let (pinned_upload_s, mapped_read_s, pinned_download_s) = match made {
         Some(mut h) => {
             b.host_block_mut(&mut h).copy_from_slice(&host);

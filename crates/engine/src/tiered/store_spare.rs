@@ -3,7 +3,7 @@
 //! fresh 512 MB buffer filled at 0.6 GB/s against 12 GB/s for one reused; on the GPU machine
 //! the write-back of bf16 blocks at papers-like scale 0.5 stayed at 14.9 s of a 19.4 s epoch
 //! with spares, against 17.9 of 22.0 s without on another card: not its main cost, BENCHMARKS
-//! P7/P8). Spares never take the store past the
+//! P7 and docs/benchmarks-log.md's P8). Spares never take the store past the
 //! most its blocks have held at once (so they stay inside any plan that fitted those blocks),
 //! count against the budget, and are the first to go when room is needed.
 
