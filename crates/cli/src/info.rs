@@ -111,7 +111,7 @@ fn run_plan(
 #[derive(Serialize)]
 struct TieredInfo {
     parts: usize,
-    /// Layer 0 runs inside layer 1's transform.
+    /// Layer 0 runs inside layer 1 (its transform, or over its columns unsplit).
     fused: bool,
     plan: Plan,
     blocks: Vec<BlockGroup>,
@@ -288,7 +288,7 @@ fn block_name(g: &BlockGroup) -> String {
 
 fn print_tiered(t: &TieredInfo) {
     let p = &t.plan;
-    let fused = if t.fused { "; layer 0 runs inside layer 1's transform" } else { "" };
+    let fused = if t.fused { "; layer 0 runs inside layer 1 (no blocks of layer 1's input)" } else { "" };
     println!("plan           {} partitions{fused}", t.parts);
     match p.cache_bytes {
         Some(c) => println!(
@@ -314,7 +314,14 @@ fn print_tiered(t: &TieredInfo) {
             gib(d.margin_bytes)
         );
     }
-    println!("blocks         {} in all", gib(t.blocks.iter().map(|g| g.bytes).sum()));
+    match p.host_block_bytes {
+        Some(h) => println!(
+            "blocks         {} in all; at most {} on the host at once, as the tier stores them (blocks go once spent)",
+            gib(t.blocks.iter().map(|g| g.bytes).sum()),
+            gib(h)
+        ),
+        None => println!("blocks         {} in all", gib(t.blocks.iter().map(|g| g.bytes).sum())),
+    }
     if let Some(without) = p.block_bytes_without_input_dropout {
         println!(
             "               as stored {}; {} with --input-dropout 0 (input dropout keeps layer 0 from running on its aggregation computed once)",

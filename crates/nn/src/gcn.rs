@@ -42,7 +42,12 @@ impl<B: Backend> GcnConv<B> {
     }
 
     /// Forward; `pre` is `Â x` when the caller has it.
+    /// Given `pre`, reads nothing of `g` but its rows: a graph without adjacencies
+    /// ([`Graph::columns_only`]) will do.
     pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, GcnCache<B>) {
+        if let Some(t) = pre {
+            return (self.lin.forward(b, t), GcnCache { agg: None });
+        }
         let (y, agg) = aggregate::forward(b, &self.lin, g, g.adjacency(Aggregation::GcnNorm), x, pre);
         (y, GcnCache { agg })
     }
@@ -60,6 +65,11 @@ impl<B: Backend> GcnConv<B> {
         dy: &B::Mat,
         need_dx: bool,
     ) -> Option<B::Mat> {
+        if let (Some(t), false) = (pre, need_dx) {
+            // (no adjacency read: see `forward`)
+            self.lin.backward(b, t, dy, false);
+            return None;
+        }
         let agg = pre.or(cache.agg.as_ref());
         let mut dx = None;
         aggregate::backward(

@@ -121,6 +121,13 @@ impl<B: Backend> Graph<B> {
         Graph { rows, cols, adjacencies: vec![(aggregation, adj)], ids }
     }
 
+    /// This graph's input rows as output rows, with their node ids and no adjacency: for a
+    /// layer that reads no neighbours (GCN on its precomputed aggregation) run on every input
+    /// row, its dropout keyed by each row's node as the row's owner keys it.
+    pub fn columns_only(&self) -> Self {
+        Graph { rows: self.cols, cols: self.cols, adjacencies: Vec::new(), ids: self.ids.clone() }
+    }
+
     /// The adjacency of `aggregation` (panics when the graph was built without it).
     pub fn adjacency(&self, aggregation: Aggregation) -> &Adjacency<B> {
         self.adjacencies.iter().find(|(a, _)| *a == aggregation).map(|(_, adj)| adj).unwrap_or_else(|| {

@@ -17,6 +17,29 @@ fn timed<B: Backend, R>(b: &B, secs: &mut f64, f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Layer 0 over layer 1's columns from their `Â x` rows `p`, and layer 1 unsplit on them
+/// ([`Executor::layer0_columns`]), timed into `secs`; with `output_grad` (the gradient of layer
+/// 1's output), both backward as [`Executor::fused_columns_backward`] runs them.
+fn time_over_columns<B: Backend>(
+    b: &B,
+    model: &mut Model<B>,
+    g: &Graph<B>,
+    p: &B::Mat,
+    secs: &mut f64,
+    output_grad: Option<&dyn Fn(&B::Mat) -> B::Mat>,
+) {
+    let columns = g.columns_only();
+    let (x, tape0) = timed(b, secs, || model.layer_forward(b, &columns, 0, p, Some(p), true, 0));
+    let (y, tape) = timed(b, secs, || model.layer_forward(b, g, 1, &x, None, true, 0));
+    let Some(output_grad) = output_grad else { return };
+    let dy = output_grad(&y);
+    drop(y);
+    timed(b, secs, || {
+        let dx = model.layer_backward(b, g, 1, &x, None, tape, &dy, true, None).expect("an input gradient");
+        model.layer_backward(b, &columns, 0, p, Some(p), tape0, &dx, false, None)
+    });
+}
+
 impl<B: Backend> Executor<'_, B> {
     /// Seconds of partition `q`'s training compute in one epoch (see the module): its layers
     /// forward, then backward, as [`Executor::forward_backward_pass`] runs them. Gradients
@@ -76,6 +99,10 @@ impl<B: Backend> Executor<'_, B> {
                     (input(cols, d[l + 1]), model.split_reads_own_input(l).then(|| input(own, d[l])));
                 timed(b, &mut secs, || drop(model.split_forward(b, g, l, &h, x_own.as_ref(), true, 0)));
             } else if !top {
+                if l == 1 && fused {
+                    time_over_columns(b, model, g, &input(cols, d[0]), &mut secs, None);
+                    continue;
+                }
                 let (x, p) = inputs(l);
                 let x = x.as_ref().or(p.as_ref()).expect("an input");
                 timed(b, &mut secs, || drop(model.layer_forward(b, g, l, x, p.as_ref(), true, 0)));
@@ -110,6 +137,11 @@ impl<B: Backend> Executor<'_, B> {
                     let x = input(own, d[l]);
                     timed(b, &mut secs, || drop(model.split_transform_backward(b, l, &x, &dh, l > 0)));
                 }
+                continue;
+            }
+            if l == 1 && fused {
+                let dy = |y: &B::Mat| output_grad(y, top, own, d[2]);
+                time_over_columns(b, model, g, &input(cols, d[0]), &mut secs, Some(&dy));
                 continue;
             }
             let on_pre = l == 0 && pre;

@@ -11,7 +11,7 @@
 //! the executor only partly has. Not modelled: the GPU tier's blocks added after the first
 //! epoch ([`Executor::refine_placement`]), reads ahead that the cache drops before use, ranks.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use grinnder_nn::memory::Shape;
 use grinnder_nn::work::{Passes, Work};
@@ -91,6 +91,10 @@ struct Ledger {
     traffic: Traffic,
     /// Blocks read ahead and not yet used: held, not evictable, dropped first when room is short.
     ahead: std::collections::HashSet<BlockId>,
+    /// Bytes of the host's blocks that exist now (in the cache or in files, and page-locked),
+    /// and the most at any time of the walk.
+    live: u64,
+    peak: u64,
 }
 
 /// Bytes of a block file holding `payload` bytes.
@@ -106,8 +110,15 @@ impl Ledger {
         }
     }
 
+    /// A host block of `bytes` more exists (or, negative, no longer does).
+    fn live_add(&mut self, bytes: i64) {
+        self.live = self.live.saturating_add_signed(bytes);
+        self.peak = self.peak.max(self.live);
+    }
+
     fn put(&mut self, id: BlockId, rows: u64, bytes: u64) {
         self.remove(id);
+        self.live_add(bytes as i64);
         self.tick += 1;
         let e = Entry { bytes, rows, in_ram: true, dirty: true, on_disk: false, last_use: self.tick };
         self.entries.insert(id, e);
@@ -191,6 +202,7 @@ impl Ledger {
     fn remove(&mut self, id: BlockId) {
         self.ahead.remove(&id);
         if let Some(e) = self.entries.remove(&id) {
+            self.live_add(-(e.bytes as i64));
             if e.in_ram {
                 self.held -= e.bytes;
             }
@@ -290,7 +302,9 @@ struct Walk<'e, 'a, B: Backend> {
     bus_elem: u64,
     pinned_elem: u64,
     /// Page-locked blocks written so far ([`Executor::add_pinned`] makes an absent one).
-    pinned_present: HashSet<BlockId>,
+    pinned_present: HashMap<BlockId, (u64, u64)>,
+    /// Page-locked blocks by shape: how many exist, and the most that did at once.
+    pinned_shapes: HashMap<(u64, u64), (u64, u64)>,
 }
 
 impl<B: Backend> Walk<'_, '_, B> {
@@ -360,7 +374,7 @@ impl<B: Backend> Walk<'_, '_, B> {
         if self.pinned(id) {
             self.ledger.traffic.download_bytes += rows * d * self.pinned_elem;
             self.ledger.traffic.pinned_download_bytes += rows * d * self.pinned_elem;
-            self.pinned_present.insert(id);
+            self.pin(id, (rows, d));
         } else {
             self.ledger.traffic.download_bytes += rows * d * self.bus_elem;
             self.ledger.put(id, rows, rows * d * self.tier_elem);
@@ -385,7 +399,7 @@ impl<B: Backend> Walk<'_, '_, B> {
             if self.pinned(id(p)) {
                 // [`Executor::add_pinned`]: the device reads and writes the host rows, a block's
                 // own rows first and whole are its copy, and an absent block is zeroed first
-                let (read, written) = if self.pinned_present.contains(&id(p)) {
+                let (read, written) = if self.pinned_present.contains_key(&id(p)) {
                     (n, n)
                 } else if p == q {
                     (0, n)
@@ -397,7 +411,7 @@ impl<B: Backend> Walk<'_, '_, B> {
                 t.mapped_read_bytes += read * e;
                 t.download_bytes += written * e;
                 t.pinned_download_bytes += written * e;
-                self.pinned_present.insert(id(p));
+                self.pin(id(p), (block_rows, d));
                 continue;
             }
             host = true;
@@ -433,8 +447,31 @@ impl<B: Backend> Walk<'_, '_, B> {
 
     fn remove(&mut self, kind: BlockKind, l: usize) {
         for part in 0..self.ex.parts.len() {
-            self.ledger.remove(BlockId { kind, layer: l, part });
-            self.pinned_present.remove(&BlockId { kind, layer: l, part });
+            self.remove_one(BlockId { kind, layer: l, part });
+        }
+    }
+
+    /// A page-locked block of `bytes` exists.
+    /// A page-locked block of `dims` (rows, width) exists. A removed one keeps its memory for
+    /// the next block of its shape ([`Tiers::retire`]): the memory they take is, for each
+    /// shape, the most blocks of it that existed at once.
+    fn pin(&mut self, id: BlockId, dims: (u64, u64)) {
+        if self.pinned_present.insert(id, dims).is_some() {
+            return;
+        }
+        let (live, most) = self.pinned_shapes.entry(dims).or_default();
+        *live += 1;
+        if *live > *most {
+            *most = *live;
+            self.ledger.live_add((dims.0 * dims.1 * self.pinned_elem) as i64);
+        }
+    }
+
+    /// [`Executor::remove`].
+    fn remove_one(&mut self, id: BlockId) {
+        self.ledger.remove(id);
+        if let Some(dims) = self.pinned_present.remove(&id) {
+            self.pinned_shapes.get_mut(&dims).expect("pinned").0 -= 1;
         }
     }
 
@@ -526,11 +563,24 @@ impl<B: Backend> Walk<'_, '_, B> {
             let w = self.ex.model.split_work(l, self.shape(q)).aggregate;
             self.compute(q, w);
         } else {
-            self.inputs(l, q);
-            self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.ex.pre), &[]);
+            if l == 1 && self.ex.fused {
+                self.layer0_columns(q);
+            } else {
+                self.inputs(l, q);
+                self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.ex.pre), &[]);
+            }
             let w = self.layer_work(l, q).forward;
             self.compute(q, w);
         }
+    }
+
+    /// [`Executor::layer0_columns`].
+    fn layer0_columns(&mut self, q: usize) {
+        self.gather(BlockKind::Pre, 0, q, true);
+        self.prefetch(BlockKind::Pre, 0, q + 1, true, &[]);
+        let cols = self.shape(q).cols;
+        let w = self.ex.model.layer_work(0, Shape { rows: cols, ..self.shape(q) }, true).forward;
+        self.compute(q, w);
     }
 
     /// [`Executor::evaluate_pass`]: the hidden layers, then the output layer's rows partition
@@ -576,6 +626,8 @@ impl<B: Backend> Walk<'_, '_, B> {
                         self.write_back(BlockKind::Grad, l, q, self.shape(q).rows);
                     }
                 }
+                self.remove(BlockKind::Xw, l);
+                let input_spent = self.ex.input_spent_after_transform(l);
                 for q in self.ex.local.clone() {
                     let w = self.ex.model.split_work(l, self.shape(q)).transform_back;
                     if l == 1 && fused {
@@ -585,12 +637,17 @@ impl<B: Backend> Walk<'_, '_, B> {
                         self.prefetch(BlockKind::GradXw, 1, q + 1, false, &[]);
                         let layer0 = self.layer_work(0, q);
                         self.compute(q, layer0.forward.and(w).and(layer0.backward));
+                        self.remove_one(BlockId { kind: BlockKind::GradXw, layer: l, part: q });
                         continue;
                     }
                     self.own(BlockKind::Act, l, q);
                     self.own(BlockKind::GradXw, l, q);
                     self.prefetch(BlockKind::Act, l, q + 1, false, &[BlockKind::GradXw]);
                     self.compute(q, w);
+                    self.remove_one(BlockId { kind: BlockKind::GradXw, layer: l, part: q });
+                    if input_spent {
+                        self.remove_one(act(l, q));
+                    }
                     if l > 0 {
                         self.write_back(BlockKind::Grad, l, q, self.shape(q).rows);
                     }
@@ -603,6 +660,19 @@ impl<B: Backend> Walk<'_, '_, B> {
                 let next: &[BlockKind] =
                     if from_output { &[BlockKind::Act, BlockKind::Grad] } else { next_grad };
                 for q in self.ex.local.clone() {
+                    if l == 1 && fused {
+                        // [`Executor::fused_columns_backward`]
+                        self.layer0_columns(q);
+                        if !top {
+                            self.prefetch(BlockKind::Grad, 2, q + 1, false, &[]);
+                            self.own(BlockKind::Grad, 2, q);
+                        }
+                        let cols = self.shape(q).cols;
+                        let layer0 = self.ex.model.layer_work(0, Shape { rows: cols, ..self.shape(q) }, true);
+                        let w = self.layer_work(1, q);
+                        self.compute(q, w.forward.and(w.backward).and(layer0.backward));
+                        continue;
+                    }
                     self.inputs(l, q);
                     self.prefetch(BlockKind::Act, l, q + 1, !on_pre, next);
                     let w = self.layer_work(l, q);
@@ -764,28 +834,8 @@ impl<B: Backend> Executor<'_, B> {
     /// Two epochs walked after the first blocks: the second one's traffic and each partition's
     /// arithmetic; then an evaluation's.
     fn walk(&self) -> (Traffic, Vec<Work>, (Traffic, Vec<Work>)) {
-        let elem = std::mem::size_of::<B::T>() as u64;
-        let tier_elem = self.tiers.store.elem_bytes() as u64;
-        let ledger = Ledger {
-            budget: self.plan.cache_bytes,
-            mode: self.plan.mode,
-            entries: HashMap::new(),
-            held: 0,
-            tick: 0,
-            traffic: Traffic::default(),
-            ahead: Default::default(),
-        };
+        let mut w = self.walker();
         let parts = self.parts.len();
-        let mut w = Walk {
-            ex: self,
-            ledger,
-            work: vec![Work::default(); parts],
-            elem,
-            tier_elem,
-            bus_elem: self.bus_elem(),
-            pinned_elem: self.pinned_elem(),
-            pinned_present: HashSet::new(),
-        };
         w.first_blocks();
         for _ in 0..2 {
             w.ledger.traffic = Traffic::default();
@@ -799,5 +849,46 @@ impl<B: Backend> Executor<'_, B> {
         );
         w.evaluate();
         (epoch.0, epoch.1, (w.ledger.traffic, w.work))
+    }
+
+    /// The most bytes of host blocks (the store's, in its cache or its files, and page-locked
+    /// ones) that exist at once from the first blocks through an epoch and an evaluation, as
+    /// the schedule makes and removes them: what the host cache and the storage directory
+    /// must hold together (every block an epoch makes, summed, is more: papers-like at full
+    /// size with 3 GCN layers, 984 width-rows against 728 at once).
+    pub(super) fn peak_host_block_bytes(&self) -> u64 {
+        let mut w = self.walker();
+        w.first_blocks();
+        w.forward();
+        w.backward();
+        w.evaluate();
+        w.ledger.peak
+    }
+
+    fn walker(&self) -> Walk<'_, '_, B> {
+        let elem = std::mem::size_of::<B::T>() as u64;
+        let tier_elem = self.tiers.store.elem_bytes() as u64;
+        let ledger = Ledger {
+            budget: self.plan.cache_bytes,
+            mode: self.plan.mode,
+            entries: HashMap::new(),
+            held: 0,
+            tick: 0,
+            traffic: Traffic::default(),
+            ahead: Default::default(),
+            live: 0,
+            peak: 0,
+        };
+        Walk {
+            ex: self,
+            ledger,
+            work: vec![Work::default(); self.parts.len()],
+            elem,
+            tier_elem,
+            bus_elem: self.bus_elem(),
+            pinned_elem: self.pinned_elem(),
+            pinned_present: HashMap::new(),
+            pinned_shapes: HashMap::new(),
+        }
     }
 }

@@ -281,7 +281,7 @@ pub struct Executor<'a, B: Backend> {
     /// Whole pinned blocks of the next partition, uploaded while this one computes
     /// ([`Executor::prefetch`]); taken by the gather that reads them.
     ahead: Vec<(BlockId, B::Arriving)>,
-    /// Layer 0 runs inside layer 1's transform (see [`Executor::fused`]).
+    /// Layer 0 runs inside layer 1 (see [`Executor::fused`]).
     fused: bool,
     /// `TieredConfig::gpu_mem`, and whether the first epoch's peak has refined the placement.
     gpu_mem: Option<u64>,

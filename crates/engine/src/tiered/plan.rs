@@ -25,6 +25,11 @@ pub struct Plan {
     pub mode: CacheMode,
     /// Whole-run activation and gradient bytes (what the cache would need to hold everything).
     pub block_bytes: u64,
+    /// The most bytes of blocks outside the GPU tier that exist at once, as the schedule makes
+    /// and removes them ([`Executor::peak_host_block_bytes`]; set once the GPU tier is placed):
+    /// what the host cache and storage must hold together.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_block_bytes: Option<u64>,
     /// The largest block's bytes.
     pub largest_block_bytes: u64,
     /// What `block_bytes` would be without input dropout, where it alone keeps layer 0 from
@@ -57,12 +62,11 @@ pub(super) fn keeps_features<B: Backend>(model: &Model<B>, pre: bool) -> bool {
     !pre || model.reads_input_beside_pre()
 }
 
-/// See [`Executor::fusible`].
-pub(super) fn fusible<B: Backend>(model: &Model<B>, pre: bool) -> bool {
-    pre && !model.reads_input_beside_pre()
-        && model.layers() >= 2
-        && model.split(1, false)
-        && !model.split_reads_own_input(1)
+/// See [`Executor::fusible`]; `single`: one rank (layer 1 unsplit reads layer 0's aggregation
+/// over its halo, which ranks do not mirror).
+pub(super) fn fusible<B: Backend>(model: &Model<B>, pre: bool, single: bool) -> bool {
+    let layer1 = if model.split(1, false) { !model.split_reads_own_input(1) } else { single };
+    pre && !model.reads_input_beside_pre() && model.layers() >= 2 && layer1
 }
 
 /// The kinds of block an epoch makes, as (kind, layer, width), in [`Executor::block_list`]'s
@@ -133,6 +137,12 @@ pub(super) fn device_elems<B: Backend>(model: &Model<B>, p: &Part<B>, pre: bool,
                 fused.max(model.split_held(1, s))
             }
             (l, true) => model.split_held(l, s) + if l == 0 { s.rows * d(0) } else { 0 },
+            (1, false) if fused => {
+                // layer 0 over the columns ([`Executor::layer0_columns`]): its input and output
+                // rows and its tape's copy of the output beside layer 1, then its backward
+                let columns = Shape { rows: s.cols, ..s };
+                s.cols * (d(0) + 2 * d(1)) + model.layer_held(1, s, false).max(model.layer_held(0, columns, true))
+            }
             (0, false) if pre => pre_inputs + model.layer_held(0, own, true),
             (l, false) => (s.cols * d(l) + model.layer_held(l, s, false)).max(2 * s.cols * d(l)),
         } + products(l))
@@ -168,6 +178,7 @@ pub(super) fn staged_elems<B: Backend>(model: &Model<B>, own: u64, cols: u64, pr
 /// the layers' matrices: counting those on the host too (six over the columns) left papers-like
 /// at scale 0.5 under `--gpu-mem 48GiB` 27 GiB of 118 for nothing and spilled blocks to a disk
 /// they did not fit (H100, 2026-12-05).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn make_plan<B: Backend>(
     model: &Model<B>,
     parts: &[Part<B>],
@@ -176,6 +187,7 @@ pub(super) fn make_plan<B: Backend>(
     pre: bool,
     mapped_bytes: u64,
     device: bool,
+    single: bool,
 ) -> Plan {
     let elem_tier = tc.tier_dtype.bytes(elem) as u64;
     let layers = model.layers();
@@ -183,7 +195,7 @@ pub(super) fn make_plan<B: Backend>(
     // the own rows, not over the columns
     let first = usize::from(pre);
     let (pre_width, out_width) = if pre { (model.dim(0) as u64, model.dim(1) as u64) } else { (0, 0) };
-    let fused = fusible(model, pre);
+    let fused = fusible(model, pre, single);
     let heads = model.edge_width() as u64;
     let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
     // per partition and layer: the gathered input, the layer's temporaries and its input
@@ -199,7 +211,8 @@ pub(super) fn make_plan<B: Backend>(
             // their temporaries; making `Â x` reads the input rows of the columns. Layers run
             // one at a time: the largest of these counts.
             let (own, cols) = (p.own as u64, p.graph.cols as u64);
-            let layer0_host = own * pre_width + 4 * own * out_width;
+            let layer0_over = |rows: u64| rows * pre_width + 4 * rows * out_width;
+            let layer0_host = layer0_over(own);
             // making `Â x`: the output and the input rows of its columns — one piece of them
             // beside the pieces' entries (row, column, value: 16 bytes each, and one piece's
             // CSR copy), or all at once: then the host holds this partition's input rows and
@@ -215,7 +228,9 @@ pub(super) fn make_plan<B: Backend>(
             };
             let layer = |l: usize| {
                 let (i, o) = (model.dim(l) as u64, model.dim(l + 1) as u64);
-                let own_layer0 = if l == 1 && fused { layer0_host } else { 0 };
+                // (inside layer 1 unsplit, over its columns)
+                let layer0_rows = if model.split(1, false) { own } else { cols };
+                let own_layer0 = if l == 1 && fused { layer0_over(layer0_rows) } else { 0 };
                 let this = if model.split(l, l == 0 && pre) {
                     3 * cols * o + 2 * own * i
                 } else {
@@ -235,28 +250,10 @@ pub(super) fn make_plan<B: Backend>(
             ((host * elem as u64 + attention).max(setup), device_held)
         })
         .fold((0, 0), |(h, d), (ph, pd)| (h.max(ph), d.max(pd)));
-    // every block an epoch makes, all at once (an upper bound: spent layers' blocks go), with
-    // layer 0 inside layer 1 where it can be (a GPU tier that undoes that holds those blocks)
     let layer_bytes = |l: usize| nodes * model.dim(l) as u64 * elem_tier;
-    let blocks_of = |pre: bool| -> u64 {
-        block_kinds(model, pre, fusible(model, pre))
-            .iter()
-            .map(|&(_, _, d)| nodes * d as u64 * elem_tier)
-            .sum()
-    };
-    let block_bytes = blocks_of(pre);
-    let unfused_by_dropout =
-        !pre && model.config.input_dropout > 0.0 && !model.weighs_entries() && runs_on_pre(model, true);
-    // (SAGE keeps its features beside the aggregation: no fewer blocks)
-    let block_bytes_without_input_dropout =
-        unfused_by_dropout.then(|| blocks_of(true)).filter(|&without| without < block_bytes);
+    let (block_bytes, block_bytes_without_input_dropout, largest_block) =
+        block_figures(model, parts, pre, single, elem_tier);
     let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
-    // with a storage tier the store holds one block beyond its budget (the one in use), and
-    // reading a block holds its file buffer (kept for the next read) beside the decoded
-    // block: two of the largest
-    let largest_block = parts.iter().map(|p| p.own as u64).max().unwrap_or(0)
-        * block_kinds(model, pre, fusible(model, pre)).iter().map(|&(_, _, d)| d as u64).max().unwrap_or(0)
-        * elem_tier;
     let working_bytes = working_bytes + if tc.storage_dir.is_some() { 2 * largest_block } else { 0 };
     let resident_bytes = crate::process::held_bytes(mapped_bytes);
     let (cache_bytes, margin_bytes) = match tc.host_mem {
@@ -282,10 +279,43 @@ pub(super) fn make_plan<B: Backend>(
         cache_bytes,
         mode,
         block_bytes,
+        host_block_bytes: None,
         largest_block_bytes: largest_block,
         block_bytes_without_input_dropout,
         device: None,
     }
+}
+
+/// Every block an epoch makes, all at once (an upper bound: spent blocks go, see
+/// [`Plan::host_block_bytes`]), with layer 0 inside layer 1 where it can be (a GPU tier that
+/// undoes that holds those blocks); the same without input dropout, where it alone keeps layer
+/// 0 from its aggregation computed once and that takes fewer blocks; and the largest block.
+fn block_figures<B: Backend>(
+    model: &Model<B>,
+    parts: &[Part<B>],
+    pre: bool,
+    single: bool,
+    elem_tier: u64,
+) -> (u64, Option<u64>, u64) {
+    let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
+    let blocks_of = |pre: bool| -> u64 {
+        block_kinds(model, pre, fusible(model, pre, single))
+            .iter()
+            .map(|&(_, _, d)| nodes * d as u64 * elem_tier)
+            .sum()
+    };
+    let block_bytes = blocks_of(pre);
+    let unfused_by_dropout =
+        !pre && model.config.input_dropout > 0.0 && !model.weighs_entries() && runs_on_pre(model, true);
+    // (SAGE keeps its features beside the aggregation: no fewer blocks)
+    let without = unfused_by_dropout.then(|| blocks_of(true)).filter(|&without| without < block_bytes);
+    // with a storage tier the store holds one block beyond its budget (the one in use), and
+    // reading a block holds its file buffer (kept for the next read) beside the decoded
+    // block: two of the largest
+    let widest = block_kinds(model, pre, fusible(model, pre, single)).iter().map(|&(_, _, d)| d as u64).max();
+    let largest_block =
+        parts.iter().map(|p| p.own as u64).max().unwrap_or(0) * widest.unwrap_or(0) * elem_tier;
+    (block_bytes, without, largest_block)
 }
 
 /// Whether layer 0 runs on its input's aggregation computed once (given no input dropout

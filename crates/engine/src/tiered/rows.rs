@@ -318,8 +318,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         extra: &[BlockKind],
     ) -> Result<(), TrainError> {
         // every partition step of a pass asks for its successor's blocks once (the last for one
-        // past the end); the fused layer 0 also asks for GradXw, not a step of its own
-        if kind != BlockKind::GradXw {
+        // past the end); the fused layer 0 also asks for GradXw, and over layer 1's columns for
+        // the output gradient: not steps of their own
+        if kind != BlockKind::GradXw && kind != BlockKind::Grad {
             grinnder_graph::progress::activity_step();
             grinnder_graph::progress::activity_bytes(self.stats.upload_bytes + self.stats.download_bytes);
         }
@@ -345,8 +346,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         // of this layer's blocks without halo): their copies start now, beside this partition's
         // work (the other blocks it reads alone, `extra`, are copied when read: at most two
         // copies ahead are held, and a copy made ahead that gave way would cross the bus twice)
+        // (not layer 0's aggregation gathered over layer 1's columns: the gather reads rows)
         for a in ids.iter().filter(|a| {
-            a.part == q && (a.kind == BlockKind::Pre || (!halo && a.kind == kind && a.layer == l))
+            a.part == q && !halo && (a.kind == BlockKind::Pre || (a.kind == kind && a.layer == l))
         }) {
             if self.ahead.iter().any(|(x, _)| x == a) {
                 continue;

@@ -2,7 +2,17 @@
 //! by layer (the output layer gives the loss and the logits' gradients; each layer's gradient
 //! blocks complete before the layer below), evaluation, and the refusal after a failed pass.
 
+use grinnder_nn::model::LayerTape;
+
 use super::*;
+
+/// Layer 1's input rows over its columns ([`Executor::layer0_columns`]), with what layer 0's
+/// backward reads: its input (`Â x` over the columns) and its tape.
+pub(super) struct Layer0Columns<B: Backend> {
+    x: B::Mat,
+    pre: B::Mat,
+    tape: LayerTape<B>,
+}
 
 impl<'a, B: Backend> Executor<'a, B> {
     /// Forward over all partitions: hidden layers into the store, and the output layer's
@@ -67,8 +77,14 @@ impl<'a, B: Backend> Executor<'a, B> {
             let pb = self.layer_bar(l, &self.local.clone().collect::<Vec<_>>());
             for q in self.local.clone() {
                 pb.iter().for_each(|pb| pb.inc(self.parts[q].own as u64));
-                let inp = self.inputs(l, q)?;
-                self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
+                let inp = if l == 1 && self.fused {
+                    let x = self.layer0_columns(q, q + 1, train, epoch)?.x;
+                    Inputs { x: Some(Own::Copy(x)), pre: None }
+                } else {
+                    let inp = self.inputs(l, q)?;
+                    self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
+                    inp
+                };
                 let t = Instant::now();
                 let g = &self.parts[q].graph;
                 let (y, tape) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), train, epoch);
@@ -95,6 +111,70 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.give_back_inputs(inp);
         self.stats.compute_s += t.elapsed().as_secs_f64();
         Ok(y)
+    }
+
+    /// Layer 1's input rows over its columns when layer 0 runs inside layer 1 unsplit
+    /// ([`Executor::fusible`]): layer 0's aggregation gathered over the columns (partition
+    /// `next`'s read ahead) and layer 0 run on every row of it, the halo rows as their owners
+    /// make them (the same rows in, dropout keyed by node); with that aggregation and layer 0's
+    /// tape, for its backward.
+    pub(super) fn layer0_columns(
+        &mut self,
+        q: usize,
+        next: usize,
+        train: bool,
+        epoch: u64,
+    ) -> Result<Layer0Columns<B>, TrainError> {
+        let pre = self.gather_kind(BlockKind::Pre, 0, q, true)?;
+        self.prefetch(BlockKind::Pre, 0, next, true, &[])?;
+        let t = Instant::now();
+        let columns = self.parts[q].graph.columns_only();
+        let (x, tape) = self.model.layer_forward(self.b, &columns, 0, &pre, Some(&pre), train, epoch);
+        self.stats.compute_s += t.elapsed().as_secs_f64();
+        Ok(Layer0Columns { x, pre, tape })
+    }
+
+    /// Layers 1 (unsplit) and 0 backward on partition `q` when [`Executor::fused`]: layer 0
+    /// remade over layer 1's columns ([`Executor::layer0_columns`]), layer 1 forward and
+    /// backward on it, and layer 0's backward on every column's input gradient at once (its
+    /// weight gradient sums over rows: each halo row's share adds here what its owner would).
+    fn fused_columns_backward(
+        &mut self,
+        q: usize,
+        loss: &mut f64,
+        correct: &mut usize,
+        epoch: u64,
+    ) -> Result<(), TrainError> {
+        let b = self.b;
+        let top = self.model.layers() == 2;
+        let Layer0Columns { x: x1, pre, tape: tape0 } = self.layer0_columns(q, q + 1, true, epoch)?;
+        if !top {
+            self.prefetch(BlockKind::Grad, 2, q + 1, false, &[])?;
+        }
+        let t = Instant::now();
+        let g = &self.parts[q].graph;
+        let (y, tape) = self.model.layer_forward(b, g, 1, &x1, None, true, epoch);
+        self.stats.compute_s += t.elapsed().as_secs_f64();
+        let dy = self.output_grad(1, q, &y, loss, correct)?;
+        drop(y);
+        let t = Instant::now();
+        let g = &self.parts[q].graph;
+        let dx1 =
+            self.model.layer_backward(b, g, 1, &x1, None, tape, &dy, true, None).expect("an input gradient");
+        drop((x1, dy));
+        let columns = self.parts[q].graph.columns_only();
+        let dx0 = self.model.layer_backward(b, &columns, 0, &pre, Some(&pre), tape0, &dx1, false, None);
+        assert!(dx0.is_none(), "layer 0 makes no input gradient");
+        self.stats.compute_s += t.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Whether split layer `l`'s input block is spent once the layer's transform backward read
+    /// a partition's rows: it is a block (not layer 0's features or aggregation, nor layer 1's
+    /// input made by layer 0 inside it), and the layer below recomputes its output rather than
+    /// read this block as its ReLU mask ([`Model::backward_from_output`]).
+    pub(super) fn input_spent_after_transform(&self, l: usize) -> bool {
+        l >= 1 && !(l == 1 && self.fused) && !self.model.backward_from_output(l - 1, l == 1 && self.pre)
     }
 
     /// One training pass: accumulates every parameter's gradient (the caller zeroes them) and
@@ -139,7 +219,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             let top = l + 1 == layers;
             let next_grad: &[BlockKind] = if top { &[] } else { &[BlockKind::Grad] };
             if l == 0 && self.fused {
-                // ran inside layer 1's transform backward
+                // ran inside layer 1's backward
                 continue;
             }
             if self.split(l) {
@@ -170,10 +250,18 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
                 self.flush_mirrors(BlockKind::GradXw, l)?;
                 self.mark("backward aggregation", l);
+                // the transformed rows are spent (the transform's backward reads its input and
+                // their gradient): blocks go as soon as nothing reads them, so that the most
+                // held at once, not every block an epoch makes, is what must fit
+                for q in 0..self.parts.len() {
+                    self.remove(BlockId { kind: BlockKind::Xw, layer: l, part: q })?;
+                }
+                let input_spent = self.input_spent_after_transform(l);
                 // transform backward, once every dh row is complete
                 for q in self.local.clone() {
                     if l == 1 && self.fused {
                         self.fused_backward(q, epoch)?;
+                        self.remove(BlockId { kind: BlockKind::GradXw, layer: l, part: q })?;
                         continue;
                     }
                     let x = self.own(BlockKind::Act, l, q)?;
@@ -184,6 +272,10 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.give_back(Some(x));
                     self.give_back(Some(dh));
                     self.stats.compute_s += t.elapsed().as_secs_f64();
+                    self.remove(BlockId { kind: BlockKind::GradXw, layer: l, part: q })?;
+                    if input_spent {
+                        self.remove(act(l, q))?;
+                    }
                     if let Some(dx) = dx {
                         let t = Instant::now();
                         self.write_back(BlockKind::Grad, l, q, dx)?;
@@ -198,6 +290,10 @@ impl<'a, B: Backend> Executor<'a, B> {
             } else {
                 let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
                 for q in self.local.clone() {
+                    if l == 1 && self.fused {
+                        self.fused_columns_backward(q, &mut loss, &mut correct, epoch)?;
+                        continue;
+                    }
                     let inp = self.inputs(l, q)?;
                     let (x, pre) = (inp.x(), inp.pre.as_deref());
                     let next: &[BlockKind] =
@@ -236,7 +332,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                         self.stats.write_back_s += t.elapsed().as_secs_f64();
                     }
                 }
-                if l > 0 {
+                if l > 0 && !(l == 1 && self.fused) {
                     self.flush_mirrors(BlockKind::Grad, l)?;
                 }
                 self.mark("backward", l);
@@ -365,8 +461,14 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.give_back(x);
             return Ok(y);
         }
-        let inp = self.inputs(l, q)?;
-        self.prefetch(BlockKind::Act, l, next, !(l == 0 && self.pre), &[])?;
+        let inp = if l == 1 && self.fused {
+            let x = self.layer0_columns(q, next, false, epoch)?.x;
+            Inputs { x: Some(Own::Copy(x)), pre: None }
+        } else {
+            let inp = self.inputs(l, q)?;
+            self.prefetch(BlockKind::Act, l, next, !(l == 0 && self.pre), &[])?;
+            inp
+        };
         let t = Instant::now();
         let g = &self.parts[q].graph;
         let (y, _) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), false, epoch);

@@ -153,8 +153,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         drop(factors);
         drop(phase);
         let (mapped, device) = (crate::process::mapped_bytes(ds), b.device_memory().is_some());
-        let plan = make_plan(&model, &parts, tc, elem as usize, pre, mapped, device);
-        let keep_read_files = check_budget(&plan, tc, &block_levers(&plan, &model, tc))?;
+        let plan = make_plan(&model, &parts, tc, elem as usize, pre, mapped, device, dist.is_none());
+        check_host_budget(&plan, tc)?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
             mode: plan.mode,
@@ -163,10 +163,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         };
         // each store (each rank's too) makes a private directory of its own inside the given one
         let dir = tc.storage_dir.as_deref().filter(|_| !plan_only);
-        let mut store = Store::new(store_cfg, dir, tc.keep_storage).map_err(io_err)?;
-        if !keep_read_files {
-            store.remove_files_once_read();
-        }
+        let store = Store::new(store_cfg, dir, tc.keep_storage).map_err(io_err)?;
         let mut ex = Executor {
             b,
             model,
@@ -205,6 +202,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
+        ex.check_host_blocks(tc)?;
         match tc.host_auto.as_ref().filter(|_| tc.host_mem.is_none() && tc.cache_bytes.is_none()) {
             Some(auto) if !ex.blocks_fit(auto, tc.tier_dtype) => {
                 drop(ex);
@@ -250,17 +248,31 @@ impl<'a, B: Backend> Executor<'a, B> {
         })
     }
 
-    /// Whether every block outside the GPU tier fits in `auto.bytes` beside what the process
-    /// holds and the largest working set ([`TieredConfig::host_auto`]).
+    /// Counts the host blocks that exist at once, once the GPU tier is placed, and refuses a
+    /// plan whose host cache and storage directory cannot hold them ([`check_blocks`]).
+    fn check_host_blocks(&mut self, tc: &TieredConfig) -> Result<(), TrainError> {
+        // (a rank's mirrors are not walked: its blocks' sum, every one at once)
+        let host_blocks =
+            if self.dist.is_some() { self.plan.block_bytes } else { self.peak_host_block_bytes() };
+        self.plan.host_block_bytes = Some(host_blocks);
+        if !check_blocks(&self.plan, tc, &block_levers(&self.plan, &self.model, tc))? {
+            self.tiers.store.remove_files_once_read();
+        }
+        Ok(())
+    }
+
+    /// Whether the blocks outside the GPU tier that exist at once fit in `auto.bytes` beside
+    /// what the process holds and the largest working set ([`TieredConfig::host_auto`]).
     fn blocks_fit(&self, auto: &HostAuto, dtype: TierDtype) -> bool {
         // (the store keeps blocks at the tier's type: bf16 halves them)
         let elem = std::mem::size_of::<B::T>() as u64;
-        let outside: u64 = self
-            .block_list()
-            .iter()
-            .filter(|(id, _)| !self.tiers.on_device(*id))
-            .map(|(_, b)| b / elem * dtype.bytes(elem as usize) as u64)
-            .sum();
+        let outside: u64 = self.plan.host_block_bytes.unwrap_or_else(|| {
+            self.block_list()
+                .iter()
+                .filter(|(id, _)| !self.tiers.on_device(*id))
+                .map(|(_, b)| b / elem * dtype.bytes(elem as usize) as u64)
+                .sum()
+        });
         let need = self.plan.resident_bytes + self.plan.working_bytes + outside;
         let fits = need + host_margin(auto.bytes) <= auto.bytes;
         tracing::info!(
@@ -661,9 +673,8 @@ fn host_part<B: Backend>(
 /// timing may still move.
 const BASE_DRIFT_BYTES: u64 = 2 << 20;
 
-/// Refuses a plan the host budget or the storage directory cannot hold; whether block files
-/// outlive their blocks' reads ([`check_storage`]).
-fn check_budget(plan: &Plan, tc: &TieredConfig, levers: &str) -> Result<bool, TrainError> {
+/// Refuses a host budget too small for what the process holds, the working set and the margin.
+fn check_host_budget(plan: &Plan, tc: &TieredConfig) -> Result<(), TrainError> {
     if let (Some(h), None) = (tc.host_mem, tc.cache_bytes) {
         let need = plan.resident_bytes + plan.working_bytes + plan.margin_bytes;
         if need > h {
@@ -677,15 +688,23 @@ fn check_budget(plan: &Plan, tc: &TieredConfig, levers: &str) -> Result<bool, Tr
             )));
         }
     }
+    Ok(())
+}
+
+/// Refuses a plan whose blocks outside the GPU tier ([`Plan::host_block_bytes`], those that
+/// exist at once) the host cache and the storage directory cannot hold; whether block files
+/// outlive their blocks' reads ([`check_storage`]).
+fn check_blocks(plan: &Plan, tc: &TieredConfig, levers: &str) -> Result<bool, TrainError> {
+    let need = plan.host_block_bytes.unwrap_or(plan.block_bytes);
     if let (Some(cache), None) = (plan.cache_bytes, &tc.storage_dir) {
-        if cache < plan.block_bytes {
+        if cache < need {
             return Err(TrainError::Storage(format!(
-                "the host cache holds {:.1} MiB of blocks (--host-mem less {:.1} MiB resident, a {:.1} MiB working set and a {:.1} MiB margin, or --block-cache), but the blocks need {:.1} MiB: give a --storage-dir to spill to, {levers}or more --host-mem",
+                "the host cache holds {:.1} MiB of blocks (--host-mem less {:.1} MiB resident, a {:.1} MiB working set and a {:.1} MiB margin, or --block-cache), but the blocks outside the GPU tier need {:.1} MiB at once: give a --storage-dir to spill to, {levers}or more --host-mem",
                 mib(cache),
                 mib(plan.resident_bytes),
                 mib(plan.working_bytes),
                 mib(plan.margin_bytes),
-                mib(plan.block_bytes)
+                mib(need)
             )));
         }
     }
@@ -707,27 +726,28 @@ fn check_budget(plan: &Plan, tc: &TieredConfig, levers: &str) -> Result<bool, Tr
 /// is read (written again when the block leaves again); where it holds less, refused.
 fn check_storage(plan: &Plan, free: u64, dir: &std::path::Path, levers: &str) -> Result<bool, TrainError> {
     let Some(cache) = plan.cache_bytes else { return Ok(true) };
-    if plan.block_bytes <= cache || free >= plan.block_bytes {
+    let need = plan.host_block_bytes.unwrap_or(plan.block_bytes);
+    if need <= cache || free >= need {
         return Ok(true);
     }
-    let spill = plan.block_bytes - cache + 2 * plan.largest_block_bytes;
+    let spill = need - cache + 2 * plan.largest_block_bytes;
     if free >= spill {
         tracing::info!(
             "storage: {:.1} MiB free in {} holds the {:.1} MiB of blocks beyond the host cache but not every block's file ({:.1} MiB): each file is removed once its block is read back, and written again when the block leaves again",
             mib(free),
             dir.display(),
             mib(spill),
-            mib(plan.block_bytes)
+            mib(need)
         );
         return Ok(false);
     }
     Err(TrainError::Storage(format!(
-        "storage directory {} has {:.1} MiB free, but the blocks beyond the {:.1} MiB host cache take {:.1} MiB (of {:.1} MiB of blocks): free space there, give a --storage-dir on a larger disk, {levers}or give more --gpu-mem or --host-mem",
+        "storage directory {} has {:.1} MiB free, but the blocks beyond the {:.1} MiB host cache take {:.1} MiB (of {:.1} MiB of blocks outside the GPU tier at once): free space there, give a --storage-dir on a larger disk, {levers}or give more --gpu-mem or --host-mem",
         dir.display(),
         mib(free),
         mib(cache),
         mib(spill),
-        mib(plan.block_bytes)
+        mib(need)
     )))
 }
 

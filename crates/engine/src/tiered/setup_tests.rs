@@ -11,6 +11,7 @@ fn plan(cache: u64, blocks: u64) -> Plan {
         cache_bytes: Some(cache),
         mode: CacheMode::PartitionLru,
         block_bytes: blocks,
+        host_block_bytes: None,
         largest_block_bytes: 5 << 20,
         block_bytes_without_input_dropout: None,
         device: None,
@@ -130,4 +131,9 @@ fn storage_holds_every_block_file_or_the_spill() {
     assert!(e.contains("/scratch") && e.contains("--tier-dtype bf16") && e.contains("take 50.0 MiB"), "{e}");
     // blocks within the cache write no file
     assert!(check_storage(&plan(100 * M, 100 * M), 0, dir, levers).unwrap());
+    // the blocks that exist at once count, not every block an epoch makes
+    let at_once = Plan { host_block_bytes: Some(60 * M), ..plan(60 * M, 100 * M) };
+    assert!(check_storage(&at_once, 0, dir, levers).unwrap());
+    let at_once = Plan { host_block_bytes: Some(80 * M), ..plan(60 * M, 100 * M) };
+    assert!(!check_storage(&at_once, 30 * M, dir, levers).unwrap());
 }
