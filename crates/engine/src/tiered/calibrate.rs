@@ -17,6 +17,10 @@ fn timed<B: Backend, R>(b: &B, secs: &mut f64, f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// The gradient of a layer's output, given the output.
+type OutputGrad<'f, B> =
+    &'f dyn Fn(&<B as grinnder_tensor::Memory>::Mat) -> <B as grinnder_tensor::Memory>::Mat;
+
 /// Layer 0 over layer 1's columns from their `Â x` rows `p`, and layer 1 unsplit on them
 /// ([`Executor::layer0_columns`]), timed into `secs`; with `output_grad` (the gradient of layer
 /// 1's output), both backward as [`Executor::fused_columns_backward`] runs them.
@@ -26,7 +30,7 @@ fn time_over_columns<B: Backend>(
     g: &Graph<B>,
     p: &B::Mat,
     secs: &mut f64,
-    output_grad: Option<&dyn Fn(&B::Mat) -> B::Mat>,
+    output_grad: Option<OutputGrad<'_, B>>,
 ) {
     let columns = g.columns_only();
     let (x, tape0) = timed(b, secs, || model.layer_forward(b, &columns, 0, p, Some(p), true, 0));
