@@ -94,13 +94,14 @@ impl<'a, B: Backend> Partitioned<'a, B> {
     ) -> Result<Self, TrainError> {
         let ex = Executor::new_share(b, ds, sub, &cfg.model, cfg.features(), tc, dist)?;
         tracing::info!(
-            "{} partitions; host cache {}, mode {}; blocks need {:.1} MiB; storage {}",
+            "{} partitions; host cache {}, mode {}; blocks {:.1} MiB in all, at most {:.1} MiB on the host at once; storage {}",
             tc.parts,
             ex.plan
                 .cache_bytes
                 .map_or("unlimited".to_string(), |c| format!("{:.1} MiB", c as f64 / 1048576.0)),
             ex.plan.mode,
             ex.plan.block_bytes as f64 / 1048576.0,
+            ex.plan.host_block_bytes.unwrap_or(ex.plan.block_bytes) as f64 / 1048576.0,
             match ex.store_direct_io() {
                 None => "none",
                 Some((true, true)) => "O_DIRECT through io_uring",
