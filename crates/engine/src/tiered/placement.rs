@@ -42,9 +42,10 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// gathered over them ([`Executor::layer0_columns`]), half as wide as the activation on a
     /// 128-wide input and 256-wide layers, and layer 0's weight gradient takes every column's
     /// share where it is made (the gradient is linear in the rows), so no halo gradient moves.
-    /// GCN with 3 layers on papers-like at full size: 984 of 1,496 width-rows of blocks.
+    /// GCN with 3 layers on papers-like at full size: 984 of 1,496 width-rows of blocks. Ranks
+    /// exchange their rows of the aggregation that other ranks' columns read once, at setup.
     pub(super) fn fusible(&self) -> bool {
-        fusible(&self.model, self.pre, self.dist.is_none())
+        fusible(&self.model, self.pre)
     }
 
     /// Whether a block is written once, before the first epoch, and only read after: the input

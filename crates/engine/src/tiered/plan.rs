@@ -62,10 +62,9 @@ pub(super) fn keeps_features<B: Backend>(model: &Model<B>, pre: bool) -> bool {
     !pre || model.reads_input_beside_pre()
 }
 
-/// See [`Executor::fusible`]; `single`: one rank (layer 1 unsplit reads layer 0's aggregation
-/// over its halo, which ranks do not mirror).
-pub(super) fn fusible<B: Backend>(model: &Model<B>, pre: bool, single: bool) -> bool {
-    let layer1 = if model.split(1, false) { !model.split_reads_own_input(1) } else { single };
+/// See [`Executor::fusible`].
+pub(super) fn fusible<B: Backend>(model: &Model<B>, pre: bool) -> bool {
+    let layer1 = !model.split(1, false) || !model.split_reads_own_input(1);
     pre && !model.reads_input_beside_pre() && model.layers() >= 2 && layer1
 }
 
@@ -178,7 +177,6 @@ pub(super) fn staged_elems<B: Backend>(model: &Model<B>, own: u64, cols: u64, pr
 /// the layers' matrices: counting those on the host too (six over the columns) left papers-like
 /// at scale 0.5 under `--gpu-mem 48GiB` 27 GiB of 118 for nothing and spilled blocks to a disk
 /// they did not fit (H100, 2026-12-05).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn make_plan<B: Backend>(
     model: &Model<B>,
     parts: &[Part<B>],
@@ -187,7 +185,6 @@ pub(super) fn make_plan<B: Backend>(
     pre: bool,
     mapped_bytes: u64,
     device: bool,
-    single: bool,
 ) -> Plan {
     let elem_tier = tc.tier_dtype.bytes(elem) as u64;
     let layers = model.layers();
@@ -195,7 +192,7 @@ pub(super) fn make_plan<B: Backend>(
     // the own rows, not over the columns
     let first = usize::from(pre);
     let (pre_width, out_width) = if pre { (model.dim(0) as u64, model.dim(1) as u64) } else { (0, 0) };
-    let fused = fusible(model, pre, single);
+    let fused = fusible(model, pre);
     let heads = model.edge_width() as u64;
     let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
     // per partition and layer: the gathered input, the layer's temporaries and its input
@@ -252,7 +249,7 @@ pub(super) fn make_plan<B: Backend>(
         .fold((0, 0), |(h, d), (ph, pd)| (h.max(ph), d.max(pd)));
     let layer_bytes = |l: usize| nodes * model.dim(l) as u64 * elem_tier;
     let (block_bytes, block_bytes_without_input_dropout, largest_block) =
-        block_figures(model, parts, pre, single, elem_tier);
+        block_figures(model, parts, pre, elem_tier);
     let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
     let working_bytes = working_bytes + if tc.storage_dir.is_some() { 2 * largest_block } else { 0 };
     let resident_bytes = crate::process::held_bytes(mapped_bytes);
@@ -294,12 +291,11 @@ fn block_figures<B: Backend>(
     model: &Model<B>,
     parts: &[Part<B>],
     pre: bool,
-    single: bool,
     elem_tier: u64,
 ) -> (u64, Option<u64>, u64) {
     let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
     let blocks_of = |pre: bool| -> u64 {
-        block_kinds(model, pre, fusible(model, pre, single))
+        block_kinds(model, pre, fusible(model, pre))
             .iter()
             .map(|&(_, _, d)| nodes * d as u64 * elem_tier)
             .sum()
@@ -312,7 +308,7 @@ fn block_figures<B: Backend>(
     // with a storage tier the store holds one block beyond its budget (the one in use), and
     // reading a block holds its file buffer (kept for the next read) beside the decoded
     // block: two of the largest
-    let widest = block_kinds(model, pre, fusible(model, pre, single)).iter().map(|&(_, _, d)| d as u64).max();
+    let widest = block_kinds(model, pre, fusible(model, pre)).iter().map(|&(_, _, d)| d as u64).max();
     let largest_block =
         parts.iter().map(|p| p.own as u64).max().unwrap_or(0) * widest.unwrap_or(0) * elem_tier;
     (block_bytes, without, largest_block)

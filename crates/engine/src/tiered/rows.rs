@@ -208,6 +208,11 @@ impl<'a, B: Backend> Executor<'a, B> {
             b.gather_rows(block, rows, out, at);
             return Ok(());
         }
+        if let Some(m) = self.upload_pinned(id) {
+            // (a page-locked block: ranks' mirrors of layer 0's aggregation, once at setup)
+            b.gather_rows(&b.arrived(m), rows, out, at);
+            return Ok(());
+        }
         let bus = (b, self.bf16_bus());
         let m = upload_stored(bus, &mut self.tiers.store, &[(id, rows)], d, &mut self.stats.upload_bytes)?;
         b.gather_rows(&m, Rows::Range(0, rows.len()), out, at);
@@ -246,6 +251,11 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.tiers.device(id).unwrap_or_else(|| panic!("block {id:?} read before it was written"));
             let mut m = b.output(rows.len(), d);
             b.gather_rows(block, Rows::Index(rows), &mut m, 0);
+            return Ok(b.download(&m).data);
+        }
+        if self.tiers.pinned(id).is_some() {
+            let mut m = b.output(rows.len(), d);
+            self.rows_into(id, Rows::Index(rows), d, &mut m, 0)?;
             return Ok(b.download(&m).data);
         }
         let mut out = vec![B::T::of(0.0); rows.len() * d];

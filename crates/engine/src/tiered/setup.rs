@@ -153,7 +153,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         drop(factors);
         drop(phase);
         let (mapped, device) = (crate::process::mapped_bytes(ds), b.device_memory().is_some());
-        let plan = make_plan(&model, &parts, tc, elem as usize, pre, mapped, device, dist.is_none());
+        let plan = make_plan(&model, &parts, tc, elem as usize, pre, mapped, device);
         check_host_budget(&plan, tc)?;
         let store_cfg = StoreConfig {
             budget: plan.cache_bytes,
@@ -323,6 +323,11 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.aggregate_whole(ds, norm, min, &whole)?;
             // (blocks kept in the store came down through the staging, grown to the largest)
             self.b.release_staging();
+            if self.fused && !self.split(1) {
+                // layer 0 runs over layer 1's columns: other ranks' rows of `Â x` among them
+                // (each rank makes only its own: their adjacency is the other rank's)
+                self.sync_mirrors(BlockKind::Pre, 0)?;
+            }
         } else {
             for (q, ids) in blocks {
                 let rows = feature_rows::<B::T>(ds, norm, min, &ids).map_err(io_err)?;
