@@ -451,7 +451,6 @@ impl<B: Backend> Walk<'_, '_, B> {
         }
     }
 
-    /// A page-locked block of `bytes` exists.
     /// A page-locked block of `dims` (rows, width) exists. A removed one keeps its memory for
     /// the next block of its shape ([`Tiers::retire`]): the memory they take is, for each
     /// shape, the most blocks of it that existed at once.
@@ -854,8 +853,9 @@ impl<B: Backend> Executor<'_, B> {
     /// The most bytes of host blocks (the store's, in its cache or its files, and page-locked
     /// ones) that exist at once from the first blocks through an epoch and an evaluation, as
     /// the schedule makes and removes them: what the host cache and the storage directory
-    /// must hold together (every block an epoch makes, summed, is more: papers-like at full
-    /// size with 3 GCN layers, 984 width-rows against 728 at once).
+    /// must hold together (every block an epoch makes, summed, is more: GCN with 3 layers of
+    /// 256 over 128-wide features and 172 classes makes 984 width-rows of blocks an epoch, at
+    /// most 728 of them at once without a GPU tier).
     pub(super) fn peak_host_block_bytes(&self) -> u64 {
         let mut w = self.walker();
         w.first_blocks();
