@@ -530,6 +530,12 @@ extern "C" __global__ void from_bf16(const unsigned short* h, i64 n, float* out)
     if (t < n) out[t] = f32_of(h[t]);
 }
 
+// the 8 bf16 of a 16-byte piece widened into two float4s at o (exact)
+__device__ __forceinline__ void widen_piece(uint4 a, float4* o) {
+    o[0] = make_float4(f32_of(a.x & 0xffffu), f32_of(a.x >> 16), f32_of(a.y & 0xffffu), f32_of(a.y >> 16));
+    o[1] = make_float4(f32_of(a.z & 0xffffu), f32_of(a.z >> 16), f32_of(a.w & 0xffffu), f32_of(a.w >> 16));
+}
+
 // gather_rows from a bf16 table in host memory mapped into the device (a page-locked bf16
 // block): a warp per row; where rows are whole 16-byte pieces (d % 8 == 0) each lane reads 8
 // elements at once, two pieces in flight before the stores; widened to f32 (exact).
@@ -549,13 +555,8 @@ extern "C" __global__ void gather_rows_host_bf16(const unsigned short* __restric
                 bool h = j + 32 < m;
                 uint4 a = s8[j], b;
                 if (h) b = s8[j + 32];
-                o4[2 * j] = make_float4(f32_of(a.x & 0xffffu), f32_of(a.x >> 16), f32_of(a.y & 0xffffu), f32_of(a.y >> 16));
-                o4[2 * j + 1] = make_float4(f32_of(a.z & 0xffffu), f32_of(a.z >> 16), f32_of(a.w & 0xffffu), f32_of(a.w >> 16));
-                if (h) {
-                    int k = j + 32;
-                    o4[2 * k] = make_float4(f32_of(b.x & 0xffffu), f32_of(b.x >> 16), f32_of(b.y & 0xffffu), f32_of(b.y >> 16));
-                    o4[2 * k + 1] = make_float4(f32_of(b.z & 0xffffu), f32_of(b.z >> 16), f32_of(b.w & 0xffffu), f32_of(b.w >> 16));
-                }
+                widen_piece(a, o4 + 2 * j);
+                if (h) widen_piece(b, o4 + 2 * (j + 32));
             }
         } else {
             for (int j = lane; j < d; j += 32) o[j] = f32_of(s[j]);

@@ -577,9 +577,14 @@ impl<B: Backend> Walk<'_, '_, B> {
     fn layer0_columns(&mut self, q: usize) {
         self.gather(BlockKind::Pre, 0, q, true);
         self.prefetch(BlockKind::Pre, 0, q + 1, true, &[]);
-        let cols = self.shape(q).cols;
-        let w = self.ex.model.layer_work(0, Shape { rows: cols, ..self.shape(q) }, true).forward;
+        let w = self.columns_work(q).forward;
         self.compute(q, w);
+    }
+
+    /// Layer 0's work over partition `q`'s columns ([`Executor::layer0_columns`]).
+    fn columns_work(&self, q: usize) -> Passes {
+        let s = self.shape(q);
+        self.ex.model.layer_work(0, Shape { rows: s.cols, ..s }, true)
     }
 
     /// [`Executor::evaluate_pass`]: the hidden layers, then the output layer's rows partition
@@ -666,9 +671,7 @@ impl<B: Backend> Walk<'_, '_, B> {
                             self.prefetch(BlockKind::Grad, 2, q + 1, false, &[]);
                             self.own(BlockKind::Grad, 2, q);
                         }
-                        let cols = self.shape(q).cols;
-                        let layer0 = self.ex.model.layer_work(0, Shape { rows: cols, ..self.shape(q) }, true);
-                        let w = self.layer_work(1, q);
+                        let (w, layer0) = (self.layer_work(1, q), self.columns_work(q));
                         self.compute(q, w.forward.and(w.backward).and(layer0.backward));
                         continue;
                     }

@@ -12,6 +12,8 @@ pub(super) struct Layer0Columns<B: Backend> {
     x: B::Mat,
     pre: B::Mat,
     tape: LayerTape<B>,
+    /// The partition's columns as rows (what layer 0 ran on).
+    columns: Graph<B>,
 }
 
 impl<'a, B: Backend> Executor<'a, B> {
@@ -131,7 +133,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let columns = self.parts[q].graph.columns_only();
         let (x, tape) = self.model.layer_forward(self.b, &columns, 0, &pre, Some(&pre), train, epoch);
         self.stats.compute_s += t.elapsed().as_secs_f64();
-        Ok(Layer0Columns { x, pre, tape })
+        Ok(Layer0Columns { x, pre, tape, columns })
     }
 
     /// Layers 1 (unsplit) and 0 backward on partition `q` when [`Executor::fused`]: layer 0
@@ -147,7 +149,8 @@ impl<'a, B: Backend> Executor<'a, B> {
     ) -> Result<(), TrainError> {
         let b = self.b;
         let top = self.model.layers() == 2;
-        let Layer0Columns { x: x1, pre, tape: tape0 } = self.layer0_columns(q, q + 1, true, epoch)?;
+        let Layer0Columns { x: x1, pre, tape: tape0, columns } =
+            self.layer0_columns(q, q + 1, true, epoch)?;
         if !top {
             self.prefetch(BlockKind::Grad, 2, q + 1, false, &[])?;
         }
@@ -162,7 +165,6 @@ impl<'a, B: Backend> Executor<'a, B> {
         let dx1 =
             self.model.layer_backward(b, g, 1, &x1, None, tape, &dy, true, None).expect("an input gradient");
         drop((x1, dy));
-        let columns = self.parts[q].graph.columns_only();
         let dx0 = self.model.layer_backward(b, &columns, 0, &pre, Some(&pre), tape0, &dx1, false, None);
         assert!(dx0.is_none(), "layer 0 makes no input gradient");
         self.stats.compute_s += t.elapsed().as_secs_f64();
