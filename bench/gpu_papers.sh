@@ -5,6 +5,7 @@
 # its epoch lines, phases and peaks.
 #
 #   SCALE=0.5 DTYPE=f16 [BAR=1] [PREDICT=1] [RATES=1] bench/gpu_papers.sh [TRAIN FLAGS...]   e.g. --parts 32 --gpu-mem 48GiB
+#   (PREDICT=1: predict from the model trained, with predict's defaults; PREDICT_WHAT="class all" only that one)
 #   (RATES=1: `bench rates --device cuda` first, so that train prints the cost model's epoch beside epoch 1's)
 #   (BAR=1: train's defaults but the model; no flags: the budgets the run chooses from the machine; TAG names the run's files, so that
 #   several runs of one call keep theirs)
@@ -55,7 +56,8 @@ PY
 [ -z "${PREDICT:-}" ] || common+=(--save-model "$data/m.safetensors")
 run "${TAG:-new}" .gpu/bin/grinnder "$@"
 if [ -n "${PREDICT:-}" ]; then # PREDICT=1: every node's class, then the test split's logits
-  for what in "class all" "logits test"; do
+  IFS=, read -ra whats <<< "${PREDICT_WHAT:-class all,logits test}"
+  for what in "${whats[@]}"; do
     set -- $what
     /usr/bin/time -f "predict $1 of $2: %e s wall, peak RSS %M kB" .gpu/bin/grinnder predict "$data/g.grnd" \
       --model-file "$data/m.safetensors" --device cuda --output "$1" --nodes "$2" --out "$data/pred-$1" \

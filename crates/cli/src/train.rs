@@ -672,6 +672,8 @@ pub fn mode_of<'a, B: Backend>(
                 device_cache_bytes: None,
                 host_auto: t.host_auto.clone(),
                 auto_parts: t.auto_parts,
+                // (a model file's trainer sets it: Trainer::for_model)
+                inference: false,
             };
             match groups {
                 Some(groups) => Mode::Ranks { tiered, groups, device, expansion: plan.expansion },

@@ -122,6 +122,20 @@ fn predictions_equal_the_in_memory_forward_for_any_partitioning_and_tier() {
 }
 
 #[test]
+fn a_trainer_set_up_to_predict_refuses_to_train_naming_why() {
+    // its plan keeps no room for gradients (a training pass there could exceed the budgets)
+    let ds = dataset(5);
+    let b = Cpu::<f32>::new();
+    let file = trained(&ds, &config(Kind::Gcn, 2, 16, Norm::None, false));
+    for mode in [Mode::FullGraph, Mode::Tiered(tiered(3))] {
+        let mut t = Trainer::for_model(&b, &ds, &file, mode).unwrap();
+        let e = t.train_epoch().expect_err("refused").to_string();
+        assert!(e.contains("set up from a model file to predict") && e.contains("for training"), "{e}");
+        assert_eq!(t.epochs_done(), 0);
+    }
+}
+
+#[test]
 fn a_first_layer_run_inside_the_second_gives_its_embedding_too() {
     // GCN, hidden wider than the classes: layer 0 runs inside layer 1's transform (fused)
     let ds = dataset(5);
@@ -136,6 +150,22 @@ fn a_first_layer_run_inside_the_second_gives_its_embedding_too() {
     assert_close(&got.values, &want.values, 1e-5, "fused layer 0");
     let logits = predict(&mut t, Output::Logits, n);
     assert_close(&logits.values, &predict(&mut whole, Output::Logits, n).values, 1e-5, "fused logits");
+    // 3 layers wider than the classes: layer 0 over layer 1's columns and layer 2's transform
+    // inside layer 1, so neither layer 0's nor layer 1's output is a block
+    let file = trained(&ds, &config(Kind::Gcn, 3, 64, Norm::None, false));
+    let mut whole = Trainer::for_model(&b, &ds, &file, Mode::FullGraph).unwrap();
+    for parts in [1, 4] {
+        let mut t = Trainer::for_model(&b, &ds, &file, Mode::Tiered(tiered(parts))).unwrap();
+        for o in [Output::Embedding(0), Output::Embedding(1), Output::Logits] {
+            let want = predict(&mut whole, o, n);
+            assert_close(
+                &predict(&mut t, o, n).values,
+                &want.values,
+                1e-5,
+                &format!("3 layers, P={parts}, {o:?}"),
+            );
+        }
+    }
 }
 
 #[test]

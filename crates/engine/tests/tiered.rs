@@ -235,14 +235,56 @@ fn gcn_layer_0_over_an_unsplit_layer_1s_columns_is_exact() {
 }
 
 #[test]
+fn gcn_layer_2s_transform_inside_layer_1_is_exact() {
+    // 3 layers of 64 over 40 classes: layer 1 runs unsplit over its columns (layer 0 inside
+    // it) and layer 2 split; layer 2's transform runs where layer 1 makes its rows, and its
+    // backward where layer 1's backward remakes them, so neither layer 2's input nor its
+    // gradient is a block: layer 0's aggregation and layer 2's transformed rows and their
+    // gradient are all, and all exist at once (the aggregation's backward)
+    let ds = dataset();
+    let dir = tempfile::tempdir().unwrap();
+    for norm in [Norm::None, Norm::Layer] {
+        let cfg = ModelConfig { layers: 3, hidden: 64, norm, residual: false, ..model(Kind::Gcn, 0.0) };
+        assert!(cfg.hidden > ds.num_classes as usize && cfg.dropout > 0.0);
+        for parts in [1, 3, 8] {
+            let what = format!("{norm:?}, P={parts}");
+            let base = TieredConfig::in_ram(parts, Method::Random { seed: 1 });
+            let b = Cpu::<f32>::new();
+            let ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &base).unwrap();
+            assert!(ex.fused(), "{what}");
+            let groups = ex.block_groups();
+            let kinds: Vec<(BlockKind, usize)> = groups.iter().map(|g| (g.kind, g.layer)).collect();
+            assert_eq!(
+                kinds,
+                [(BlockKind::Xw, 2), (BlockKind::GradXw, 2), (BlockKind::Pre, 0)],
+                "{what}: {groups:?}"
+            );
+            let spill = TieredConfig {
+                cache_bytes: Some(100_000),
+                storage_dir: Some(dir.path().to_path_buf()),
+                ..base.clone()
+            };
+            let all: u64 = groups.iter().map(|g| g.bytes).sum();
+            let ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &spill).unwrap();
+            assert_eq!(ex.plan.host_block_bytes, Some(all), "{what}");
+            check(&ds, &cfg, &base, &what);
+            check(&ds, &cfg, &spill, &format!("{what}, storage"));
+            let tier = TieredConfig { device_cache_bytes: Some(60_000), ..spill };
+            check(&ds, &cfg, &tier, &format!("{what}, device tier over storage"));
+        }
+    }
+}
+
+#[test]
 fn blocks_go_once_spent_so_the_host_holds_fewer_than_an_epoch_makes() {
-    // GCN, 3 layers of 64 over 40 classes: layer 2 runs split. Its transformed rows go once
+    // GCN, 4 layers of 64 over 40 classes: layer 3 runs split. Its transformed rows go once
     // their gradient is complete, its input and that gradient partition by partition as the
-    // transform's backward reads them, so layer 2's input gradient never exists beside all
-    // of them: the host holds at most every block but that one, and the plan says so
+    // transform's backward reads them, so layer 3's input gradient never exists beside all
+    // of them (nor layer 2's, made after): the host holds at most every block but those
+    // two, and the plan says so
     let ds = dataset();
     let cfg =
-        ModelConfig { layers: 3, hidden: 64, norm: Norm::None, residual: false, ..model(Kind::Gcn, 0.0) };
+        ModelConfig { layers: 4, hidden: 64, norm: Norm::None, residual: false, ..model(Kind::Gcn, 0.0) };
     assert!(cfg.hidden > ds.num_classes as usize);
     let dir = tempfile::tempdir().unwrap();
     let b = Cpu::<f32>::new();
@@ -255,11 +297,59 @@ fn blocks_go_once_spent_so_the_host_holds_fewer_than_an_epoch_makes() {
         let ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tc).unwrap();
         let groups = ex.block_groups();
         let all: u64 = groups.iter().map(|g| g.bytes).sum();
-        let grad2: u64 =
-            groups.iter().filter(|g| (g.kind, g.layer) == (BlockKind::Grad, 2)).map(|g| g.bytes).sum();
-        assert!(grad2 > 0, "P={parts}: {groups:?}");
-        assert_eq!(ex.plan.host_block_bytes, Some(all - grad2), "P={parts}");
+        let grad = |l: usize| -> u64 {
+            groups.iter().filter(|g| (g.kind, g.layer) == (BlockKind::Grad, l)).map(|g| g.bytes).sum()
+        };
+        assert!(grad(2) > 0 && grad(3) > 0, "P={parts}: {groups:?}");
+        assert_eq!(ex.plan.host_block_bytes, Some(all - grad(2) - grad(3)), "P={parts}");
         check(&ds, &cfg, &tc, &format!("P={parts}, cache {cache}"));
+    }
+}
+
+#[test]
+fn a_prediction_plans_no_gradient_block() {
+    // the same model planned to predict (a model file's forward): no gradient block is
+    // listed, placed or counted
+    let ds = dataset();
+    let cfg =
+        ModelConfig { layers: 4, hidden: 64, norm: Norm::None, residual: false, ..model(Kind::Gcn, 0.0) };
+    let dir = tempfile::tempdir().unwrap();
+    let b = Cpu::<f32>::new();
+    for parts in [1, 4] {
+        let train = TieredConfig {
+            cache_bytes: Some(300_000),
+            storage_dir: Some(dir.path().to_path_buf()),
+            ..TieredConfig::in_ram(parts, Method::Random { seed: 1 })
+        };
+        let predict = TieredConfig { inference: true, ..train.clone() };
+        let trains = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &train).unwrap();
+        let predicts = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &predict).unwrap();
+        let groups = predicts.block_groups();
+        assert!(
+            groups.iter().all(|g| !matches!(g.kind, BlockKind::Grad | BlockKind::GradXw)),
+            "P={parts}: {groups:?}"
+        );
+        let forward: u64 = trains
+            .block_groups()
+            .iter()
+            .filter(|g| !matches!(g.kind, BlockKind::Grad | BlockKind::GradXw))
+            .map(|g| g.bytes)
+            .sum();
+        assert_eq!(groups.iter().map(|g| g.bytes).sum::<u64>(), forward, "P={parts}");
+        assert_eq!(predicts.plan.block_bytes, forward, "P={parts}");
+        // and without a backward, a layer's input goes once read: layer 3's transform removes
+        // its input (64 wide) partition by partition as it makes the narrower rows (40), so
+        // the most at once is layer 0's aggregation beside layer 2's input and output
+        let bytes = |kind: BlockKind, layer: usize| -> u64 {
+            groups.iter().filter(|g| (g.kind, g.layer) == (kind, layer)).map(|g| g.bytes).sum()
+        };
+        let (pre, act2, act3) =
+            (bytes(BlockKind::Pre, 0), bytes(BlockKind::Act, 2), bytes(BlockKind::Act, 3));
+        let xw3 = bytes(BlockKind::Xw, 3);
+        assert!(pre > 0 && act2 > 0 && act3 > xw3 && xw3 > 0, "P={parts}: {groups:?}");
+        assert_eq!(forward, pre + act2 + act3 + xw3, "P={parts}: {groups:?}");
+        assert_eq!(predicts.plan.host_block_bytes, Some(pre + act2 + act3), "P={parts}");
+        assert!(trains.plan.host_block_bytes.unwrap() > forward, "P={parts}");
     }
 }
 

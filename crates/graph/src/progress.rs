@@ -181,6 +181,8 @@ fn start_watch() {
 /// ([`activity_begin`], [`activity_phase`], [`activity_step`], [`activity_bytes`]); a caller
 /// that shows progress reads [`activity`]. Relaxed atomics: a ticker's view may lag a step.
 struct Activity {
+    /// The pass the phase belongs to, where not the training pass ("evaluation").
+    pass: std::sync::Mutex<&'static str>,
     phase: std::sync::Mutex<String>,
     steps: std::sync::atomic::AtomicU64,
     /// (bytes counted before the reporter's counter last restarted, its last reading)
@@ -188,6 +190,7 @@ struct Activity {
 }
 
 static ACTIVITY: Activity = Activity {
+    pass: std::sync::Mutex::new(""),
     phase: std::sync::Mutex::new(String::new()),
     steps: std::sync::atomic::AtomicU64::new(0),
     bytes: std::sync::Mutex::new((0, 0)),
@@ -197,7 +200,14 @@ static ACTIVITY: Activity = Activity {
 pub fn activity_begin() {
     ACTIVITY.steps.store(0, Ordering::Relaxed);
     *ACTIVITY.bytes.lock().unwrap_or_else(|e| e.into_inner()) = (0, 0);
+    activity_pass("");
     activity_phase("");
+}
+
+/// The pass under way within the same step, where not the training pass (an epoch's
+/// "evaluation" after its training pass): it names the phases [`activity`] reports.
+pub fn activity_pass(pass: &'static str) {
+    *ACTIVITY.pass.lock().unwrap_or_else(|e| e.into_inner()) = pass;
 }
 
 /// The phase now under way (e.g. "forward aggregation of layer 1").
@@ -224,7 +234,11 @@ pub fn activity_bytes(count: u64) {
 
 /// (phase, partition steps done, bytes moved) of the long step under way.
 pub fn activity() -> (String, u64, u64) {
-    let p = ACTIVITY.phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut p = ACTIVITY.phase.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let pass = *ACTIVITY.pass.lock().unwrap_or_else(|e| e.into_inner());
+    if !pass.is_empty() {
+        p = if p.is_empty() { pass.to_string() } else { format!("{pass}: {p}") };
+    }
     let (before, now) = *ACTIVITY.bytes.lock().unwrap_or_else(|e| e.into_inner());
     (p, ACTIVITY.steps.load(Ordering::Relaxed), before + now)
 }
@@ -232,6 +246,19 @@ pub fn activity() -> (String, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_evaluations_phases_say_so() {
+        activity_begin();
+        activity_phase("forward of layer 1 done");
+        assert_eq!(activity().0, "forward of layer 1 done");
+        activity_pass("evaluation");
+        assert_eq!(activity().0, "evaluation: forward of layer 1 done");
+        activity_phase("");
+        assert_eq!(activity().0, "evaluation");
+        activity_begin();
+        assert_eq!(activity().0, "", "a new step is a training pass again");
+    }
 
     #[test]
     fn a_long_phase_is_announced_off_a_terminal_and_every_phase_is_timed() {

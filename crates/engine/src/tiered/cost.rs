@@ -515,16 +515,19 @@ impl<B: Backend> Walk<'_, '_, B> {
     }
 
     /// [`Executor::forward_to`] of every layer.
-    fn forward(&mut self) {
+    fn forward(&mut self, train: bool) {
         let layers = self.ex.model.layers();
         let fused = self.ex.fused;
+        let inside = self.ex.fused_transform();
         for l in 0..layers {
             let top = l + 1 == layers;
             if l == 0 && fused {
                 continue;
             }
+            let spent = !train && self.ex.forward_input_is_block(l);
             if self.ex.split(l) {
-                for q in self.ex.local.clone() {
+                let read_again = self.ex.model.split_reads_own_input(l);
+                for q in if l == 2 && inside { 0..0 } else { self.ex.local.clone() } {
                     if l == 1 && fused {
                         self.inputs(0, q);
                         self.prefetch(BlockKind::Act, 0, q + 1, false, &[]);
@@ -536,6 +539,9 @@ impl<B: Backend> Walk<'_, '_, B> {
                     }
                     let w = self.ex.model.split_work(l, self.shape(q)).transform;
                     self.compute(q, w);
+                    if spent && !read_again {
+                        self.remove_one(BlockId { kind: BlockKind::Act, layer: l, part: q });
+                    }
                     self.put(BlockKind::Xw, l, q);
                 }
             }
@@ -544,7 +550,20 @@ impl<B: Backend> Walk<'_, '_, B> {
             }
             for q in self.ex.local.clone() {
                 self.output(l, q);
-                self.put(BlockKind::Act, l + 1, q);
+                if l == 1 && inside {
+                    let w = self.ex.model.split_work(2, self.shape(q)).transform;
+                    self.compute(q, w);
+                    self.put(BlockKind::Xw, 2, q);
+                } else {
+                    self.put(BlockKind::Act, l + 1, q);
+                }
+            }
+            if !train {
+                // (Executor::remove_layer_inputs)
+                self.remove(BlockKind::Xw, l);
+                if spent {
+                    self.remove(BlockKind::Act, l);
+                }
             }
         }
     }
@@ -590,7 +609,7 @@ impl<B: Backend> Walk<'_, '_, B> {
     /// [`Executor::evaluate_pass`]: the hidden layers, then the output layer's rows partition
     /// by partition ([`Executor::output_rows`]), then the forward blocks removed.
     fn evaluate(&mut self) {
-        self.forward();
+        self.forward(false);
         let layers = self.ex.model.layers();
         let l = layers - 1;
         for q in self.ex.local.clone() {
@@ -606,6 +625,7 @@ impl<B: Backend> Walk<'_, '_, B> {
     fn backward(&mut self) {
         let layers = self.ex.model.layers();
         let fused = self.ex.fused;
+        let inside = self.ex.fused_transform();
         for l in (0..layers).rev() {
             let top = l + 1 == layers;
             let next_grad: &[BlockKind] = if top { &[] } else { &[BlockKind::Grad] };
@@ -632,7 +652,9 @@ impl<B: Backend> Walk<'_, '_, B> {
                 }
                 self.remove(BlockKind::Xw, l);
                 let input_spent = self.ex.input_spent_after_transform(l);
-                for q in self.ex.local.clone() {
+                // (layer 2's transform backward inside layer 1's where fused_transform)
+                let transforms = if l == 2 && inside { 0..0 } else { self.ex.local.clone() };
+                for q in transforms {
                     let w = self.ex.model.split_work(l, self.shape(q)).transform_back;
                     if l == 1 && fused {
                         self.inputs(0, q);
@@ -656,8 +678,9 @@ impl<B: Backend> Walk<'_, '_, B> {
                         self.write_back(BlockKind::Grad, l, q, self.shape(q).rows);
                     }
                 }
-                self.remove(BlockKind::Xw, l);
-                self.remove(BlockKind::GradXw, l);
+                if !(l == 2 && inside) {
+                    self.remove(BlockKind::GradXw, l);
+                }
             } else {
                 let on_pre = l == 0 && self.ex.pre;
                 let from_output = self.ex.model.backward_from_output(l, on_pre);
@@ -667,12 +690,18 @@ impl<B: Backend> Walk<'_, '_, B> {
                     if l == 1 && fused {
                         // [`Executor::fused_columns_backward`]
                         self.layer0_columns(q);
-                        if !top {
+                        let (w, layer0) = (self.layer_work(1, q), self.columns_work(q));
+                        let mut work = w.forward.and(w.backward).and(layer0.backward);
+                        if inside {
+                            self.prefetch(BlockKind::GradXw, 2, q + 1, false, &[]);
+                            self.own(BlockKind::GradXw, 2, q);
+                            work = work.and(self.ex.model.split_work(2, self.shape(q)).transform_back);
+                            self.remove_one(BlockId { kind: BlockKind::GradXw, layer: 2, part: q });
+                        } else if !top {
                             self.prefetch(BlockKind::Grad, 2, q + 1, false, &[]);
                             self.own(BlockKind::Grad, 2, q);
                         }
-                        let (w, layer0) = (self.layer_work(1, q), self.columns_work(q));
-                        self.compute(q, w.forward.and(w.backward).and(layer0.backward));
+                        self.compute(q, work);
                         continue;
                     }
                     self.inputs(l, q);
@@ -698,47 +727,10 @@ impl<B: Backend> Walk<'_, '_, B> {
             if !top {
                 self.remove(BlockKind::Act, l + 1);
             }
-        }
-    }
-}
-
-/// The blocks of one kind and layer, and how many of them the GPU tier holds.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct BlockGroup {
-    pub kind: BlockKind,
-    pub layer: usize,
-    pub blocks: usize,
-    pub bytes: u64,
-    pub on_device: usize,
-    pub on_device_bytes: u64,
-}
-
-impl<B: Backend> Executor<'_, B> {
-    /// The blocks an epoch makes by kind and layer, with the GPU tier's share (the rest live in
-    /// the host cache, spilling to storage beyond its budget), in the order of placement.
-    pub fn block_groups(&self) -> Vec<BlockGroup> {
-        let mut out: Vec<BlockGroup> = Vec::new();
-        for (id, bytes) in self.block_list() {
-            if out.last().is_none_or(|g| (g.kind, g.layer) != (id.kind, id.layer)) {
-                let g = BlockGroup {
-                    kind: id.kind,
-                    layer: id.layer,
-                    blocks: 0,
-                    bytes: 0,
-                    on_device: 0,
-                    on_device_bytes: 0,
-                };
-                out.push(g);
-            }
-            let g = out.last_mut().expect("pushed");
-            g.blocks += 1;
-            g.bytes += bytes;
-            if self.tiers.on_device(id) {
-                g.on_device += 1;
-                g.on_device_bytes += bytes;
+            if l == 1 && inside {
+                self.remove(BlockKind::GradXw, 2);
             }
         }
-        out
     }
 }
 
@@ -842,7 +834,7 @@ impl<B: Backend> Executor<'_, B> {
         for _ in 0..2 {
             w.ledger.traffic = Traffic::default();
             w.work = vec![Work::default(); parts];
-            w.forward();
+            w.forward(true);
             w.backward();
         }
         let epoch = (
@@ -859,11 +851,15 @@ impl<B: Backend> Executor<'_, B> {
     /// must hold together (every block an epoch makes, summed, is more: GCN with 3 layers of
     /// 256 over 128-wide features and 172 classes makes 984 width-rows of blocks an epoch, at
     /// most 728 of them at once without a GPU tier).
+    /// Where the executor only predicts ([`TieredConfig::inference`]), the first blocks and
+    /// an evaluation's forward: a prediction's pass makes no more.
     pub(super) fn peak_host_block_bytes(&self) -> u64 {
         let mut w = self.walker();
         w.first_blocks();
-        w.forward();
-        w.backward();
+        if !self.inference {
+            w.forward(true);
+            w.backward();
+        }
         w.evaluate();
         w.ledger.peak
     }

@@ -80,11 +80,12 @@ use grinnder_partition::{partition_cached, Method, PartitionedGraph, Partitionin
 use grinnder_tensor::{Backend, Mat, MatComm, Rows, Scalar, SparseMatrix};
 use serde::Serialize;
 
-pub use cost::{BlockGroup, Prediction, Seconds, Traffic};
+pub use cost::{Prediction, Seconds, Traffic};
 use dist::*;
 pub use dist::{shared_partitioning, CommStats, DeviceComms, DistConfig, HostMats, SubgraphOf};
 pub(crate) use dist::{sum_gradients, Reducer};
 pub use files::Faults;
+pub use placement::BlockGroup;
 use plan::*;
 pub use plan::{DevicePlan, Plan};
 pub use predict::Emit;
@@ -126,6 +127,9 @@ pub struct TieredConfig {
     /// `parts` was chosen, not given: where a working set does not fit the budgets, the
     /// executor doubles it and plans again.
     pub auto_parts: bool,
+    /// The executor only runs forward passes (a model file's predictions): its plan counts,
+    /// places and keeps room for no gradient block, and a training pass is refused.
+    pub inference: bool,
 }
 
 /// The host memory a run may use when no budget was given: every block stays in RAM while
@@ -166,6 +170,7 @@ impl TieredConfig {
             device_cache_bytes: None,
             host_auto: None,
             auto_parts: false,
+            inference: false,
         }
     }
 }
@@ -290,6 +295,8 @@ pub struct Executor<'a, B: Backend> {
     /// Layer 0 runs on `Â x` precomputed per partition (GCN, SAGE without input dropout; see
     /// `Executor::new_dist`).
     pre: bool,
+    /// Planned for forward passes alone ([`TieredConfig::inference`]).
+    inference: bool,
     pub partitioning: Partitioning,
     pub plan: Plan,
     stats: PhaseStats,

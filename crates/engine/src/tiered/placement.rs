@@ -7,12 +7,12 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Every block an epoch makes, in the order of bus transfers saved per byte when kept on
     /// the device: hidden activations (written once, read up to three times), the split layers'
     /// narrow rows and their gradients (each read with halo rows), layer 0's aggregation and
-    /// the features (read twice, never rewritten), then gradients (written once, read once);
-    /// with each block's bytes at full precision.
+    /// the features (read twice, never rewritten), then gradients (written once, read once;
+    /// none where the executor only predicts); with each block's bytes at full precision.
     pub(super) fn block_list(&self) -> Vec<(BlockId, u64)> {
         let elem = std::mem::size_of::<B::T>() as u64;
         let mut out = Vec::new();
-        for (kind, layer, d) in block_kinds(&self.model, self.pre, self.fused) {
+        for (kind, layer, d) in block_kinds(&self.model, self.pre, self.fused, !self.inference) {
             for (part, p) in self.parts.iter().enumerate() {
                 out.push((BlockId { kind, layer, part }, p.own as u64 * d as u64 * elem));
             }
@@ -30,6 +30,19 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// tier holds every block without it).
     pub fn fused(&self) -> bool {
         self.fused
+    }
+
+    /// Whether layer 2's transform runs inside layer 1 too, where layer 0 runs over an unsplit
+    /// layer 1's columns ([`Executor::fused`]) and layer 2 runs split on its transformed rows
+    /// alone (GCN with 3 layers or more, hidden wider than the layer after): layer 1's output
+    /// rows are transformed where they are made, so layer 2's input is never a block; the
+    /// backward remakes those rows in layer 1's backward anyway ([`Executor::fused_columns_backward`])
+    /// and runs layer 2's transform backward there, so neither is its gradient. Papers-like at
+    /// full size with 3 GCN layers of 256: 472 of 984 width-rows of blocks (as bf16, 97.6 of
+    /// 203.6 GiB), by the same arithmetic as [`Executor::fusible`]'s. No work is added: the
+    /// same products run, in another place.
+    pub(super) fn fused_transform(&self) -> bool {
+        self.fused && transform_fusible(&self.model, self.pre)
     }
 
     /// Whether layer 0 can run inside layer 1, partition by partition: layer 0 reads only its
@@ -323,5 +336,45 @@ impl<'a, B: Backend> Executor<'a, B> {
             return Ok(());
         }
         self.tiers.store.remove(id).map_err(io_err)
+    }
+}
+
+/// The blocks of one kind and layer, and how many of them the GPU tier holds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BlockGroup {
+    pub kind: BlockKind,
+    pub layer: usize,
+    pub blocks: usize,
+    pub bytes: u64,
+    pub on_device: usize,
+    pub on_device_bytes: u64,
+}
+
+impl<B: Backend> Executor<'_, B> {
+    /// The blocks an epoch makes by kind and layer, with the GPU tier's share (the rest live in
+    /// the host cache, spilling to storage beyond its budget), in the order of placement.
+    pub fn block_groups(&self) -> Vec<BlockGroup> {
+        let mut out: Vec<BlockGroup> = Vec::new();
+        for (id, bytes) in self.block_list() {
+            if out.last().is_none_or(|g| (g.kind, g.layer) != (id.kind, id.layer)) {
+                let g = BlockGroup {
+                    kind: id.kind,
+                    layer: id.layer,
+                    blocks: 0,
+                    bytes: 0,
+                    on_device: 0,
+                    on_device_bytes: 0,
+                };
+                out.push(g);
+            }
+            let g = out.last_mut().expect("pushed");
+            g.blocks += 1;
+            g.bytes += bytes;
+            if self.tiers.on_device(id) {
+                g.on_device += 1;
+                g.on_device_bytes += bytes;
+            }
+        }
+        out
     }
 }

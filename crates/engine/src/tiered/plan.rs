@@ -68,26 +68,44 @@ pub(super) fn fusible<B: Backend>(model: &Model<B>, pre: bool) -> bool {
     pre && !model.reads_input_beside_pre() && model.layers() >= 2 && layer1
 }
 
+/// See [`Executor::fused_transform`]: layer 0 inside an unsplit layer 1 (over its columns),
+/// and a layer 2 that runs split and reads only its transformed rows.
+pub(super) fn transform_fusible<B: Backend>(model: &Model<B>, pre: bool) -> bool {
+    fusible(model, pre)
+        && model.layers() >= 3
+        && !model.split(1, false)
+        && model.split(2, false)
+        && !model.split_reads_own_input(2)
+}
+
 /// The kinds of block an epoch makes, as (kind, layer, width), in [`Executor::block_list`]'s
-/// order.
+/// order; without `grads` (forward passes alone: [`TieredConfig::inference`]) no gradient's.
 pub(super) fn block_kinds<B: Backend>(
     model: &Model<B>,
     pre: bool,
     fused: bool,
+    grads: bool,
 ) -> Vec<(BlockKind, usize, usize)> {
     let layers = model.layers();
     let split: Vec<usize> = (0..layers).filter(|&l| model.split(l, l == 0 && pre)).collect();
     let first_hidden = if fused { 2 } else { 1 };
-    let mut kinds: Vec<(BlockKind, usize)> = (first_hidden..layers).map(|l| (BlockKind::Act, l)).collect();
+    // layer 2's input and its gradient are no blocks where its transform runs inside layer 1
+    let inside = fused && transform_fusible(model, pre);
+    let hidden = (first_hidden..layers).filter(|&l| !(inside && l == 2));
+    let mut kinds: Vec<(BlockKind, usize)> = hidden.clone().map(|l| (BlockKind::Act, l)).collect();
     kinds.extend(split.iter().map(|&l| (BlockKind::Xw, l)));
-    kinds.extend(split.iter().map(|&l| (BlockKind::GradXw, l)));
+    if grads {
+        kinds.extend(split.iter().map(|&l| (BlockKind::GradXw, l)));
+    }
     if pre {
         kinds.push((BlockKind::Pre, 0));
     }
     if keeps_features(model, pre) {
         kinds.push((BlockKind::Act, 0));
     }
-    kinds.extend((first_hidden..layers).map(|l| (BlockKind::Grad, l)));
+    if grads {
+        kinds.extend(hidden.map(|l| (BlockKind::Grad, l)));
+    }
     kinds
         .into_iter()
         .map(|(kind, layer)| {
@@ -138,9 +156,14 @@ pub(super) fn device_elems<B: Backend>(model: &Model<B>, p: &Part<B>, pre: bool,
             (l, true) => model.split_held(l, s) + if l == 0 { s.rows * d(0) } else { 0 },
             (1, false) if fused => {
                 // layer 0 over the columns ([`Executor::layer0_columns`]): its input and output
-                // rows and its tape's copy of the output beside layer 1, then its backward
+                // rows and its tape's copy of the output beside layer 1, then its backward;
+                // with layer 2's transform inside, its rows and their gradient's (and the
+                // next partition's, read ahead)
                 let columns = Shape { rows: s.cols, ..s };
-                s.cols * (d(0) + 2 * d(1)) + model.layer_held(1, s, false).max(model.layer_held(0, columns, true))
+                let inside = if transform_fusible(model, pre) { 3 * s.rows * d(3) } else { 0 };
+                s.cols * (d(0) + 2 * d(1))
+                    + inside
+                    + model.layer_held(1, s, false).max(model.layer_held(0, columns, true))
             }
             (0, false) if pre => pre_inputs + model.layer_held(0, own, true),
             (l, false) => (s.cols * d(l) + model.layer_held(l, s, false)).max(2 * s.cols * d(l)),
@@ -249,7 +272,7 @@ pub(super) fn make_plan<B: Backend>(
         .fold((0, 0), |(h, d), (ph, pd)| (h.max(ph), d.max(pd)));
     let layer_bytes = |l: usize| nodes * model.dim(l) as u64 * elem_tier;
     let (block_bytes, block_bytes_without_input_dropout, largest_block) =
-        block_figures(model, parts, pre, elem_tier);
+        block_figures(model, parts, pre, elem_tier, !tc.inference);
     let largest = (1..layers).map(layer_bytes).max().unwrap_or(0);
     let working_bytes = working_bytes + if tc.storage_dir.is_some() { 2 * largest_block } else { 0 };
     let resident_bytes = crate::process::held_bytes(mapped_bytes);
@@ -283,7 +306,7 @@ pub(super) fn make_plan<B: Backend>(
     }
 }
 
-/// Every block an epoch makes, all at once (an upper bound: spent blocks go, see
+/// Every block an epoch makes (a forward pass, without `grads`), all at once (an upper bound: spent blocks go, see
 /// [`Plan::host_block_bytes`]), with layer 0 inside layer 1 where it can be (a GPU tier that
 /// undoes that holds those blocks); the same without input dropout, where it alone keeps layer
 /// 0 from its aggregation computed once and that takes fewer blocks; and the largest block.
@@ -292,10 +315,11 @@ fn block_figures<B: Backend>(
     parts: &[Part<B>],
     pre: bool,
     elem_tier: u64,
+    grads: bool,
 ) -> (u64, Option<u64>, u64) {
     let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
     let blocks_of = |pre: bool| -> u64 {
-        block_kinds(model, pre, fusible(model, pre))
+        block_kinds(model, pre, fusible(model, pre), grads)
             .iter()
             .map(|&(_, _, d)| nodes * d as u64 * elem_tier)
             .sum()
@@ -308,7 +332,7 @@ fn block_figures<B: Backend>(
     // with a storage tier the store holds one block beyond its budget (the one in use), and
     // reading a block holds its file buffer (kept for the next read) beside the decoded
     // block: two of the largest
-    let widest = block_kinds(model, pre, fusible(model, pre)).iter().map(|&(_, _, d)| d as u64).max();
+    let widest = block_kinds(model, pre, fusible(model, pre), grads).iter().map(|&(_, _, d)| d as u64).max();
     let largest_block =
         parts.iter().map(|p| p.own as u64).max().unwrap_or(0) * widest.unwrap_or(0) * elem_tier;
     (block_bytes, without, largest_block)

@@ -44,9 +44,11 @@ impl<'a, B: Backend> Executor<'a, B> {
         emit: &mut Emit<'_>,
     ) -> Result<(), TrainError> {
         let layers = self.model.layers();
-        // layer 0's output is no block when it runs inside layer 1: made per partition below
+        // layer 0's output is no block when it runs inside layer 1, nor layer 1's where layer
+        // 2's transform runs inside it: made per partition below
         let fused0 = upto == 1 && self.fused;
-        if !fused0 {
+        let fused1 = upto == 2 && self.fused_transform();
+        if !fused0 && !fused1 {
             self.forward_to(upto, false, 0)?;
         }
         let todo: Vec<usize> =
@@ -61,6 +63,8 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.output_rows(q, next, 0)?
             } else if fused0 {
                 self.layer0(q, false, 0)?
+            } else if fused1 {
+                self.layer1_over_columns(q, next.unwrap_or(usize::MAX), 0)?
             } else {
                 let own = self.own(BlockKind::Act, upto, q)?;
                 self.prefetch(BlockKind::Act, upto, next.unwrap_or(usize::MAX), false, &[])?;
@@ -86,7 +90,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         if let Some(pb) = pb {
             pb.finish_and_clear();
         }
-        if !fused0 {
+        if !fused0 && !fused1 {
             self.remove_forward_blocks(upto)?;
         }
         Ok(())

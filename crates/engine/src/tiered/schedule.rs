@@ -30,13 +30,20 @@ impl<'a, B: Backend> Executor<'a, B> {
         let b = self.b;
         let layers = self.model.layers();
         assert!(upto > 1 || !self.fused, "layer 0's output is never a block when fused");
+        let inside = self.fused_transform();
+        assert!(upto != 2 || !inside, "layer 1's output is never a block with layer 2's transform inside");
         for l in 0..upto.min(layers) {
             let top = l + 1 == layers;
             if l == 0 && self.fused {
                 continue;
             }
+            // without a backward to come, a layer's input goes once the layer read it
+            let spent = !train && self.forward_input_is_block(l);
             if self.split(l) {
-                for q in self.local.clone() {
+                let read_again = self.model.split_reads_own_input(l);
+                // (with layer 2's transform inside layer 1, its rows are made there)
+                let made = if l == 2 && inside { 0..0 } else { self.local.clone() };
+                for q in made {
                     let x = if l == 1 && self.fused {
                         Own::Copy(self.layer0(q, train, epoch)?)
                     } else {
@@ -48,10 +55,15 @@ impl<'a, B: Backend> Executor<'a, B> {
                     let h = self.model.split_transform(b, l, &x);
                     self.give_back(Some(x));
                     self.stats.compute_s += t.elapsed().as_secs_f64();
+                    if spent && !read_again {
+                        self.remove(act(l, q))?;
+                    }
                     self.put(BlockKind::Xw, l, q, h)?;
                 }
-                self.sync_mirrors(BlockKind::Xw, l)?;
-                self.mark("forward transform", l);
+                if !(l == 2 && inside) {
+                    self.sync_mirrors(BlockKind::Xw, l)?;
+                    self.mark("forward transform", l);
+                }
                 if top {
                     break;
                 }
@@ -71,6 +83,9 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
                 self.sync_act(l + 1)?;
                 self.mark("forward aggregation", l);
+                if !train {
+                    self.remove_layer_inputs(l, spent)?;
+                }
                 continue;
             }
             if top {
@@ -92,11 +107,46 @@ impl<'a, B: Backend> Executor<'a, B> {
                 let (y, tape) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), train, epoch);
                 drop(tape);
                 self.give_back_inputs(inp);
+                if l == 1 && inside {
+                    let h = self.model.split_transform(b, 2, &y);
+                    drop(y);
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    self.put(BlockKind::Xw, 2, q, h)?;
+                    continue;
+                }
                 self.stats.compute_s += t.elapsed().as_secs_f64();
                 self.put(BlockKind::Act, l + 1, q, y)?;
             }
-            self.sync_act(l + 1)?;
+            if l == 1 && inside {
+                self.sync_mirrors(BlockKind::Xw, 2)?;
+            } else {
+                self.sync_act(l + 1)?;
+            }
             self.mark("forward", l);
+            if !train {
+                self.remove_layer_inputs(l, spent)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether layer `l`'s input is a block a pass makes (a hidden layer's output): not the
+    /// features or layer 0's aggregation, made once for every pass, nor layer 1's input where
+    /// layer 0 runs inside layer 1, nor layer 2's where its transform runs inside layer 1
+    /// ([`Executor::fused_transform`]).
+    pub(super) fn forward_input_is_block(&self, l: usize) -> bool {
+        l >= 1 && !(l == 1 && self.fused) && !(l == 2 && self.fused_transform())
+    }
+
+    /// Removes what a forward pass without a backward is done with once layer `l` ran (not the
+    /// output layer): its transformed rows, and its input where `spent`
+    /// ([`Executor::forward_input_is_block`]), every partition's, mirrors included.
+    fn remove_layer_inputs(&mut self, l: usize, spent: bool) -> Result<(), TrainError> {
+        for q in 0..self.parts.len() {
+            self.remove(BlockId { kind: BlockKind::Xw, layer: l, part: q })?;
+            if spent {
+                self.remove(act(l, q))?;
+            }
         }
         Ok(())
     }
@@ -149,16 +199,31 @@ impl<'a, B: Backend> Executor<'a, B> {
     ) -> Result<(), TrainError> {
         let b = self.b;
         let top = self.model.layers() == 2;
+        let inside = self.fused_transform();
         let Layer0Columns { x: x1, pre, tape: tape0, columns } =
             self.layer0_columns(q, q + 1, true, epoch)?;
-        if !top {
+        if inside {
+            self.prefetch(BlockKind::GradXw, 2, q + 1, false, &[])?;
+        } else if !top {
             self.prefetch(BlockKind::Grad, 2, q + 1, false, &[])?;
         }
         let t = Instant::now();
         let g = &self.parts[q].graph;
         let (y, tape) = self.model.layer_forward(b, g, 1, &x1, None, true, epoch);
         self.stats.compute_s += t.elapsed().as_secs_f64();
-        let dy = self.output_grad(1, q, &y, loss, correct)?;
+        let dy = if inside {
+            // layer 2's transform backward on the rows just remade: its weight gradient, and
+            // the gradient of layer 1's output
+            let dh = self.own(BlockKind::GradXw, 2, q)?;
+            let t = Instant::now();
+            let dy = self.model.split_transform_backward(b, 2, &y, &dh, true).expect("an input gradient");
+            self.stats.compute_s += t.elapsed().as_secs_f64();
+            self.give_back(Some(dh));
+            self.remove(BlockId { kind: BlockKind::GradXw, layer: 2, part: q })?;
+            dy
+        } else {
+            self.output_grad(1, q, &y, loss, correct)?
+        };
         drop(y);
         let t = Instant::now();
         let g = &self.parts[q].graph;
@@ -176,12 +241,14 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// input made by layer 0 inside it), and the layer below recomputes its output rather than
     /// read this block as its ReLU mask ([`Model::backward_from_output`]).
     pub(super) fn input_spent_after_transform(&self, l: usize) -> bool {
-        l >= 1 && !(l == 1 && self.fused) && !self.model.backward_from_output(l - 1, l == 1 && self.pre)
+        self.forward_input_is_block(l) && !self.model.backward_from_output(l - 1, l == 1 && self.pre)
     }
 
     /// One training pass: accumulates every parameter's gradient (the caller zeroes them) and
     /// returns the summed training loss and the number of correct training predictions.
     pub fn forward_backward(&mut self, epoch: u64) -> Result<(f64, usize), TrainError> {
+        // (the trainer refuses first, naming the fix: see Trainer::for_model)
+        assert!(!self.inference, "a training pass on an executor planned to predict");
         self.guarded(|ex| ex.forward_backward_pass(epoch))
     }
 
@@ -258,9 +325,12 @@ impl<'a, B: Backend> Executor<'a, B> {
                 for q in 0..self.parts.len() {
                     self.remove(BlockId { kind: BlockKind::Xw, layer: l, part: q })?;
                 }
+                // (with layer 2's transform inside layer 1, its backward runs inside layer 1's,
+                // which removes each partition's dh once read: fused_columns_backward)
+                let inside = l == 2 && self.fused_transform();
                 let input_spent = self.input_spent_after_transform(l);
                 // transform backward, once every dh row is complete
-                for q in self.local.clone() {
+                for q in if inside { 0..0 } else { self.local.clone() } {
                     if l == 1 && self.fused {
                         self.fused_backward(q, epoch)?;
                         self.remove(BlockId { kind: BlockKind::GradXw, layer: l, part: q })?;
@@ -284,10 +354,11 @@ impl<'a, B: Backend> Executor<'a, B> {
                         self.stats.write_back_s += t.elapsed().as_secs_f64();
                     }
                 }
-                self.mark("backward transform", l);
-                for q in 0..self.parts.len() {
-                    self.remove(BlockId { kind: BlockKind::Xw, layer: l, part: q })?;
-                    self.remove(BlockId { kind: BlockKind::GradXw, layer: l, part: q })?;
+                if !inside {
+                    self.mark("backward transform", l);
+                    for q in 0..self.parts.len() {
+                        self.remove(BlockId { kind: BlockKind::GradXw, layer: l, part: q })?;
+                    }
                 }
             } else {
                 let from_output = self.model.backward_from_output(l, l == 0 && self.pre);
@@ -339,11 +410,15 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
                 self.mark("backward", l);
             }
-            // layer l + 1's blocks are spent
+            // layer l + 1's blocks are spent (and layer 2's dh where its transform's backward
+            // ran inside layer 1's: mirrors too)
             for q in 0..self.parts.len() {
                 self.remove(BlockId { kind: BlockKind::Grad, layer: l + 1, part: q })?;
                 if !top {
                     self.remove(act(l + 1, q))?;
+                }
+                if l == 1 && self.fused_transform() {
+                    self.remove(BlockId { kind: BlockKind::GradXw, layer: 2, part: q })?;
                 }
             }
         }
@@ -429,6 +504,9 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     pub(super) fn evaluate_pass(&mut self, epoch: u64) -> Result<[usize; 3], TrainError> {
         let b = self.b;
+        // (its steps count on in the epoch's: progress says which pass they are)
+        grinnder_graph::progress::activity_pass("evaluation");
+        grinnder_graph::progress::activity_phase("");
         self.forward_layers(false, epoch)?;
         let mut correct = [0usize; 3];
         for q in self.local.clone() {
@@ -463,19 +541,33 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.give_back(x);
             return Ok(y);
         }
-        let inp = if l == 1 && self.fused {
-            let x = self.layer0_columns(q, next, false, epoch)?.x;
-            Inputs { x: Some(Own::Copy(x)), pre: None }
-        } else {
-            let inp = self.inputs(l, q)?;
-            self.prefetch(BlockKind::Act, l, next, !(l == 0 && self.pre), &[])?;
-            inp
-        };
+        if l == 1 && self.fused {
+            return self.layer1_over_columns(q, next, epoch);
+        }
+        let inp = self.inputs(l, q)?;
+        self.prefetch(BlockKind::Act, l, next, !(l == 0 && self.pre), &[])?;
         let t = Instant::now();
         let g = &self.parts[q].graph;
         let (y, _) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), false, epoch);
         self.stats.compute_s += t.elapsed().as_secs_f64();
         self.give_back_inputs(inp);
+        Ok(y)
+    }
+
+    /// Layer 1's output rows of partition `q` without dropout where layer 0 runs over its
+    /// columns ([`Executor::layer0_columns`]; `next`: the partition whose inputs to start
+    /// loading): the output layer's, or rows that are never a block
+    /// ([`Executor::fused_transform`]).
+    pub(super) fn layer1_over_columns(
+        &mut self,
+        q: usize,
+        next: usize,
+        epoch: u64,
+    ) -> Result<B::Mat, TrainError> {
+        let x = self.layer0_columns(q, next, false, epoch)?.x;
+        let t = Instant::now();
+        let (y, _) = self.model.layer_forward(self.b, &self.parts[q].graph, 1, &x, None, false, epoch);
+        self.stats.compute_s += t.elapsed().as_secs_f64();
         Ok(y)
     }
 

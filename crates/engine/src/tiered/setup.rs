@@ -185,6 +185,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             calibrated: false,
             n_train: sub.map_or(ds.splits.train.len(), |s| s.n_train),
             pre,
+            inference: tc.inference,
             partitioning,
             plan,
             stats: PhaseStats::default(),

@@ -94,6 +94,9 @@ pub struct Trainer<'a, B: Backend> {
     last_loss: f64,
     /// The parameters of the best validation epoch (PyG's names), kept as it is reached.
     best_state: Option<Vec<Tensor>>,
+    /// Set up from a model file to predict ([`Trainer::for_model`]): the plan keeps no room
+    /// for gradients, so training is refused.
+    predicts_only: bool,
 }
 
 /// Which parameters a model file gets.
@@ -138,7 +141,16 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 ds.num_classes, file.arch.classes
             )));
         }
+        // a prediction makes no gradient: the partitioned executor plans its forward alone
+        let mode = match mode {
+            Mode::Tiered(tc) => Mode::Tiered(TieredConfig { inference: true, ..tc }),
+            Mode::Ranks { tiered, groups, device, expansion } => {
+                Mode::Ranks { tiered: TieredConfig { inference: true, ..tiered }, groups, device, expansion }
+            }
+            m => m,
+        };
         let mut t = Self::set_up(b, ds, file.arch.inference_config(), mode)?;
+        t.predicts_only = true;
         t.load_weights(file)?;
         Ok(t)
     }
@@ -181,6 +193,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             times: Vec::new(),
             last_loss: f64::NAN,
             best_state: None,
+            predicts_only: false,
         })
     }
 
@@ -230,6 +243,14 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// Trains the next epoch; evaluates where `eval_every` says (and after the last epoch), and
     /// writes a checkpoint where one is due. Every rank of a partition-parallel run calls it.
     pub fn train_epoch(&mut self) -> Result<EpochMetrics, TrainError> {
+        if self.predicts_only {
+            return Err(TrainError::Config(
+                "this trainer was set up from a model file to predict (grinnder predict, \
+                 Trainer.load): its plan keeps no room for gradients; train with a trainer set up \
+                 for training"
+                    .into(),
+            ));
+        }
         let epoch = self.epoch;
         let _span = tracing::debug_span!("epoch", epoch).entered();
         let t = Instant::now();
