@@ -13,7 +13,7 @@ use grinnder_engine::{
 };
 use grinnder_graph::buf::as_bytes;
 use grinnder_graph::io::npy::{DType, Npy};
-use grinnder_graph::io::npy_rows::NpyRows;
+use grinnder_graph::io::npy_rows::{NpyRows, MAPPED_BYTES_MAX};
 use grinnder_graph::Dataset;
 use grinnder_tensor::{Backend, Cpu};
 use rayon::prelude::*;
@@ -348,6 +348,13 @@ fn outputs(
             }
         }
     };
+    let mut files = files;
+    if a.host_mem.is_none() {
+        // no host budget binds the run: a narrow output's pages stay mapped in (a sixteenth of
+        // the memory the machine leaves it), each faulted in once, not once per partition
+        let room = grinnder_engine::machine::HostMemory::read().usable().map_or(0, |u| u / 16);
+        files.iter_mut().for_each(|f| f.keep_mapped((room as usize).max(MAPPED_BYTES_MAX)));
+    }
     Ok(want
         .into_iter()
         .zip(files)

@@ -251,12 +251,19 @@ pub(super) fn make_plan<B: Backend>(
                 // (inside layer 1 unsplit, over its columns)
                 let layer0_rows = if model.split(1, false) { own } else { cols };
                 let own_layer0 = if l == 1 && fused { layer0_over(layer0_rows) } else { 0 };
+                // and layer 2's transform inside it: its rows, their gradient's and the next
+                // partition's read ahead
+                let inside = if l == 1 && fused && transform_fusible(model, pre) {
+                    3 * own * model.dim(3) as u64
+                } else {
+                    0
+                };
                 let this = if model.split(l, l == 0 && pre) {
                     3 * cols * o + 2 * own * i
                 } else {
                     6 * cols * i.max(o)
                 };
-                this + own_layer0
+                this + own_layer0 + inside
             };
             let (setup, device_setup) = (setup * elem as u64 + pieces, device_setup * elem as u64 + pieces);
             let device_held = (device_elems(model, p, pre, fused) * elem as u64).max(device_setup);
