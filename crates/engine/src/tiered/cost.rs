@@ -848,11 +848,11 @@ impl<B: Backend> Executor<'_, B> {
     /// The most bytes of host blocks (the store's, in its cache or its files, and page-locked
     /// ones) that exist at once from the first blocks through an epoch and an evaluation, as
     /// the schedule makes and removes them: what the host cache and the storage directory
-    /// must hold together (every block an epoch makes, summed, is more: GCN with 3 layers of
-    /// 256 over 128-wide features and 172 classes makes 984 width-rows of blocks an epoch, at
-    /// most 728 of them at once without a GPU tier).
-    /// Where the executor only predicts ([`TieredConfig::inference`]), the first blocks and
-    /// an evaluation's forward: a prediction's pass makes no more.
+    /// must hold together (every block an epoch makes, summed, can be more: GCN with 4 layers
+    /// of 64 over 40 classes holds at most all but two of its gradient blocks at once, see
+    /// `engine/tests/tiered.rs`). Where the executor only predicts
+    /// ([`TieredConfig::inference`]), the first blocks and an evaluation's forward: a
+    /// prediction's pass makes no more.
     pub(super) fn peak_host_block_bytes(&self) -> u64 {
         let mut w = self.walker();
         w.first_blocks();
