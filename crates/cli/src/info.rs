@@ -314,18 +314,19 @@ fn print_tiered(t: &TieredInfo) {
             gib(d.margin_bytes)
         );
     }
+    // (both as the tier stores them, as train's plan line gives them; the groups below are
+    // at full precision, as the GPU tier holds them)
     match p.host_block_bytes {
         Some(h) => println!(
             "blocks         {} in all; at most {} on the host at once, as the tier stores them (blocks go once spent)",
-            gib(t.blocks.iter().map(|g| g.bytes).sum()),
+            gib(p.block_bytes),
             gib(h)
         ),
-        None => println!("blocks         {} in all", gib(t.blocks.iter().map(|g| g.bytes).sum())),
+        None => println!("blocks         {} in all, as the tier stores them", gib(p.block_bytes)),
     }
     if let Some(without) = p.block_bytes_without_input_dropout {
         println!(
-            "               as stored {}; {} with --input-dropout 0 (input dropout keeps layer 0 from running on its aggregation computed once)",
-            gib(p.block_bytes),
+            "               {} in all with --input-dropout 0 (input dropout keeps layer 0 from running on its aggregation computed once)",
             gib(without)
         );
     }
