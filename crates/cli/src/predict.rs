@@ -323,7 +323,7 @@ fn outputs(
     } else {
         Ok(Vec::new())
     };
-    let files = match launch.filter(|l| l.groups.global.size() > 1) {
+    let mut files = match launch.filter(|l| l.groups.global.size() > 1) {
         None => made?,
         Some(l) => {
             // every rank writes its rows into rank 0's temporaries
@@ -348,7 +348,6 @@ fn outputs(
             }
         }
     };
-    let mut files = files;
     if a.host_mem.is_none() {
         // no host budget binds the run: a narrow output's pages stay mapped in (a sixteenth of
         // the memory the machine leaves it), each faulted in once, not once per partition

@@ -525,9 +525,10 @@ impl<B: Backend> Walk<'_, '_, B> {
                 continue;
             }
             let spent = !train && self.ex.forward_input_is_block(l);
-            if self.ex.split(l) {
+            // (with layer 2's transform inside layer 1, its rows were made there)
+            if self.ex.split(l) && !(l == 2 && inside) {
                 let read_again = self.ex.model.split_reads_own_input(l);
-                for q in if l == 2 && inside { 0..0 } else { self.ex.local.clone() } {
+                for q in self.ex.local.clone() {
                     if l == 1 && fused {
                         self.inputs(0, q);
                         self.prefetch(BlockKind::Act, 0, q + 1, false, &[]);

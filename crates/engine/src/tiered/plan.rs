@@ -216,6 +216,7 @@ pub(super) fn make_plan<B: Backend>(
     let first = usize::from(pre);
     let (pre_width, out_width) = if pre { (model.dim(0) as u64, model.dim(1) as u64) } else { (0, 0) };
     let fused = fusible(model, pre);
+    let transform_inside = transform_fusible(model, pre);
     let heads = model.edge_width() as u64;
     let nodes: u64 = parts.iter().map(|p| p.own as u64).sum();
     // per partition and layer: the gathered input, the layer's temporaries and its input
@@ -253,11 +254,7 @@ pub(super) fn make_plan<B: Backend>(
                 let own_layer0 = if l == 1 && fused { layer0_over(layer0_rows) } else { 0 };
                 // and layer 2's transform inside it: its rows, their gradient's and the next
                 // partition's read ahead
-                let inside = if l == 1 && fused && transform_fusible(model, pre) {
-                    3 * own * model.dim(3) as u64
-                } else {
-                    0
-                };
+                let inside = if l == 1 && transform_inside { 3 * own * model.dim(3) as u64 } else { 0 };
                 let this = if model.split(l, l == 0 && pre) {
                     3 * cols * o + 2 * own * i
                 } else {

@@ -208,9 +208,12 @@ impl<'a, B: Backend> Executor<'a, B> {
             b.gather_rows(block, rows, out, at);
             return Ok(());
         }
-        if let Some(m) = self.upload_pinned(id) {
-            // (a page-locked block: ranks' mirrors of layer 0's aggregation, once at setup)
-            b.gather_rows(&b.arrived(m), rows, out, at);
+        let pinned_elem = self.pinned_elem();
+        if let Some(h) = self.tiers.pinned(id) {
+            // (a page-locked block: the device reads the rows in place, as gathers do; ranks'
+            // mirrors of layer 0's aggregation, once at setup)
+            b.gather_host_block(h, rows, out, at);
+            self.stats.pinned_traffic((rows.len() * d) as u64 * pinned_elem, 0);
             return Ok(());
         }
         let bus = (b, self.bf16_bus());

@@ -40,29 +40,9 @@ impl<'a, B: Backend> Executor<'a, B> {
             // without a backward to come, a layer's input goes once the layer read it
             let spent = !train && self.forward_input_is_block(l);
             if self.split(l) {
-                let read_again = self.model.split_reads_own_input(l);
-                // (with layer 2's transform inside layer 1, its rows are made there)
-                let made = if l == 2 && inside { 0..0 } else { self.local.clone() };
-                for q in made {
-                    let x = if l == 1 && self.fused {
-                        Own::Copy(self.layer0(q, train, epoch)?)
-                    } else {
-                        let x = self.own(BlockKind::Act, l, q)?;
-                        self.prefetch(BlockKind::Act, l, q + 1, false, &[])?;
-                        x
-                    };
-                    let t = Instant::now();
-                    let h = self.model.split_transform(b, l, &x);
-                    self.give_back(Some(x));
-                    self.stats.compute_s += t.elapsed().as_secs_f64();
-                    if spent && !read_again {
-                        self.remove(act(l, q))?;
-                    }
-                    self.put(BlockKind::Xw, l, q, h)?;
-                }
+                // (with layer 2's transform inside layer 1, its rows were made there)
                 if !(l == 2 && inside) {
-                    self.sync_mirrors(BlockKind::Xw, l)?;
-                    self.mark("forward transform", l);
+                    self.forward_transform(l, spent, train, epoch)?;
                 }
                 if top {
                     break;
@@ -127,6 +107,38 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.remove_layer_inputs(l, spent)?;
             }
         }
+        Ok(())
+    }
+
+    /// Split layer `l`'s transform over every partition, its rows put as blocks; its input
+    /// removed partition by partition where `spent` and its aggregation does not read it again.
+    fn forward_transform(
+        &mut self,
+        l: usize,
+        spent: bool,
+        train: bool,
+        epoch: u64,
+    ) -> Result<(), TrainError> {
+        let read_again = self.model.split_reads_own_input(l);
+        for q in self.local.clone() {
+            let x = if l == 1 && self.fused {
+                Own::Copy(self.layer0(q, train, epoch)?)
+            } else {
+                let x = self.own(BlockKind::Act, l, q)?;
+                self.prefetch(BlockKind::Act, l, q + 1, false, &[])?;
+                x
+            };
+            let t = Instant::now();
+            let h = self.model.split_transform(self.b, l, &x);
+            self.give_back(Some(x));
+            self.stats.compute_s += t.elapsed().as_secs_f64();
+            if spent && !read_again {
+                self.remove(act(l, q))?;
+            }
+            self.put(BlockKind::Xw, l, q, h)?;
+        }
+        self.sync_mirrors(BlockKind::Xw, l)?;
+        self.mark("forward transform", l);
         Ok(())
     }
 
@@ -282,6 +294,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         grinnder_graph::progress::activity_begin();
         self.measured_working = None;
         self.measured_device_working = None;
+        let transform_inside = self.fused_transform();
         self.forward_layers(true, epoch)?;
         let (mut loss, mut correct) = (0.0, 0usize);
         for l in (0..layers).rev() {
@@ -327,7 +340,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
                 // (with layer 2's transform inside layer 1, its backward runs inside layer 1's,
                 // which removes each partition's dh once read: fused_columns_backward)
-                let inside = l == 2 && self.fused_transform();
+                let inside = l == 2 && transform_inside;
                 let input_spent = self.input_spent_after_transform(l);
                 // transform backward, once every dh row is complete
                 for q in if inside { 0..0 } else { self.local.clone() } {
@@ -417,7 +430,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 if !top {
                     self.remove(act(l + 1, q))?;
                 }
-                if l == 1 && self.fused_transform() {
+                if l == 1 && transform_inside {
                     self.remove(BlockId { kind: BlockKind::GradXw, layer: 2, part: q })?;
                 }
             }
