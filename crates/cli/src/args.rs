@@ -398,15 +398,14 @@ pub struct GenerateArgs {
     pub feature_dtype: grinnder_graph::FeatureDtype,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelArg {
-    Gcn,
-    #[value(alias = "graphsage")]
-    #[serde(alias = "graphsage")]
-    Sage,
-    Gat,
-    Gin,
+/// `--model`: a family of the registry ([`grinnder_nn::Kind`]) by its name or an alias, in
+/// any case; `--help` lists the names.
+fn model_parser() -> impl clap::builder::TypedValueParser<Value = grinnder_nn::Kind> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let names = grinnder_nn::Kind::ALL
+        .map(|k| PossibleValue::new(k.name()).aliases(k.family().aliases().iter().copied()));
+    PossibleValuesParser::new(names)
+        .map(|s| grinnder_nn::Kind::parse(&s).expect("the parser offers the registry's names"))
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -490,8 +489,8 @@ pub enum PrecisionArg {
 #[serde(deny_unknown_fields)]
 pub struct TrainSettings {
     /// Model family [default: gcn].
-    #[arg(help_heading = "Model", long, ignore_case = true, value_enum)]
-    pub model: Option<ModelArg>,
+    #[arg(help_heading = "Model", long, ignore_case = true, value_parser = model_parser())]
+    pub model: Option<grinnder_nn::Kind>,
     /// Number of layers [default: 2].
     #[arg(help_heading = "Model", long)]
     pub layers: Option<usize>,

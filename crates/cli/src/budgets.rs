@@ -17,8 +17,8 @@ pub fn workload(plan: &TrainPlan, ds: &Dataset) -> Workload {
     let mut widths = vec![ds.features.dim as u64];
     widths.extend((1..m.layers).map(|_| m.hidden_width() as u64));
     widths.push(ds.num_classes as u64);
-    let edge_values =
-        if m.heads_of_hidden() > 1 || m.kind == grinnder_nn::Kind::Gat { m.heads.max(1) as u64 } else { 0 };
+    // attention keeps per-edge values, one per head
+    let edge_values = if m.kind.weighs_entries() { m.heads_of_hidden() as u64 } else { 0 };
     Workload {
         nodes: ds.num_nodes() as u64,
         edges: ds.graph.num_edges() as u64,
@@ -33,8 +33,8 @@ pub fn workload(plan: &TrainPlan, ds: &Dataset) -> Workload {
 /// The workload of running `model` over `ds` (`predict`).
 pub fn inference_workload(model: &ModelFile, ds: &Dataset) -> Workload {
     let a = &model.arch;
-    let gat = a.kind == grinnder_nn::Kind::Gat;
-    let hidden = (a.hidden * if gat { a.heads.max(1) } else { 1 }) as u64;
+    let heads = if a.kind.family().has_heads() { a.heads.max(1) } else { 1 };
+    let hidden = (a.hidden * heads) as u64;
     let mut widths = vec![a.in_features as u64];
     widths.extend((1..a.layers).map(|_| hidden));
     widths.push(a.classes as u64);
@@ -42,7 +42,7 @@ pub fn inference_workload(model: &ModelFile, ds: &Dataset) -> Workload {
         nodes: ds.num_nodes() as u64,
         edges: ds.graph.num_edges() as u64,
         widths,
-        edge_values: if gat { a.heads.max(1) as u64 } else { 0 },
+        edge_values: if a.kind.weighs_entries() { heads as u64 } else { 0 },
         factored: factored(a.kind, ds),
         elem: 4,
         inference: true,

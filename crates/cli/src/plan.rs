@@ -185,12 +185,7 @@ pub fn plan_of(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<TrainP
         OptimArg::Sgd => grinnder_nn::OptimConfig::Sgd { lr, momentum, weight_decay },
     };
     let model = grinnder_nn::ModelConfig {
-        kind: match pick!(model, ModelArg::Gcn) {
-            ModelArg::Gcn => grinnder_nn::Kind::Gcn,
-            ModelArg::Sage => grinnder_nn::Kind::Sage,
-            ModelArg::Gat => grinnder_nn::Kind::Gat,
-            ModelArg::Gin => grinnder_nn::Kind::Gin,
-        },
+        kind: pick!(model, grinnder_nn::Kind::Gcn),
         gin_eps: pick!(gin_eps, 0.0),
         train_eps: pick!(train_eps, false),
         heads,

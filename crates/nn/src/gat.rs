@@ -10,6 +10,7 @@
 use grinnder_tensor::{Backend, MaskKey, Mat};
 
 use crate::aggregation::Aggregation;
+use crate::conv::{Cache, Conv, Family, LayerSpec};
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
@@ -88,14 +89,28 @@ impl<B: Backend> GatConv<B> {
         Some(a)
     }
 
-    /// Forward; `dropout` is the attention dropout (key, probability) in training.
-    pub fn forward(
+    /// A GAT layer as `spec` describes it (see [`crate::families::Kind::conv`]): a hidden layer
+    /// concatenates `spec.heads` heads of `spec.hidden`, the output layer has one head of
+    /// `out_dim`.
+    pub fn of(b: &B, spec: &LayerSpec) -> Self {
+        if spec.last() {
+            GatConv::init(b, &spec.name(), spec.in_dim, spec.out_dim, 1, false, spec.seed)
+        } else {
+            GatConv::init(b, &spec.name(), spec.in_dim, spec.hidden, spec.heads, true, spec.seed)
+        }
+    }
+}
+
+impl<B: Backend> Conv<B> for GatConv<B> {
+    /// Forward; `attn` is the attention dropout (key, probability) in training.
+    fn forward(
         &self,
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
-        dropout: Option<(MaskKey, f64)>,
-    ) -> (B::Mat, GatCache<B>) {
+        _: Option<&B::Mat>,
+        attn: Option<(MaskKey, f64)>,
+    ) -> (B::Mat, Cache) {
         let n = g.rows;
         let a = g.adjacency(Aggregation::GcnNorm);
         let z = self.lin.forward(b, x);
@@ -106,7 +121,7 @@ impl<B: Backend> GatConv<B> {
         b.head_dots(&z, &self.att_dst.value, &mut s_dst);
         let mut alpha = b.output(a.nnz, self.heads);
         b.edge_softmax(&a.s, &s_src, &s_dst, NEGATIVE_SLOPE, &mut alpha);
-        let dropped = self.dropped(b, g, &alpha, dropout);
+        let dropped = self.dropped(b, g, &alpha, attn);
         let mut agg = b.output(n, b.dims(&z).1);
         b.spmm(&a.s, dropped.as_ref().unwrap_or(&alpha), false, &z, 0.0, &mut agg);
         let mut y = match &self.mean {
@@ -118,22 +133,23 @@ impl<B: Backend> GatConv<B> {
             }
         };
         b.add_row(&self.bias.value, &mut y);
-        (y, GatCache { z, s_src, s_dst, alpha })
+        (y, Cache::new(GatCache::<B> { z, s_src, s_dst, alpha }))
     }
 
-    /// Backward: accumulates parameter gradients, returns `dx` when asked. `dropout` must be
+    /// Backward: accumulates parameter gradients, returns `dx` when asked. `attn` must be
     /// what forward was given.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(
+    fn backward(
         &mut self,
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
-        cache: GatCache<B>,
+        _: Option<&B::Mat>,
+        cache: Cache,
         dy: &B::Mat,
-        dropout: Option<(MaskKey, f64)>,
+        attn: Option<(MaskKey, f64)>,
         need_dx: bool,
     ) -> Option<B::Mat> {
+        let cache: GatCache<B> = cache.take();
         let GatCache { z, s_src, s_dst, alpha } = cache;
         let a = g.adjacency(Aggregation::GcnNorm);
         let (ni, width) = b.dims(&z);
@@ -145,14 +161,14 @@ impl<B: Backend> GatConv<B> {
             d
         });
         let dagg = dagg_owned.as_ref().unwrap_or(dy);
-        let dropped = self.dropped(b, g, &alpha, dropout);
+        let dropped = self.dropped(b, g, &alpha, attn);
         let mut dz = b.output(ni, width);
         b.spmm(&a.s, dropped.as_ref().unwrap_or(&alpha), true, dagg, 0.0, &mut dz);
         drop(dropped);
         let nnz = b.dims(&alpha).0;
         let mut dalpha = b.output(nnz, self.heads);
         b.sddmm(&a.s, dagg, &z, &mut dalpha);
-        if let Some((key, p)) = dropout.filter(|&(_, p)| p > 0.0) {
+        if let Some((key, p)) = attn.filter(|&(_, p)| p > 0.0) {
             b.edge_dropout(&a.s, key, p, &mut dalpha);
         }
         let mut dpre = b.output(nnz, self.heads);
@@ -178,10 +194,65 @@ impl<B: Backend> GatConv<B> {
         self.lin.backward(b, x, &dz, need_dx)
     }
 
-    pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+    fn params_mut(&mut self) -> Vec<&mut Param<B>> {
         let mut v = self.lin.params_mut();
         v.extend([&mut self.att_src, &mut self.att_dst, &mut self.bias]);
         v
+    }
+
+    fn held(&self, s: Shape, i: u64, o: u64, _: bool, need_dx: bool, attn_dropout: bool) -> Held {
+        held(s, i, self.heads as u64, o, self.concat, attn_dropout, need_dx)
+    }
+
+    fn work(&self, s: Shape, i: u64, o: u64, _: bool, need_dx: bool) -> Passes {
+        work(s, i, self.heads as u64, o, self.concat, need_dx)
+    }
+}
+
+/// GAT as a family: `gat`, PyG's `GATConv`, attention over `A + I` with heads.
+pub struct Gat;
+
+impl Family for Gat {
+    fn name(&self) -> &'static str {
+        "gat"
+    }
+
+    fn pyg_layer(&self) -> &'static str {
+        "GATConv"
+    }
+
+    fn aggregation(&self) -> Aggregation {
+        Aggregation::GcnNorm
+    }
+
+    fn weighs_entries(&self) -> bool {
+        true
+    }
+
+    fn has_heads(&self) -> bool {
+        true
+    }
+
+    /// Attention depends on the parameters: nothing to precompute.
+    fn precomputes_input(&self) -> bool {
+        false
+    }
+
+    fn first_map(&self, l: usize) -> String {
+        format!("convs.{l}.lin.weight")
+    }
+
+    /// The bias, whose width is the output's whether heads are concatenated or averaged.
+    fn output_map(&self, l: usize) -> String {
+        format!("convs.{l}.bias")
+    }
+
+    fn markers(&self) -> Vec<String> {
+        vec![self.first_map(0), "convs.0.att_src".into()]
+    }
+
+    fn heads_tensor(&self, l: usize) -> Option<String> {
+        Some(format!("convs.{l}.att_src"))
     }
 }
 

@@ -6,10 +6,11 @@
 //! for a fixed input the caller may pass `Â x` precomputed once, and backward then needs no
 //! sparse product at all. Every order computes the same function and gradients.
 
-use grinnder_tensor::Backend;
+use grinnder_tensor::{Backend, MaskKey};
 
 use crate::aggregate;
 use crate::aggregation::Aggregation;
+use crate::conv::{Cache, Conv, Family, LayerSpec, SplitMaps};
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
@@ -41,30 +42,45 @@ impl<B: Backend> GcnConv<B> {
         aggregate::aggregate(b, g, g.adjacency(Aggregation::GcnNorm), x)
     }
 
+    /// A GCN layer as `spec` describes it (see [`crate::families::Kind::conv`]).
+    pub fn of(b: &B, spec: &LayerSpec) -> Self {
+        GcnConv::init(b, &spec.name(), spec.in_dim, spec.out_dim, spec.seed)
+    }
+}
+
+impl<B: Backend> Conv<B> for GcnConv<B> {
     /// Forward; `pre` is `Â x` when the caller has it.
     /// Given `pre`, reads nothing of `g` but its rows: a graph without adjacencies
     /// ([`Graph::columns_only`]) will do.
-    pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, GcnCache<B>) {
+    fn forward(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        _: Option<(MaskKey, f64)>,
+    ) -> (B::Mat, Cache) {
         if let Some(t) = pre {
-            return (self.lin.forward(b, t), GcnCache { agg: None });
+            return (self.lin.forward(b, t), Cache::new(GcnCache::<B> { agg: None }));
         }
         let (y, agg) = aggregate::forward(b, &self.lin, g, g.adjacency(Aggregation::GcnNorm), x, pre);
-        (y, GcnCache { agg })
+        (y, Cache::new(GcnCache::<B> { agg }))
     }
 
     /// Backward: accumulates parameter gradients, returns `dx` when asked. `pre` must be what
     /// forward was given.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(
+    fn backward(
         &mut self,
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
         pre: Option<&B::Mat>,
-        cache: GcnCache<B>,
+        cache: Cache,
         dy: &B::Mat,
+        _: Option<(MaskKey, f64)>,
         need_dx: bool,
     ) -> Option<B::Mat> {
+        let cache: GcnCache<B> = cache.take();
         if let (Some(t), false) = (pre, need_dx) {
             // (no adjacency read: see `forward`)
             self.lin.backward(b, t, dy, false);
@@ -86,8 +102,57 @@ impl<B: Backend> GcnConv<B> {
         dx
     }
 
-    pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+    fn params_mut(&mut self) -> Vec<&mut Param<B>> {
         self.lin.params_mut()
+    }
+
+    fn aggregate_input(&self, b: &B, g: &Graph<B>, x: &B::Mat) -> Option<B::Mat> {
+        Some(GcnConv::aggregate(b, g, x))
+    }
+
+    fn split_maps(&self) -> Option<SplitMaps<&Linear<B>>> {
+        Some(SplitMaps { aggregated: &self.lin, root: None })
+    }
+
+    fn split_maps_mut(&mut self) -> Option<SplitMaps<&mut Linear<B>>> {
+        Some(SplitMaps { aggregated: &mut self.lin, root: None })
+    }
+
+    fn cache_from_output(&self) -> Option<Cache> {
+        Some(Cache::new(GcnCache::<B>::without_aggregation()))
+    }
+
+    fn held(&self, s: Shape, i: u64, o: u64, pre: bool, need_dx: bool, _: bool) -> Held {
+        held(s, i, o, pre, need_dx)
+    }
+
+    fn work(&self, s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Passes {
+        work(s, i, o, pre, need_dx)
+    }
+}
+
+/// GCN as a family: `gcn`, PyG's `GCNConv`, on `Â`, with edge weights.
+pub struct Gcn;
+
+impl Family for Gcn {
+    fn name(&self) -> &'static str {
+        "gcn"
+    }
+
+    fn pyg_layer(&self) -> &'static str {
+        "GCNConv"
+    }
+
+    fn aggregation(&self) -> Aggregation {
+        Aggregation::GcnNorm
+    }
+
+    fn takes_edge_weight(&self) -> bool {
+        true
+    }
+
+    fn first_map(&self, l: usize) -> String {
+        format!("convs.{l}.lin.weight")
     }
 }
 

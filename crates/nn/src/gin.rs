@@ -10,9 +10,10 @@
 //! reads the node's own row. Backward, with `ds` the gradient at the MLP's input:
 //! `dε = Σ ds ⊙ x_own`, `dx = Aᵀ ds` plus `(1 + ε) ds` on the own rows.
 
-use grinnder_tensor::{Backend, Binary, Mat, Scalar, Unary};
+use grinnder_tensor::{Backend, Binary, MaskKey, Mat, Scalar, Unary};
 
 use crate::aggregation::Aggregation;
+use crate::conv::{Cache, Conv, Family, LayerSpec};
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
@@ -70,9 +71,34 @@ impl<B: Backend> GinConv<B> {
         1.0 + b.download(&self.eps.value).data[0].f64()
     }
 
+    /// Everything PyG's `state_dict` holds: the parameters and ε also when it is fixed (a
+    /// buffer there).
+    pub fn state_mut(&mut self) -> Vec<&mut Param<B>> {
+        let mut v = self.lin1.params_mut();
+        v.extend(self.lin2.params_mut());
+        v.push(&mut self.eps);
+        v
+    }
+
+    /// A GIN layer as `spec` describes it (see [`crate::families::Kind::conv`]): PyG's GIN model's
+    /// `MLP([in, out, out])`.
+    pub fn of(b: &B, spec: &LayerSpec) -> Self {
+        let LayerSpec { in_dim, out_dim, gin_eps, train_eps, seed, .. } = *spec;
+        GinConv::init(b, &spec.name(), in_dim, out_dim, out_dim, gin_eps, train_eps, seed)
+    }
+}
+
+impl<B: Backend> Conv<B> for GinConv<B> {
     /// Forward; `pre` is `A x` when the caller has it. `x` holds the input rows (`g.cols`, own
     /// rows first; with `pre`, the own rows may be all).
-    pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, GinCache<B>) {
+    fn forward(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        _: Option<(MaskKey, f64)>,
+    ) -> (B::Mat, Cache) {
         let scale = self.scale(b);
         let own = g.own_rows(b, x);
         let own = own.as_ref().unwrap_or(x);
@@ -89,20 +115,22 @@ impl<B: Backend> GinConv<B> {
         let mut a = self.lin1.forward(b, &s);
         b.unary(Unary::Relu, &mut a);
         let y = self.lin2.forward(b, &a);
-        (y, GinCache { s, a, scale })
+        (y, Cache::new(GinCache::<B> { s, a, scale }))
     }
 
     /// Backward: accumulates parameter gradients, returns `dx` (`g.cols` rows) when asked.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(
+    fn backward(
         &mut self,
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
-        cache: GinCache<B>,
+        _: Option<&B::Mat>,
+        cache: Cache,
         dy: &B::Mat,
+        _: Option<(MaskKey, f64)>,
         need_dx: bool,
     ) -> Option<B::Mat> {
+        let cache: GinCache<B> = cache.take();
         let GinCache { s, a, scale } = cache;
         let mut da = self.lin2.backward(b, &a, dy, true).expect("asked for");
         b.binary(Binary::ReluGrad, &a, &mut da);
@@ -133,7 +161,7 @@ impl<B: Backend> GinConv<B> {
         Some(dx)
     }
 
-    pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+    fn params_mut(&mut self) -> Vec<&mut Param<B>> {
         let mut v = self.lin1.params_mut();
         v.extend(self.lin2.params_mut());
         if self.train_eps {
@@ -142,13 +170,59 @@ impl<B: Backend> GinConv<B> {
         v
     }
 
-    /// Everything PyG's `state_dict` holds: the parameters and ε also when it is fixed (a
-    /// buffer there).
-    pub fn state_mut(&mut self) -> Vec<&mut Param<B>> {
-        let mut v = self.lin1.params_mut();
-        v.extend(self.lin2.params_mut());
-        v.push(&mut self.eps);
-        v
+    fn state_mut(&mut self) -> Vec<&mut Param<B>> {
+        GinConv::state_mut(self)
+    }
+
+    fn aggregate_input(&self, b: &B, g: &Graph<B>, x: &B::Mat) -> Option<B::Mat> {
+        Some(GinConv::aggregate(b, g, x))
+    }
+
+    /// `(1 + ε) x_own` beside the neighbour sum.
+    fn reads_input_beside_pre(&self) -> bool {
+        true
+    }
+
+    fn held(&self, s: Shape, i: u64, o: u64, pre: bool, need_dx: bool, _: bool) -> Held {
+        held(s, i, o, self.train_eps, pre, need_dx)
+    }
+
+    fn work(&self, s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Passes {
+        work(s, i, o, self.train_eps, pre, need_dx)
+    }
+
+    /// The neighbour sum added to the scaled own rows.
+    fn accumulating_product(&self, s: Shape, i: u64, _: u64, _: usize, pre: bool) -> u64 {
+        if pre {
+            0
+        } else {
+            s.rows * i
+        }
+    }
+}
+
+/// GIN as a family: `gin`, PyG's `GINConv` over a two-layer MLP, summing neighbours.
+pub struct Gin;
+
+impl Family for Gin {
+    fn name(&self) -> &'static str {
+        "gin"
+    }
+
+    fn pyg_layer(&self) -> &'static str {
+        "GINConv"
+    }
+
+    fn aggregation(&self) -> Aggregation {
+        Aggregation::Sum
+    }
+
+    fn first_map(&self, l: usize) -> String {
+        format!("convs.{l}.nn.0.weight")
+    }
+
+    fn output_map(&self, l: usize) -> String {
+        format!("convs.{l}.nn.2.weight")
     }
 }
 

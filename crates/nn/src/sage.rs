@@ -4,10 +4,11 @@
 //! `y` `[n, out]`. The neighbour term is evaluated on the narrower side, like GCN's, and may
 //! take `Ā x` precomputed for a fixed input.
 
-use grinnder_tensor::Backend;
+use grinnder_tensor::{Backend, MaskKey};
 
 use crate::aggregate;
 use crate::aggregation::Aggregation;
+use crate::conv::{Cache, Conv, Family, LayerSpec, SplitMaps};
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
@@ -37,24 +38,39 @@ impl<B: Backend> SageConv<B> {
         aggregate::aggregate(b, g, g.adjacency(Aggregation::Mean), x)
     }
 
-    pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, pre: Option<&B::Mat>) -> (B::Mat, SageCache<B>) {
+    /// A SAGE layer as `spec` describes it (see [`crate::families::Kind::conv`]).
+    pub fn of(b: &B, spec: &LayerSpec) -> Self {
+        SageConv::init(b, &spec.name(), spec.in_dim, spec.out_dim, spec.seed)
+    }
+}
+
+impl<B: Backend> Conv<B> for SageConv<B> {
+    fn forward(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        _: Option<(MaskKey, f64)>,
+    ) -> (B::Mat, Cache) {
         let (mut y, agg) = aggregate::forward(b, &self.lin_l, g, g.adjacency(Aggregation::Mean), x, pre);
         let own = g.own_rows(b, x);
         self.lin_r.forward_into(b, own.as_ref().unwrap_or(x), 1.0, &mut y);
-        (y, SageCache { agg })
+        (y, Cache::new(SageCache::<B> { agg }))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(
+    fn backward(
         &mut self,
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
         pre: Option<&B::Mat>,
-        cache: SageCache<B>,
+        cache: Cache,
         dy: &B::Mat,
+        _: Option<(MaskKey, f64)>,
         need_dx: bool,
     ) -> Option<B::Mat> {
+        let cache: SageCache<B> = cache.take();
         let agg = pre.or(cache.agg.as_ref());
         let own = g.own_rows(b, x);
         let dx_own = self.lin_r.backward(b, own.as_ref().unwrap_or(x), dy, need_dx);
@@ -82,10 +98,73 @@ impl<B: Backend> SageConv<B> {
         dx
     }
 
-    pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {
+    fn params_mut(&mut self) -> Vec<&mut Param<B>> {
         let mut v = self.lin_l.params_mut();
         v.extend(self.lin_r.params_mut());
         v
+    }
+
+    fn aggregate_input(&self, b: &B, g: &Graph<B>, x: &B::Mat) -> Option<B::Mat> {
+        Some(SageConv::aggregate(b, g, x))
+    }
+
+    /// The root term reads the own input rows.
+    fn reads_input_beside_pre(&self) -> bool {
+        true
+    }
+
+    fn split_maps(&self) -> Option<SplitMaps<&Linear<B>>> {
+        Some(SplitMaps { aggregated: &self.lin_l, root: Some(&self.lin_r) })
+    }
+
+    fn split_maps_mut(&mut self) -> Option<SplitMaps<&mut Linear<B>>> {
+        Some(SplitMaps { aggregated: &mut self.lin_l, root: Some(&mut self.lin_r) })
+    }
+
+    fn cache_from_output(&self) -> Option<Cache> {
+        Some(Cache::new(SageCache::<B>::without_aggregation()))
+    }
+
+    fn held(&self, s: Shape, i: u64, o: u64, pre: bool, need_dx: bool, _: bool) -> Held {
+        held(s, i, o, pre, need_dx)
+    }
+
+    fn work(&self, s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Passes {
+        work(s, i, o, pre, need_dx)
+    }
+
+    /// The neighbour gradient added to the root term's, on the aggregated side.
+    fn accumulating_product(&self, s: Shape, i: u64, o: u64, l: usize, pre: bool) -> u64 {
+        if l > 0 && (pre || i <= o) {
+            s.cols * i
+        } else {
+            0
+        }
+    }
+}
+
+/// SAGE as a family: `sage` (or `graphsage`), PyG's `SAGEConv` with mean aggregation.
+pub struct Sage;
+
+impl Family for Sage {
+    fn name(&self) -> &'static str {
+        "sage"
+    }
+
+    fn aliases(&self) -> &'static [&'static str] {
+        &["graphsage"]
+    }
+
+    fn pyg_layer(&self) -> &'static str {
+        "SAGEConv"
+    }
+
+    fn aggregation(&self) -> Aggregation {
+        Aggregation::Mean
+    }
+
+    fn first_map(&self, l: usize) -> String {
+        format!("convs.{l}.lin_l.weight")
     }
 }
 

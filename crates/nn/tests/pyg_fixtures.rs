@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use grinnder_graph::io::npy::Npy;
 use grinnder_graph::{BuildOptions, Csr, SelfLoops};
+use grinnder_nn::conv::Conv;
 use grinnder_nn::gat::GatConv;
 use grinnder_nn::gcn::GcnConv;
 use grinnder_nn::gin::GinConv;
@@ -69,9 +70,9 @@ fn gcn_conv_matches_pyg_in_both_evaluation_orders() {
         set(&mut conv.lin.weight, case, "param_lin_weight.npy");
         set(conv.lin.bias.as_mut().unwrap(), case, "param_bias.npy");
         let pre = precomputed.then(|| GcnConv::aggregate(&b, &g, &x));
-        let (y, cache) = conv.forward(&b, &g, &x, pre.as_ref());
+        let (y, cache) = conv.forward(&b, &g, &x, pre.as_ref(), None);
         close(&y, case, "out.npy");
-        let dx = conv.backward(&b, &g, &x, pre.as_ref(), cache, &dy, true).unwrap();
+        let dx = conv.backward(&b, &g, &x, pre.as_ref(), cache, &dy, None, true).unwrap();
         close(&dx, case, "grad_x.npy");
         close(&conv.lin.weight.grad, case, "grad_lin_weight.npy");
         close(&conv.lin.bias.as_ref().unwrap().grad, case, "grad_bias.npy");
@@ -91,9 +92,9 @@ fn sage_conv_matches_pyg_in_both_evaluation_orders() {
         set(conv.lin_l.bias.as_mut().unwrap(), case, "param_lin_l_bias.npy");
         set(&mut conv.lin_r.weight, case, "param_lin_r_weight.npy");
         let pre = precomputed.then(|| SageConv::aggregate(&b, &g, &x));
-        let (y, cache) = conv.forward(&b, &g, &x, pre.as_ref());
+        let (y, cache) = conv.forward(&b, &g, &x, pre.as_ref(), None);
         close(&y, case, "out.npy");
-        let dx = conv.backward(&b, &g, &x, pre.as_ref(), cache, &dy, true).unwrap();
+        let dx = conv.backward(&b, &g, &x, pre.as_ref(), cache, &dy, None, true).unwrap();
         close(&dx, case, "grad_x.npy");
         close(&conv.lin_l.weight.grad, case, "grad_lin_l_weight.npy");
         close(&conv.lin_l.bias.as_ref().unwrap().grad, case, "grad_lin_l_bias.npy");
@@ -117,9 +118,9 @@ fn gin_case(case: &str, train_eps: bool) {
         set(&mut conv.lin2.weight, case, "param_nn_2_weight.npy");
         set(conv.lin2.bias.as_mut().unwrap(), case, "param_nn_2_bias.npy");
         let pre = precomputed.then(|| GinConv::aggregate(&b, &g, &x));
-        let (y, cache) = conv.forward(&b, &g, &x, pre.as_ref());
+        let (y, cache) = conv.forward(&b, &g, &x, pre.as_ref(), None);
         close(&y, case, "out.npy");
-        let dx = conv.backward(&b, &g, &x, cache, &dy, true).unwrap();
+        let dx = conv.backward(&b, &g, &x, pre.as_ref(), cache, &dy, None, true).unwrap();
         close(&dx, case, "grad_x.npy");
         close(&conv.lin1.weight.grad, case, "grad_nn_0_weight.npy");
         close(&conv.lin1.bias.as_ref().unwrap().grad, case, "grad_nn_0_bias.npy");
@@ -154,9 +155,9 @@ fn gat_case(case: &str, heads: usize, concat: bool) {
     set(&mut conv.att_src, case, "param_att_src.npy");
     set(&mut conv.att_dst, case, "param_att_dst.npy");
     set(&mut conv.bias, case, "param_bias.npy");
-    let (y, cache) = conv.forward(&b, &g, &x, None);
+    let (y, cache) = conv.forward(&b, &g, &x, None, None);
     close(&y, case, "out.npy");
-    let dx = conv.backward(&b, &g, &x, cache, &dy, None, true).unwrap();
+    let dx = conv.backward(&b, &g, &x, None, cache, &dy, None, true).unwrap();
     close(&dx, case, "grad_x.npy");
     close(&conv.lin.weight.grad, case, "grad_lin_weight.npy");
     close(&conv.att_src.grad, case, "grad_att_src.npy");

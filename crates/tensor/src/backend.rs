@@ -110,7 +110,7 @@ impl<B: Memory + Transfers + HandOffs + DenseOps + GraphOps + TrainOps> Backend 
 /// Where a backend's matrices live: their types, allocation, copies and the device's memory.
 pub trait Memory: Send + Sync + 'static {
     type T: Scalar;
-    type Mat: Send + Sync;
+    type Mat: Send + Sync + 'static;
     type Sparse: Send + Sync;
     /// Host memory for blocks written once and read many times (input features, layer 0's
     /// aggregation): page-locked on a GPU, so they reach the device by DMA or by device

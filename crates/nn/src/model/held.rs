@@ -3,7 +3,7 @@
 
 use grinnder_tensor::Backend;
 
-use super::{Conv, Model};
+use super::Model;
 use crate::memory::{Held, Shape};
 
 impl<B: Backend> Model<B> {
@@ -11,15 +11,8 @@ impl<B: Backend> Model<B> {
     /// aggregation, `need_dx` when backward makes the input gradient.
     fn conv_held(&self, l: usize, s: Shape, pre: bool, need_dx: bool, train: bool) -> Held {
         let (i, o) = (self.dims[l] as u64, self.dims[l + 1] as u64);
-        match &self.convs[l] {
-            Conv::Gcn(_) => crate::gcn::held(s, i, o, pre, need_dx),
-            Conv::Sage(_) => crate::sage::held(s, i, o, pre, need_dx),
-            Conv::Gat(c) => {
-                let attn_dropout = train && self.config.attn_dropout > 0.0;
-                crate::gat::held(s, i, c.heads as u64, o, c.concat, attn_dropout, need_dx)
-            }
-            Conv::Gin(c) => crate::gin::held(s, i, o, c.train_eps, pre, need_dx),
-        }
+        let attn_dropout = train && self.config.attn_dropout > 0.0;
+        self.convs[l].held(s, i, o, pre, need_dx, attn_dropout)
     }
 
     /// The most elements layer `l`'s training pass on a partition of shape `s` holds at once
@@ -67,11 +60,7 @@ impl<B: Backend> Model<B> {
         let (i, o) = (self.dims[l] as u64, self.dims[l + 1] as u64);
         let input_dropout = l == 0 && self.config.input_dropout > 0.0;
         let pre = with_pre && !input_dropout;
-        match &self.convs[l] {
-            Conv::Sage(_) if l > 0 && (pre || i <= o) => s.cols * i,
-            Conv::Gin(_) if !pre => s.rows * i,
-            _ => 0,
-        }
+        self.convs[l].accumulating_product(s, i, o, l, pre)
     }
 
     /// The most elements split layer `l` ([`Model::split`]) holds at once on a partition of
@@ -84,7 +73,7 @@ impl<B: Backend> Model<B> {
         let need_dx = l > 0;
         let hidden = l + 1 < self.layers();
         // SAGE's root term reads the own input rows
-        let root = if matches!(self.convs[l], Conv::Sage(_)) { own_in } else { 0 };
+        let root = if self.split_reads_own_input(l) { own_in } else { 0 };
         let norm = if hidden && self.norms.get(l).is_some() { own_out + 2 * s.rows } else { 0 };
         let transform = own_in + own_out;
         // aggregation forward: z (then LayerNorm's output and the activation's copy)

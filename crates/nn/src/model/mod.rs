@@ -13,75 +13,16 @@ use grinnder_tensor::{Backend, Binary, MaskKey, Unary};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregation::Aggregation;
-use crate::gat::{GatCache, GatConv};
-use crate::gcn::{GcnCache, GcnConv};
-use crate::gin::{GinCache, GinConv};
+use crate::conv::{Cache, Conv, LayerSpec, SplitMaps};
+use crate::families::Kind;
 use crate::graph::{Adjacency, Graph};
 use crate::layer_norm::LayerNorm;
 use crate::linear::Linear;
 use crate::param::Param;
-use crate::sage::{SageCache, SageConv};
 
 mod held;
 mod work;
 pub use work::SplitWork;
-
-/// The convolution family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Gcn,
-    Sage,
-    Gat,
-    Gin,
-}
-
-impl std::fmt::Display for Kind {
-    /// As the command line takes it: `gcn`, `sage`, `gat`, `gin`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Kind::Gcn => "gcn",
-            Kind::Sage => "sage",
-            Kind::Gat => "gat",
-            Kind::Gin => "gin",
-        })
-    }
-}
-
-impl Kind {
-    /// The neighbourhood aggregation of the family (what graph its layers run on).
-    pub fn aggregation(self) -> Aggregation {
-        match self {
-            Kind::Gcn | Kind::Gat => Aggregation::GcnNorm,
-            Kind::Sage => Aggregation::Mean,
-            Kind::Gin => Aggregation::Sum,
-        }
-    }
-
-    /// Whether the family's layers multiply the adjacency's structure by values of their own
-    /// (GAT's attention coefficients), which a transposed product reads through the
-    /// structure's entry order; the others multiply by the adjacency's values alone, which may
-    /// come factored ([`crate::graph::Values::Factored`]).
-    pub fn weighs_entries(self) -> bool {
-        self == Kind::Gat
-    }
-
-    /// Whether the family's layer takes edge weights: GCN alone, as in PyG (`GCNConv` has
-    /// `edge_weight`; `SAGEConv`, `GATConv` and `GINConv` have none).
-    pub fn takes_edge_weight(self) -> bool {
-        self == Kind::Gcn
-    }
-
-    /// PyG's layer of the family (`GCNConv`, …), for messages.
-    pub fn pyg_layer(self) -> &'static str {
-        match self {
-            Kind::Gcn => "GCNConv",
-            Kind::Sage => "SAGEConv",
-            Kind::Gat => "GATConv",
-            Kind::Gin => "GINConv",
-        }
-    }
-}
 
 /// Normalisation between layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,91 +89,10 @@ impl ModelConfig {
 
     /// Attention heads of a hidden layer (1 without attention).
     pub fn heads_of_hidden(&self) -> usize {
-        if self.kind == Kind::Gat {
+        if self.kind.family().has_heads() {
             self.heads.max(1)
         } else {
             1
-        }
-    }
-}
-
-enum Conv<B: Backend> {
-    Gcn(GcnConv<B>),
-    Sage(SageConv<B>),
-    Gat(GatConv<B>),
-    Gin(GinConv<B>),
-}
-
-enum Cache<B: Backend> {
-    Gcn(GcnCache<B>),
-    Sage(SageCache<B>),
-    Gat(GatCache<B>),
-    Gin(GinCache<B>),
-}
-
-impl<B: Backend> Conv<B> {
-    fn forward(
-        &self,
-        b: &B,
-        g: &Graph<B>,
-        x: &B::Mat,
-        pre: Option<&B::Mat>,
-        attn: Option<(MaskKey, f64)>,
-    ) -> (B::Mat, Cache<B>) {
-        match self {
-            Conv::Gat(c) => {
-                let (y, k) = c.forward(b, g, x, attn);
-                (y, Cache::Gat(k))
-            }
-            Conv::Gcn(c) => {
-                let (y, k) = c.forward(b, g, x, pre);
-                (y, Cache::Gcn(k))
-            }
-            Conv::Sage(c) => {
-                let (y, k) = c.forward(b, g, x, pre);
-                (y, Cache::Sage(k))
-            }
-            Conv::Gin(c) => {
-                let (y, k) = c.forward(b, g, x, pre);
-                (y, Cache::Gin(k))
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn backward(
-        &mut self,
-        b: &B,
-        g: &Graph<B>,
-        x: &B::Mat,
-        pre: Option<&B::Mat>,
-        cache: Cache<B>,
-        dy: &B::Mat,
-        attn: Option<(MaskKey, f64)>,
-        need_dx: bool,
-    ) -> Option<B::Mat> {
-        match (self, cache) {
-            (Conv::Gat(c), Cache::Gat(k)) => c.backward(b, g, x, k, dy, attn, need_dx),
-            (Conv::Gcn(c), Cache::Gcn(k)) => c.backward(b, g, x, pre, k, dy, need_dx),
-            (Conv::Sage(c), Cache::Sage(k)) => c.backward(b, g, x, pre, k, dy, need_dx),
-            (Conv::Gin(c), Cache::Gin(k)) => c.backward(b, g, x, k, dy, need_dx),
-            _ => unreachable!("a cache always comes from its own layer"),
-        }
-    }
-
-    fn params_mut(&mut self) -> Vec<&mut Param<B>> {
-        match self {
-            Conv::Gcn(c) => c.params_mut(),
-            Conv::Sage(c) => c.params_mut(),
-            Conv::Gat(c) => c.params_mut(),
-            Conv::Gin(c) => c.params_mut(),
-        }
-    }
-
-    fn state_mut(&mut self) -> Vec<&mut Param<B>> {
-        match self {
-            Conv::Gin(c) => c.state_mut(),
-            c => c.params_mut(),
         }
     }
 }
@@ -242,7 +102,7 @@ pub struct LayerTape<B: Backend> {
     epoch: u64,
     /// The conv's input when input dropout made a copy of the layer input.
     dropped_input: Option<B::Mat>,
-    cache: Cache<B>,
+    cache: Cache,
     /// pre-norm conv output and LayerNorm statistics (hidden layers with a norm)
     norm_in: Option<(B::Mat, B::Mat)>,
     /// post-dropout activation (hidden layers): the ReLU gradient mask
@@ -262,7 +122,7 @@ pub struct Tape<B: Backend> {
 /// A GNN with its parameters on backend `B`.
 pub struct Model<B: Backend> {
     pub config: ModelConfig,
-    convs: Vec<Conv<B>>,
+    convs: Vec<Box<dyn Conv<B>>>,
     norms: Vec<LayerNorm<B>>,
     /// `Â x` for a fixed input, once [`Model::prepare`] ran.
     pre: Option<B::Mat>,
@@ -279,34 +139,24 @@ impl<B: Backend> Model<B> {
     /// Initialises a model for `in_dim` input features and `classes` outputs.
     pub fn init(b: &B, config: ModelConfig, in_dim: usize, classes: usize) -> Self {
         assert!(config.layers >= 1, "a model has at least one layer");
-        let heads = config.heads_of_hidden();
         let dims: Vec<usize> = std::iter::once(in_dim)
             .chain(std::iter::repeat_n(config.hidden_width(), config.layers - 1))
             .chain([classes])
             .collect();
         let convs = (0..config.layers)
             .map(|l| {
-                let name = format!("convs.{l}");
-                let seed = config.seed.wrapping_add(l as u64);
-                match config.kind {
-                    Kind::Gcn => Conv::Gcn(GcnConv::init(b, &name, dims[l], dims[l + 1], seed)),
-                    Kind::Sage => Conv::Sage(SageConv::init(b, &name, dims[l], dims[l + 1], seed)),
-                    Kind::Gat if l + 1 < config.layers => {
-                        Conv::Gat(GatConv::init(b, &name, dims[l], config.hidden, heads, true, seed))
-                    }
-                    Kind::Gat => Conv::Gat(GatConv::init(b, &name, dims[l], classes, 1, false, seed)),
-                    // PyG's GIN model: MLP([in, out, out])
-                    Kind::Gin => Conv::Gin(GinConv::init(
-                        b,
-                        &name,
-                        dims[l],
-                        dims[l + 1],
-                        dims[l + 1],
-                        config.gin_eps,
-                        config.train_eps,
-                        seed,
-                    )),
-                }
+                let spec = LayerSpec {
+                    l,
+                    layers: config.layers,
+                    in_dim: dims[l],
+                    out_dim: dims[l + 1],
+                    hidden: config.hidden,
+                    heads: config.heads_of_hidden(),
+                    gin_eps: config.gin_eps,
+                    train_eps: config.train_eps,
+                    seed: config.seed.wrapping_add(l as u64),
+                };
+                config.kind.conv(b, &spec)
             })
             .collect();
         let norms = match config.norm {
@@ -324,13 +174,7 @@ impl<B: Backend> Model<B> {
         if self.config.input_dropout != 0.0 {
             return None;
         }
-        match self.config.kind {
-            Kind::Gcn => Some(GcnConv::aggregate(b, g, x)),
-            Kind::Sage => Some(SageConv::aggregate(b, g, x)),
-            Kind::Gin => Some(GinConv::aggregate(b, g, x)),
-            // attention depends on the parameters: nothing to precompute
-            Kind::Gat => None,
-        }
+        self.convs[0].aggregate_input(b, g, x)
     }
 
     /// `out = A x + beta · out` with the first layer's input aggregation `A` on `g` — where `g`
@@ -346,17 +190,17 @@ impl<B: Backend> Model<B> {
     /// fixed (no input dropout) and the layer aggregates it before anything trainable (not
     /// attention, whose weights depend on the parameters).
     pub fn precomputes_input(&self) -> bool {
-        self.config.input_dropout == 0.0 && self.config.kind != Kind::Gat
+        self.config.input_dropout == 0.0 && self.config.kind.family().precomputes_input()
     }
 
     /// The neighbourhood aggregation of the model's layers (what graph they run on).
     pub fn aggregation(&self) -> Aggregation {
-        self.config.kind.aggregation()
+        self.config.kind.family().aggregation()
     }
 
-    /// [`Kind::weighs_entries`] of the model's family.
+    /// [`crate::conv::Family::weighs_entries`] of the model's family.
     pub fn weighs_entries(&self) -> bool {
-        self.config.kind.weighs_entries()
+        self.config.kind.family().weighs_entries()
     }
 
     /// Values per adjacency entry that a layer's working set holds: one per attention head
@@ -368,7 +212,7 @@ impl<B: Backend> Model<B> {
     /// Whether split layer `l`'s aggregation phase also reads the own input rows (SAGE's root
     /// term, `x_own W_rᵀ`).
     pub fn split_reads_own_input(&self, l: usize) -> bool {
-        matches!(self.convs[l], Conv::Sage(_))
+        self.convs[l].split_maps().is_some_and(|m| m.root.is_some())
     }
 
     /// Precomputes the first layer's aggregation of a fixed input for [`Model::forward`].
@@ -583,7 +427,7 @@ impl<B: Backend> Model<B> {
         let residual = self.config.residual && self.dims[l] == self.dims[l + 1];
         let input_dropout = l == 0 && self.config.input_dropout > 0.0;
         let no_agg = (l == 0 && with_pre) || self.dims[l] > self.dims[l + 1];
-        let conv = matches!(self.config.kind, Kind::Gcn | Kind::Sage);
+        let conv = self.convs[l].cache_from_output().is_some();
         hidden && conv && !norm && !residual && !input_dropout && no_agg
     }
 
@@ -594,11 +438,7 @@ impl<B: Backend> Model<B> {
         if !self.backward_from_output(l, with_pre) {
             return None;
         }
-        let cache = match self.config.kind {
-            Kind::Gcn => Cache::Gcn(GcnCache::without_aggregation()),
-            Kind::Sage => Cache::Sage(SageCache::without_aggregation()),
-            Kind::Gat | Kind::Gin => return None,
-        };
+        let cache = self.convs[l].cache_from_output()?;
         Some(LayerTape {
             epoch,
             dropped_input: None,
@@ -676,7 +516,7 @@ impl<B: Backend> Model<B> {
     /// input dropout), so the transform runs on own rows only ([`Model::split_transform`]) and
     /// only the narrower transformed rows cross partitions ([`Model::split_forward`]).
     pub fn split(&self, l: usize, with_pre: bool) -> bool {
-        let conv = matches!(self.config.kind, Kind::Gcn | Kind::Sage);
+        let conv = self.convs[l].split_maps().is_some();
         let first_fixed = l == 0 && (with_pre || self.config.input_dropout > 0.0);
         conv && self.dims[l] > self.dims[l + 1] && !first_fixed
     }
@@ -685,8 +525,7 @@ impl<B: Backend> Model<B> {
     /// root term, or a residual connection of matching width. When not, callers may pass the
     /// aggregation in the input's place.
     pub fn reads_input_beside_pre(&self) -> bool {
-        matches!(self.config.kind, Kind::Sage | Kind::Gin)
-            || (self.config.residual && self.dims[0] == self.dims[1])
+        self.convs[0].reads_input_beside_pre() || (self.config.residual && self.dims[0] == self.dims[1])
     }
 
     /// Whether [`Model::forward`] and [`Model::backward`] read nothing of the input features
@@ -697,13 +536,9 @@ impl<B: Backend> Model<B> {
         self.pre.is_some() && !self.reads_input_beside_pre()
     }
 
-    /// A split layer's aggregated linear map and SAGE's root map.
-    fn split_maps(&self, l: usize) -> (&Linear<B>, Option<&Linear<B>>) {
-        match &self.convs[l] {
-            Conv::Gcn(c) => (&c.lin, None),
-            Conv::Sage(c) => (&c.lin_l, Some(&c.lin_r)),
-            Conv::Gat(_) | Conv::Gin(_) => panic!("only GCN and SAGE layers run split"),
-        }
+    /// A split layer's maps ([`Model::split`] said it runs split: its conv has them).
+    fn split_maps(&self, l: usize) -> SplitMaps<&Linear<B>> {
+        self.convs[l].split_maps().expect("Model::split: a split layer's conv has split maps")
     }
 
     /// The adjacency a split layer aggregates over: `A + I` for GCN, `A` for SAGE.
@@ -712,17 +547,13 @@ impl<B: Backend> Model<B> {
     }
 
     /// [`Model::split_maps`] for accumulating their gradients.
-    fn split_lins(&mut self, l: usize) -> (&mut Linear<B>, Option<&mut Linear<B>>) {
-        match &mut self.convs[l] {
-            Conv::Gcn(c) => (&mut c.lin, None),
-            Conv::Sage(c) => (&mut c.lin_l, Some(&mut c.lin_r)),
-            Conv::Gat(_) | Conv::Gin(_) => panic!("only GCN and SAGE layers run split"),
-        }
+    fn split_maps_mut(&mut self, l: usize) -> SplitMaps<&mut Linear<B>> {
+        self.convs[l].split_maps_mut().expect("Model::split: a split layer's conv has split maps")
     }
 
     /// Phase 1 of a split layer: `h = x Wᵀ` for the rows of `x` (no bias).
     pub fn split_transform(&self, b: &B, l: usize, x: &B::Mat) -> B::Mat {
-        let lin = self.split_maps(l).0;
+        let lin = self.split_maps(l).aggregated;
         let mut h = b.output(b.dims(x).0, self.dims[l + 1]);
         b.gemm(1.0, x, false, &lin.weight.value, true, 0.0, &mut h);
         h
@@ -741,7 +572,7 @@ impl<B: Backend> Model<B> {
         train: bool,
         epoch: u64,
     ) -> (B::Mat, LayerTape<B>) {
-        let (a, (lin, root)) = (self.split_adjacency(g), self.split_maps(l));
+        let (a, SplitMaps { aggregated: lin, root }) = (self.split_adjacency(g), self.split_maps(l));
         let mut z = b.output(g.rows, self.dims[l + 1]);
         a.spmm(b, false, h, 0.0, &mut z);
         if let Some(bias) = &lin.bias {
@@ -750,10 +581,8 @@ impl<B: Backend> Model<B> {
         if let Some(r) = root {
             r.forward_into(b, x_own.expect("SAGE's root term reads the own input rows"), 1.0, &mut z);
         }
-        let cache = match self.config.kind {
-            Kind::Gcn => Cache::Gcn(GcnCache::without_aggregation()),
-            _ => Cache::Sage(SageCache::without_aggregation()),
-        };
+        let cache =
+            self.convs[l].cache_from_output().expect("Model::split: a split layer keeps no aggregation");
         let mut tape = LayerTape {
             epoch,
             dropped_input: None,
@@ -793,7 +622,7 @@ impl<B: Backend> Model<B> {
         let a = self.split_adjacency(g);
         let mut dh = b.output(g.cols, self.dims[l + 1]);
         a.spmm(b, true, dz, 0.0, &mut dh);
-        let (lin, root) = self.split_lins(l);
+        let SplitMaps { aggregated: lin, root } = self.split_maps_mut(l);
         if let Some(bias) = &mut lin.bias {
             b.col_sums(dz, 1.0, &mut bias.grad);
         }
@@ -811,7 +640,7 @@ impl<B: Backend> Model<B> {
         dh: &B::Mat,
         need_dx: bool,
     ) -> Option<B::Mat> {
-        let (lin, _) = self.split_lins(l);
+        let lin = self.split_maps_mut(l).aggregated;
         b.gemm(1.0, dh, true, x, false, 1.0, &mut lin.weight.grad);
         need_dx.then(|| {
             let mut dx = b.output(b.dims(dh).0, lin.in_dim(b));

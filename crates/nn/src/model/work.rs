@@ -4,7 +4,7 @@
 
 use grinnder_tensor::Backend;
 
-use super::{Conv, Model};
+use super::Model;
 use crate::memory::Shape;
 use crate::work::{Passes, Work};
 
@@ -22,12 +22,7 @@ impl<B: Backend> Model<B> {
     /// Layer `l`'s conv on a partition of shape `s` (see [`Model::layer_held`]'s arguments).
     fn conv_work(&self, l: usize, s: Shape, pre: bool, need_dx: bool) -> Passes {
         let (i, o) = (self.dims[l] as u64, self.dims[l + 1] as u64);
-        match &self.convs[l] {
-            Conv::Gcn(_) => crate::gcn::work(s, i, o, pre, need_dx),
-            Conv::Sage(_) => crate::sage::work(s, i, o, pre, need_dx),
-            Conv::Gat(c) => crate::gat::work(s, i, c.heads as u64, o, c.concat, need_dx),
-            Conv::Gin(c) => crate::gin::work(s, i, o, c.train_eps, pre, need_dx),
-        }
+        self.convs[l].work(s, i, o, pre, need_dx)
     }
 
     /// What a hidden layer adds over its `rows × o` output: LayerNorm, ReLU, dropout and the
@@ -68,7 +63,7 @@ impl<B: Backend> Model<B> {
     pub fn split_work(&self, l: usize, s: Shape) -> SplitWork {
         let (i, o) = (self.dims[l] as u64, self.dims[l + 1] as u64);
         let need_dx = l > 0;
-        let root = matches!(self.convs[l], Conv::Sage(_));
+        let root = self.split_reads_own_input(l);
         let root_fwd = if root { Work::gemm(s.rows, i, o) } else { Work::default() };
         let root_back = match (root, need_dx) {
             (false, _) => Work::default(),

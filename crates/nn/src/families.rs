@@ -1,0 +1,159 @@
+//! The registry of convolution families: the one file that lists them. Each family states
+//! what it is in its own file ([`crate::conv::Family`], [`crate::conv::Conv`]); here a
+//! [`Kind`] names it (in configs and model files) and finds its family and its layers.
+
+use grinnder_tensor::Backend;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::conv::{Conv, Family, LayerSpec};
+use crate::{gat, gcn, gin, sage};
+
+/// A convolution family, by name (in configs and model files its [`Family::name`], read
+/// with its aliases in any case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Gcn,
+    Sage,
+    Gat,
+    Gin,
+}
+
+impl Kind {
+    /// Every family.
+    pub const ALL: [Kind; 4] = [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin];
+
+    /// What the family states about itself.
+    pub fn family(self) -> &'static dyn Family {
+        match self {
+            Kind::Gcn => &gcn::Gcn,
+            Kind::Sage => &sage::Sage,
+            Kind::Gat => &gat::Gat,
+            Kind::Gin => &gin::Gin,
+        }
+    }
+
+    /// A layer of this family as `spec` describes it.
+    pub fn conv<B: Backend>(self, b: &B, spec: &LayerSpec) -> Box<dyn Conv<B>> {
+        match self {
+            Kind::Gcn => Box::new(gcn::GcnConv::of(b, spec)),
+            Kind::Sage => Box::new(sage::SageConv::of(b, spec)),
+            Kind::Gat => Box::new(gat::GatConv::of(b, spec)),
+            Kind::Gin => Box::new(gin::GinConv::of(b, spec)),
+        }
+    }
+
+    /// [`Family::aggregation`].
+    pub fn aggregation(self) -> crate::Aggregation {
+        self.family().aggregation()
+    }
+
+    /// [`Family::weighs_entries`].
+    pub fn weighs_entries(self) -> bool {
+        self.family().weighs_entries()
+    }
+
+    /// [`Family::takes_edge_weight`].
+    pub fn takes_edge_weight(self) -> bool {
+        self.family().takes_edge_weight()
+    }
+
+    /// [`Family::pyg_layer`].
+    pub fn pyg_layer(self) -> &'static str {
+        self.family().pyg_layer()
+    }
+
+    /// [`Family::first_map`].
+    pub fn first_map(self, l: usize) -> String {
+        self.family().first_map(l)
+    }
+
+    /// [`Family::output_map`].
+    pub fn output_map(self, l: usize) -> String {
+        self.family().output_map(l)
+    }
+
+    /// [`Family::heads_tensor`].
+    pub fn heads_tensor(self, l: usize) -> Option<String> {
+        self.family().heads_tensor(l)
+    }
+
+    /// The family's name: `gcn`, `sage`, `gat`, `gin`.
+    pub fn name(self) -> &'static str {
+        self.family().name()
+    }
+
+    /// The family named `s` (any case; or one of its aliases: `graphsage` for SAGE).
+    pub fn parse(s: &str) -> Option<Kind> {
+        let s = s.to_ascii_lowercase();
+        Kind::ALL.into_iter().find(|k| {
+            let f = k.family();
+            f.name() == s || f.aliases().contains(&s.as_str())
+        })
+    }
+
+    /// The family whose first layer a state dict holds (`has(name)`: whether it holds that
+    /// tensor): of the families whose markers ([`Family::markers`]) are all there, the one
+    /// with the most (GAT's `lin.weight` is GCN's name too; its attention vectors tell it
+    /// apart).
+    pub fn recognise(has: impl Fn(&str) -> bool) -> Option<Kind> {
+        Kind::ALL
+            .into_iter()
+            .map(|k| (k, k.family().markers()))
+            .filter(|(_, m)| m.iter().all(|n| has(n)))
+            .max_by_key(|(_, m)| m.len())
+            .map(|(k, _)| k)
+    }
+}
+
+impl std::fmt::Display for Kind {
+    /// As the command line takes it: `gcn`, `sage`, `gat`, `gin`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for Kind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Kind {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Kind::parse(&s).ok_or_else(|| {
+            let names: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+            serde::de::Error::custom(format!("unknown model `{s}`: one of {}", names.join(", ")))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_state_dicts_tell_the_family() {
+        for k in Kind::ALL {
+            assert_eq!(Kind::parse(k.name()), Some(k));
+            assert_eq!(Kind::parse(&k.name().to_uppercase()), Some(k));
+            let names = k.family().markers();
+            assert_eq!(Kind::recognise(|n| names.iter().any(|m| m == n)), Some(k), "{k:?}");
+        }
+        // GAT's markers hold GCN's: GCN's alone is GCN
+        assert_eq!(Kind::recognise(|n| n == "convs.0.lin.weight"), Some(Kind::Gcn));
+        assert_eq!(Kind::parse("GraphSAGE"), Some(Kind::Sage));
+        assert_eq!(Kind::parse("mlp"), None);
+        assert_eq!(Kind::recognise(|_| false), None);
+    }
+
+    #[test]
+    fn every_family_has_its_own_name_and_markers() {
+        for (i, a) in Kind::ALL.iter().enumerate() {
+            for b in &Kind::ALL[i + 1..] {
+                assert_ne!(a.name(), b.name());
+                assert_ne!(a.family().markers(), b.family().markers(), "{a} and {b}");
+            }
+        }
+    }
+}
