@@ -1,7 +1,7 @@
 """Model files between grinnder and PyG, both ways, on Cora (CPU):
 
 (a) a model trained and saved by grinnder (`train --save-model`) loads into PyG's layers —
-    GCNConv, SAGEConv, GATConv, GINConv and torch.nn.LayerNorm stacked as grinnder stacks them,
+    GCNConv, SAGEConv, GATConv, GINConv, GATv2Conv and torch.nn.LayerNorm stacked as grinnder stacks them,
     and PyG's BasicGNN models where they express the same model — and gives the logits (and the
     first layer's output) that `grinnder predict` wrote;
 (b) a model trained in PyG and saved with safetensors.torch.save_file under the documented names
@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
-from torch_geometric.nn import GATConv, GCNConv, GINConv, SAGEConv
+from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv
 from torch_geometric.nn.models import GCN, GIN, GraphSAGE
 
 TOL = 1e-5
@@ -30,7 +30,7 @@ class Stack(nn.Module):
     def __init__(self, kind, in_dim, hidden, classes, layers, heads=1, norm=False, residual=False, eps=0.0,
                  train_eps=False):
         super().__init__()
-        width = hidden * heads if kind == "gat" else hidden
+        width = hidden * heads if kind in ("gat", "gatv2") else hidden
         dims = [in_dim] + [width] * (layers - 1) + [classes]
         self.residual = residual
         convs = []
@@ -40,9 +40,9 @@ class Stack(nn.Module):
                 convs.append(GCNConv(dims[l], dims[l + 1]))
             elif kind == "sage":
                 convs.append(SAGEConv(dims[l], dims[l + 1]))
-            elif kind == "gat":
-                convs.append(GATConv(dims[l], classes if last else hidden, heads=1 if last else heads,
-                                     concat=not last))
+            elif kind in ("gat", "gatv2"):
+                conv = GATConv if kind == "gat" else GATv2Conv
+                convs.append(conv(dims[l], classes if last else hidden, heads=1 if last else heads, concat=not last))
             else:
                 mlp = nn.Sequential(nn.Linear(dims[l], dims[l + 1]), nn.ReLU(), nn.Linear(dims[l + 1], dims[l + 1]))
                 convs.append(GINConv(mlp, eps=eps, train_eps=train_eps))
@@ -93,6 +93,7 @@ GRINNDER_MODELS = [
     ("sage", ["--norm", "layer", "--residual"], 3),
     ("gat", ["--heads", "2"], 2),
     ("gat", ["--heads", "2", "--norm", "layer", "--residual"], 3),
+    ("gatv2", ["--heads", "2"], 2),
     ("gin", ["--gin-eps", "0.1"], 2),
     ("gin", ["--train-eps", "--norm", "layer", "--residual"], 3),
 ]
@@ -149,6 +150,7 @@ PYG_MODELS = [
     ("sage-layernorm-residual", lambda d, c: Stack("sage", d, 16, c, 3, norm=True, residual=True),
      {"residual": "true"}),
     ("gat", lambda d, c: Stack("gat", d, 8, c, 2, heads=4), {}),
+    ("gatv2", lambda d, c: Stack("gatv2", d, 8, c, 2, heads=4), {}),
     ("gin-basic", lambda d, c: GIN(d, 32, 2, c), {}),
     ("gcn-basic", lambda d, c: GCN(d, 32, 3, c), {}),
 ]

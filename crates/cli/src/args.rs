@@ -509,10 +509,10 @@ pub struct TrainSettings {
     /// no feature is negative (bag-of-words, as the citation graphs), none otherwise].
     #[arg(help_heading = "Model", long, ignore_case = true, value_enum)]
     pub feature_norm: Option<FeatureNormArg>,
-    /// GAT: attention heads of hidden layers, concatenated (the output layer has one) [default: 8].
+    /// GAT, GATv2: attention heads of hidden layers, concatenated (the output layer has one) [default: 8].
     #[arg(help_heading = "Model", long)]
     pub heads: Option<usize>,
-    /// GAT: dropout on attention coefficients [default: the --dropout value].
+    /// GAT, GATv2: dropout on attention coefficients [default: the --dropout value].
     #[arg(help_heading = "Model", long)]
     pub attn_dropout: Option<f64>,
     /// GIN: ε, a node's own row weighs 1 + ε in its sum (the initial value with --train-eps) [default: 0].

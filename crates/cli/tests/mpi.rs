@@ -75,7 +75,7 @@ fn mpirun_predicts_what_one_process_does() {
 #[test]
 fn mpirun_trains_partition_parallel_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    for model in ["gcn", "sage", "gat", "gin"] {
+    for model in ["gcn", "sage", "gat", "gin", "gatv2"] {
         let one = dir.path().join(format!("{model}-1.jsonl"));
         let two = dir.path().join(format!("{model}-2.jsonl"));
         let args = |out: &Path| -> Vec<String> {

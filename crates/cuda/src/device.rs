@@ -11,7 +11,7 @@ pub(crate) struct Kernels {
     pub(crate) f: std::collections::HashMap<&'static str, CudaFunction>,
 }
 
-pub(crate) const KERNELS: [&str; 36] = [
+pub(crate) const KERNELS: [&str; 40] = [
     "iota_u32",
     "gather_rows_host_bf16",
     "scatter_add_rows_host_bf16",
@@ -31,6 +31,10 @@ pub(crate) const KERNELS: [&str; 36] = [
     "sddmm",
     "edge_softmax",
     "edge_softmax_backward",
+    "pair_softmax",
+    "pair_score_grad",
+    "pair_dxr",
+    "pair_dxl",
     "head_dots",
     "head_dots_dz",
     "gather_rows",

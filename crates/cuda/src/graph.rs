@@ -114,6 +114,67 @@ impl GraphOps for Cuda {
         // SAFETY: shapes as in edge_softmax.
         unsafe { l.launch(grid(s.rows * k)) }.expect("CUDA edge_softmax_backward");
     }
+    fn pair_softmax(&self, s: &DSparse, xl: &DMat, xr: &DMat, att: &DMat, slope: f64, alpha: &mut DMat) {
+        let _p = self.span("pair_softmax");
+        let (k, f) = (att.rows, att.cols);
+        assert_eq!(
+            (alpha.rows, alpha.cols),
+            (s.nnz, k),
+            "pair_softmax: one row per entry, a column per head"
+        );
+        assert_eq!(
+            (xl.rows, xr.rows, xl.cols, xr.cols),
+            (s.cols, s.rows, k * f, k * f),
+            "pair_softmax shapes"
+        );
+        let (r64, k32, f32_, sl) = (s.rows as i64, k as i32, f as i32, slope as f32);
+        let mut l = self.stream.launch_builder(self.func("pair_softmax"));
+        l.arg(&s.row_ptr).arg(&s.col_idx).arg(&r64).arg(&xl.data).arg(&xr.data).arg(&att.data);
+        l.arg(&k32).arg(&f32_).arg(&sl).arg(&mut alpha.data);
+        // SAFETY: shapes checked above.
+        unsafe { l.launch(grid(s.rows * k)) }.expect("CUDA pair_softmax");
+    }
+    fn pair_softmax_backward(
+        &self,
+        s: &DSparse,
+        xl: &DMat,
+        xr: &DMat,
+        att: &DMat,
+        slope: f64,
+        alpha: &DMat,
+        dalpha: &DMat,
+        grads: PairGrads<'_, DMat>,
+    ) {
+        let _p = self.span("pair_softmax_backward");
+        let (k, f) = (att.rows, att.cols);
+        let w = k * f;
+        let PairGrads { dxl, dxr, datt } = grads;
+        assert_eq!(
+            (dxl.rows, dxr.rows, dxl.cols, dxr.cols),
+            (s.cols, s.rows, w, w),
+            "pair_softmax_backward shapes"
+        );
+        let perm =
+            s.t_perm.as_ref().expect("pair_softmax_backward reads the transposed structure's entry order");
+        let (r64, c64, k32, f32_, sl) = (s.rows as i64, s.cols as i64, k as i32, f as i32, slope as f32);
+        let mut ds = self.output(s.nnz, k);
+        let mut l = self.stream.launch_builder(self.func("pair_score_grad"));
+        l.arg(&s.row_ptr).arg(&r64).arg(&k32).arg(&alpha.data).arg(&dalpha.data).arg(&mut ds.data);
+        // SAFETY: alpha, dalpha and ds are nnz × k.
+        unsafe { l.launch(grid(s.rows * k)) }.expect("CUDA pair_score_grad");
+        let mut part = self.output(s.rows, w);
+        let mut l = self.stream.launch_builder(self.func("pair_dxr"));
+        l.arg(&s.row_ptr).arg(&s.col_idx).arg(&r64).arg(&xl.data).arg(&xr.data).arg(&att.data).arg(&ds.data);
+        l.arg(&k32).arg(&f32_).arg(&sl).arg(&mut dxr.data).arg(&mut part.data);
+        // SAFETY: shapes checked above; part is rows × w.
+        unsafe { l.launch(grid(s.rows * w)) }.expect("CUDA pair_dxr");
+        self.col_reduce(&part.data, None, None, s.rows, w, 1, 0, 1.0, &mut datt.data);
+        let mut l = self.stream.launch_builder(self.func("pair_dxl"));
+        l.arg(&s.t_row_ptr).arg(&s.t_col_idx).arg(perm).arg(&c64).arg(&xl.data).arg(&xr.data).arg(&att.data);
+        l.arg(&ds.data).arg(&k32).arg(&f32_).arg(&sl).arg(&mut dxl.data);
+        // SAFETY: shapes checked above; the transposed structure indexes rows and entries of s.
+        unsafe { l.launch(grid(s.cols * w)) }.expect("CUDA pair_dxl");
+    }
     fn edge_dropout(&self, s: &DSparse, key: MaskKey, p: f64, vals: &mut DMat) {
         let _p = self.span("edge_dropout");
         assert!((0.0..1.0).contains(&p), "dropout probability {p} outside [0, 1)");

@@ -317,6 +317,89 @@ extern "C" __global__ void edge_softmax_backward(const u64* ptr, const u32* idx,
     }
 }
 
+// GATv2's attention (crates/tensor/src/cpu/sparse.rs pair_softmax): one thread per (row, head);
+// the score of entry e = (r, c) is att[h] · leaky(xl[c, block h] + xr[r, block h])
+extern "C" __global__ void pair_softmax(const u64* ptr, const u32* idx, i64 rows, const float* xl,
+                                        const float* xr, const float* att, int k, int f, float slope,
+                                        float* alpha) {
+    i64 t = global_thread();
+    if (t >= rows * k) return;
+    i64 r = t / k;
+    int h = (int)(t % k);
+    i64 w = (i64)k * f;
+    const float* a = att + h * f;
+    const float* xrr = xr + r * w + h * f;
+    float m = NEG_INF;
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) {
+        const float* xlc = xl + (i64)idx[e] * w + h * f;
+        float x = 0.0f;
+        for (int j = 0; j < f; ++j) x += leaky(xlc[j] + xrr[j], slope) * a[j];
+        alpha[e * k + h] = x;
+        m = fmaxf(m, x);
+    }
+    float sum = 0.0f;
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) {
+        float x = expf(alpha[e * k + h] - m);
+        alpha[e * k + h] = x;
+        sum += x;
+    }
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) alpha[e * k + h] /= sum;
+}
+
+// the score's gradient ds = α (dα − Σ_row α dα): one thread per (row, head)
+extern "C" __global__ void pair_score_grad(const u64* ptr, i64 rows, int k, const float* alpha,
+                                           const float* dalpha, float* ds) {
+    i64 t = global_thread();
+    if (t >= rows * k) return;
+    i64 r = t / k;
+    int h = (int)(t % k);
+    float dot = 0.0f;
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) dot += alpha[e * k + h] * dalpha[e * k + h];
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) ds[e * k + h] = alpha[e * k + h] * (dalpha[e * k + h] - dot);
+}
+
+// dxr[r, j] += Σ_e ds[e, h] · att[j] · leaky'(pre), and the row's share of datt written to
+// part[r, j] = Σ_e ds[e, h] · leaky(pre): one thread per (row, feature)
+extern "C" __global__ void pair_dxr(const u64* ptr, const u32* idx, i64 rows, const float* xl, const float* xr,
+                                    const float* att, const float* ds, int k, int f, float slope, float* dxr,
+                                    float* part) {
+    i64 w = (i64)k * f;
+    i64 t = global_thread();
+    if (t >= rows * w) return;
+    i64 r = t / w;
+    int j = (int)(t % w);
+    int h = j / f;
+    float xrj = xr[t], aj = att[j], g = 0.0f, p = 0.0f;
+    for (u64 e = ptr[r]; e < ptr[r + 1]; ++e) {
+        float pre = xl[(i64)idx[e] * w + j] + xrj;
+        float d = ds[e * k + h];
+        g += pre > 0.0f ? d * aj : d * aj * slope;
+        p += d * leaky(pre, slope);
+    }
+    dxr[t] += g;
+    part[t] = p;
+}
+
+// dxl[c, j] += Σ over the column's entries of ds[e, h] · att[j] · leaky'(pre), through the
+// transposed structure: one thread per (column, feature)
+extern "C" __global__ void pair_dxl(const u64* tptr, const u32* tidx, const u32* perm, i64 cols,
+                                    const float* xl, const float* xr, const float* att, const float* ds, int k,
+                                    int f, float slope, float* dxl) {
+    i64 w = (i64)k * f;
+    i64 t = global_thread();
+    if (t >= cols * w) return;
+    i64 c = t / w;
+    int j = (int)(t % w);
+    int h = j / f;
+    float xlj = xl[t], aj = att[j], g = 0.0f;
+    for (u64 q = tptr[c]; q < tptr[c + 1]; ++q) {
+        float pre = xlj + xr[(i64)tidx[q] * w + j];
+        float d = ds[(u64)perm[q] * k + h];
+        g += pre > 0.0f ? d * aj : d * aj * slope;
+    }
+    dxl[t] += g;
+}
+
 // out[n, h] = z[n, block h] · att[h, :]
 extern "C" __global__ void head_dots(const float* z, const float* att, i64 n, int k, int f, float* out) {
     i64 t = global_thread();

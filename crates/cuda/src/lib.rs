@@ -25,7 +25,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use grinnder_tensor::ops::*;
-use grinnder_tensor::{Binary, DeviceMemory, MaskKey, Mat, Rows, SparseMatrix, StepRule, Unary};
+use grinnder_tensor::{Binary, DeviceMemory, MaskKey, Mat, PairGrads, Rows, SparseMatrix, StepRule, Unary};
 
 mod bus16;
 mod clock;

@@ -426,9 +426,14 @@ fn the_tiered_executor_on_the_gpu_gives_the_cpu_gradients() {
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
     // two GCN layers with hidden wider than the classes: layer 0 runs inside layer 1's transform;
     // with every layer, layer 0's aggregation (host blocks: page-locked, uploaded ahead)
-    for (kind, layers, hidden) in
-        [(Kind::Gcn, 3, 32), (Kind::Sage, 3, 32), (Kind::Gat, 3, 32), (Kind::Gin, 3, 32), (Kind::Gcn, 2, 64)]
-    {
+    for (kind, layers, hidden) in [
+        (Kind::Gcn, 3, 32),
+        (Kind::Sage, 3, 32),
+        (Kind::Gat, 3, 32),
+        (Kind::Gin, 3, 32),
+        (Kind::Gatv2, 3, 32),
+        (Kind::Gcn, 2, 64),
+    ] {
         let cfg = ModelConfig {
             input_dropout: 0.0,
             norm: Norm::None,
@@ -496,7 +501,7 @@ fn minibatches_give_the_cpu_gradients() {
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
     let host = HostFeatures::new(&ds, FeatureNorm::Row);
     let seeds: Vec<u32> = ds.splits.train.iter().copied().take(64).collect();
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
+    for kind in Kind::ALL {
         let cfg = ModelConfig { layers: 2, residual: false, ..model_cfg(kind) };
         let batch = NeighborSampler::new(vec![5, 3], 2).sample(&ds.graph, &seeds, 1);
         let run = |b: &dyn Fn() -> (f64, Vec<Mat<f32>>)| b();
@@ -638,7 +643,7 @@ fn models_give_the_cpu_gradients() {
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
     let x = Mat::from_vec(ds.num_nodes(), ds.features.dim, ds.features.data.to_f32_vec());
     let n = ds.splits.train.len() as f64;
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
+    for kind in Kind::ALL {
         let cfg = model_cfg(kind);
         let run = |b: &dyn Fn() -> (f64, Vec<(String, Mat<f32>)>)| b();
         let cpu = run(&|| {
@@ -716,7 +721,7 @@ fn nccl_partition_parallel_on_two_gpus_gives_the_cpu_gradients() {
     for s in &sums {
         assert_eq!(s.data, want, "all-reduce of two ranks");
     }
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
+    for kind in Kind::ALL {
         let cfg = ModelConfig { input_dropout: 0.0, norm: Norm::None, residual: false, ..model_cfg(kind) };
         let tc0 = TieredConfig::in_ram(4, Method::Metis { seed: 0 });
         let mut ex_c = Executor::new(&c, &ds, &cfg, FeatureNorm::Row, &tc0).unwrap();

@@ -90,9 +90,14 @@ fn the_predicted_traffic_is_what_an_epoch_moves() {
     let parts = 6;
     let base = TieredConfig::in_ram(parts, Method::Metis { seed: 0 });
     let mut spilled = 0;
-    for (kind, layers, hidden) in
-        [(Kind::Gcn, 2, 64), (Kind::Gcn, 3, 16), (Kind::Sage, 2, 32), (Kind::Gat, 2, 16), (Kind::Gin, 3, 16)]
-    {
+    for (kind, layers, hidden) in [
+        (Kind::Gcn, 2, 64),
+        (Kind::Gcn, 3, 16),
+        (Kind::Sage, 2, 32),
+        (Kind::Gat, 2, 16),
+        (Kind::Gin, 3, 16),
+        (Kind::Gatv2, 2, 16),
+    ] {
         let cfg = model(kind, layers, hidden);
         let what = |s: &str| format!("{kind:?} {layers}×{hidden}, {s}");
         // every block in the backend's own host blocks (as page-locked ones on a GPU)

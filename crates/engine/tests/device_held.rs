@@ -142,7 +142,7 @@ fn the_planned_working_set_holds_what_each_layer_allocates() {
 fn check_every_layer() {
     let b = B::new();
     let mut worst = (0.0f64, String::new());
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
+    for kind in Kind::ALL {
         let g = partition(&b, kind);
         let s = Shape { rows: ROWS as u64, cols: COLS as u64, nnz: g.nnz() as u64 };
         // an input narrower than the hidden layers (aggregated first) and a wider one (split)
@@ -154,7 +154,7 @@ fn check_every_layer() {
             (16, Norm::Layer, true, 0.0),
             (40, Norm::Layer, false, 0.5),
         ] {
-            let heads = if kind == Kind::Gat { 2 } else { 1 };
+            let heads = if kind.family().has_heads() { 2 } else { 1 };
             let cfg = ModelConfig {
                 kind,
                 layers: 3,
@@ -164,7 +164,7 @@ fn check_every_layer() {
                 norm,
                 residual,
                 heads,
-                attn_dropout: if kind == Kind::Gat { 0.3 } else { 0.0 },
+                attn_dropout: if kind.family().has_heads() { 0.3 } else { 0.0 },
                 gin_eps: 0.1,
                 train_eps: residual,
                 seed: 1,

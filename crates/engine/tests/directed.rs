@@ -228,7 +228,9 @@ fn layers_and_modes_without_weights_refuse_them_before_partitioning_naming_the_f
         partition_cache: Some(cache.path().to_path_buf()),
         ..TieredConfig::in_ram(4, Method::Metis { seed: 0 })
     };
-    for (kind, layer) in [(Kind::Sage, "SAGEConv"), (Kind::Gat, "GATConv"), (Kind::Gin, "GINConv")] {
+    for (kind, layer) in
+        [(Kind::Sage, "SAGEConv"), (Kind::Gat, "GATConv"), (Kind::Gin, "GINConv"), (Kind::Gatv2, "GATv2Conv")]
+    {
         let cfg = config(kind, 2, Norm::None, 0.0, FeatureNorm::Row);
         for mode in [Mode::FullGraph, Mode::Tiered(tiered())] {
             let err = Trainer::new(&b, &ds, cfg.clone(), mode).err().expect("refused").to_string();

@@ -36,7 +36,7 @@ fn config(kind: Kind, epochs: usize) -> TrainConfig {
 fn every_model_learns_a_generated_graph() {
     let ds =
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.005, 2)).unwrap().into_dataset().unwrap();
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
+    for kind in Kind::ALL {
         let mut seen = Vec::new();
         let s =
             fit(&Cpu::<f32>::new(), &ds, &config(kind, 30), Mode::FullGraph, &mut |m| seen.push(m.clone()))

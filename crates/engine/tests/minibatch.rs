@@ -56,7 +56,7 @@ fn full_neighbourhood_batches_give_the_full_graph_gradients_of_their_seeds() {
     let b = Cpu::<f64>::new();
     let seeds: Vec<u32> = ds.splits.train.iter().copied().step_by(3).take(40).collect();
     let rows: Vec<u32> = seeds.clone();
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
+    for kind in Kind::ALL {
         for layers in [2, 3] {
             let cfg = model(kind, layers);
             // the full graph, the loss on the seeds only

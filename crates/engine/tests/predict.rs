@@ -89,6 +89,7 @@ fn predictions_equal_the_in_memory_forward_for_any_partitioning_and_tier() {
         (Kind::Gat, Norm::Layer, true),
         (Kind::Gin, Norm::None, false),
         (Kind::Gin, Norm::Layer, true),
+        (Kind::Gatv2, Norm::None, false),
     ];
     for (kind, norm, residual) in cases {
         let cfg = config(kind, 3, 12, norm, residual);

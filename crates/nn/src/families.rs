@@ -6,7 +6,7 @@ use grinnder_tensor::Backend;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::conv::{Conv, Family, LayerSpec};
-use crate::{gat, gcn, gin, sage};
+use crate::{gat, gatv2, gcn, gin, sage};
 
 /// A convolution family, by name (in configs and model files its [`Family::name`], read
 /// with its aliases in any case).
@@ -16,11 +16,12 @@ pub enum Kind {
     Sage,
     Gat,
     Gin,
+    Gatv2,
 }
 
 impl Kind {
     /// Every family.
-    pub const ALL: [Kind; 4] = [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin];
+    pub const ALL: [Kind; 5] = [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin, Kind::Gatv2];
 
     /// What the family states about itself.
     pub fn family(self) -> &'static dyn Family {
@@ -29,6 +30,7 @@ impl Kind {
             Kind::Sage => &sage::Sage,
             Kind::Gat => &gat::Gat,
             Kind::Gin => &gin::Gin,
+            Kind::Gatv2 => &gatv2::Gatv2,
         }
     }
 
@@ -39,6 +41,7 @@ impl Kind {
             Kind::Sage => Box::new(sage::SageConv::of(b, spec)),
             Kind::Gat => Box::new(gat::GatConv::of(b, spec)),
             Kind::Gin => Box::new(gin::GinConv::of(b, spec)),
+            Kind::Gatv2 => Box::new(gatv2::Gatv2Conv::of(b, spec)),
         }
     }
 
@@ -77,7 +80,7 @@ impl Kind {
         self.family().heads_tensor(l)
     }
 
-    /// The family's name: `gcn`, `sage`, `gat`, `gin`.
+    /// The family's name: `gcn`, `sage`, `gat`, `gin`, `gatv2`.
     pub fn name(self) -> &'static str {
         self.family().name()
     }
@@ -106,7 +109,7 @@ impl Kind {
 }
 
 impl std::fmt::Display for Kind {
-    /// As the command line takes it: `gcn`, `sage`, `gat`, `gin`.
+    /// As the command line takes it ([`Kind::name`]).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }

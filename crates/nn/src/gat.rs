@@ -51,16 +51,7 @@ impl<B: Backend> GatConv<B> {
     ) -> Self {
         let width = heads * out_dim;
         let bias_width = if concat { width } else { out_dim };
-        let mean = (!concat).then(|| {
-            let mut m = Mat::<B::T>::zeros(width, out_dim);
-            let w = <B::T as grinnder_tensor::Scalar>::of(1.0 / heads as f64);
-            for h in 0..heads {
-                for f in 0..out_dim {
-                    m.data[(h * out_dim + f) * out_dim + f] = w;
-                }
-            }
-            b.upload(&m)
-        });
+        let mean = (!concat).then(|| head_mean(b, heads, out_dim));
         GatConv {
             lin: Linear::init(b, &format!("{name}.lin"), in_dim, width, false, seed),
             att_src: Param::glorot(b, format!("{name}.att_src"), heads, out_dim, seed)
@@ -74,21 +65,6 @@ impl<B: Backend> GatConv<B> {
         }
     }
 
-    fn dropped(
-        &self,
-        b: &B,
-        g: &Graph<B>,
-        alpha: &B::Mat,
-        dropout: Option<(MaskKey, f64)>,
-    ) -> Option<B::Mat> {
-        let (key, p) = dropout.filter(|&(_, p)| p > 0.0)?;
-        let (r, c) = b.dims(alpha);
-        let mut a = b.output(r, c);
-        b.copy(alpha, &mut a);
-        b.edge_dropout(&g.adjacency(Aggregation::GcnNorm).s, key, p, &mut a);
-        Some(a)
-    }
-
     /// A GAT layer as `spec` describes it (see [`crate::families::Kind::conv`]): a hidden layer
     /// concatenates `spec.heads` heads of `spec.hidden`, the output layer has one head of
     /// `out_dim`.
@@ -99,6 +75,35 @@ impl<B: Backend> GatConv<B> {
             GatConv::init(b, &spec.name(), spec.in_dim, spec.hidden, spec.heads, true, spec.seed)
         }
     }
+}
+
+/// `[H·F, F]` with `1/H` on each head's diagonal: averaging `H` heads of `F` is a product with
+/// it (GAT's and GATv2's output layer).
+pub(crate) fn head_mean<B: Backend>(b: &B, heads: usize, out_dim: usize) -> B::Mat {
+    let mut m = Mat::<B::T>::zeros(heads * out_dim, out_dim);
+    let w = <B::T as grinnder_tensor::Scalar>::of(1.0 / heads as f64);
+    for h in 0..heads {
+        for f in 0..out_dim {
+            m.data[(h * out_dim + f) * out_dim + f] = w;
+        }
+    }
+    b.upload(&m)
+}
+
+/// The attention coefficients `alpha` (`nnz × H` over `A + I`) after attention dropout
+/// (`None`: no dropout).
+pub(crate) fn drop_attention<B: Backend>(
+    b: &B,
+    g: &Graph<B>,
+    alpha: &B::Mat,
+    dropout: Option<(MaskKey, f64)>,
+) -> Option<B::Mat> {
+    let (key, p) = dropout.filter(|&(_, p)| p > 0.0)?;
+    let (r, c) = b.dims(alpha);
+    let mut a = b.output(r, c);
+    b.copy(alpha, &mut a);
+    b.edge_dropout(&g.adjacency(Aggregation::GcnNorm).s, key, p, &mut a);
+    Some(a)
 }
 
 impl<B: Backend> Conv<B> for GatConv<B> {
@@ -121,7 +126,7 @@ impl<B: Backend> Conv<B> for GatConv<B> {
         b.head_dots(&z, &self.att_dst.value, &mut s_dst);
         let mut alpha = b.output(a.nnz, self.heads);
         b.edge_softmax(&a.s, &s_src, &s_dst, NEGATIVE_SLOPE, &mut alpha);
-        let dropped = self.dropped(b, g, &alpha, attn);
+        let dropped = drop_attention(b, g, &alpha, attn);
         let mut agg = b.output(n, b.dims(&z).1);
         b.spmm(&a.s, dropped.as_ref().unwrap_or(&alpha), false, &z, 0.0, &mut agg);
         let mut y = match &self.mean {
@@ -161,7 +166,7 @@ impl<B: Backend> Conv<B> for GatConv<B> {
             d
         });
         let dagg = dagg_owned.as_ref().unwrap_or(dy);
-        let dropped = self.dropped(b, g, &alpha, attn);
+        let dropped = drop_attention(b, g, &alpha, attn);
         let mut dz = b.output(ni, width);
         b.spmm(&a.s, dropped.as_ref().unwrap_or(&alpha), true, dagg, 0.0, &mut dz);
         drop(dropped);

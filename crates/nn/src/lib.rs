@@ -12,6 +12,7 @@ pub mod aggregation;
 pub mod conv;
 pub mod families;
 pub mod gat;
+pub mod gatv2;
 pub mod gcn;
 pub mod gin;
 pub mod graph;

@@ -53,13 +53,14 @@ fn loss_and_grads<B: Backend>(
 
 fn configs() -> Vec<ModelConfig> {
     let mut out = Vec::new();
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
+    for kind in Kind::ALL {
         for (layers, hidden) in [(1, 4), (2, 3), (2, 7), (3, 6)] {
             for norm in [Norm::None, Norm::Layer] {
                 for residual in [false, true] {
                     for (dropout, input_dropout) in [(0.0, 0.0), (0.4, 0.3)] {
                         // GAT: 2 heads (concatenated in hidden layers), attention dropout too
-                        let (heads, attn_dropout) = if kind == Kind::Gat { (2, dropout) } else { (1, 0.0) };
+                        let (heads, attn_dropout) =
+                            if kind.family().has_heads() { (2, dropout) } else { (1, 0.0) };
                         out.push(ModelConfig {
                             kind,
                             layers,
@@ -210,7 +211,7 @@ fn relabelling_nodes_permutes_outputs_and_keeps_gradients() {
         px.row_mut(perm[v] as usize).copy_from_slice(x.row(v));
     }
     let (g, pg) = (Graph::new(&b, &csr), Graph::new(&b, &pcsr));
-    for kind in [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin] {
+    for kind in Kind::ALL {
         for norm in [Norm::None, Norm::Layer] {
             let cfg = ModelConfig {
                 kind,
@@ -249,8 +250,17 @@ fn relabelling_nodes_permutes_outputs_and_keeps_gradients() {
                 model.params_mut().into_iter().map(|p| p.grad.clone()).collect::<Vec<_>>()
             };
             let (ga, gb) = (grads(m, &g, &x, false), grads(pm, &pg, &px, true));
+            // summed in another order: each element within 1e-10 of itself, or where terms as
+            // large as the matrix's largest cancel to below 1e-4 of it, within 1e-14 of that
+            // largest (a few hundred roundings of its terms: GATv2's lin_r gradient has an
+            // element of 1.8e-9 beside 1.2e-3, 2.3e-18 apart between the two orders)
             for (a, c) in ga.iter().zip(&gb) {
-                assert!(a.max_rel_err(c, 1e-9) < 1e-10, "parameter gradients changed under relabelling");
+                let largest = c.data.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                let err = a.max_rel_err(c, 1e-9f64.max(1e-4 * largest));
+                assert!(
+                    err < 1e-10,
+                    "{kind:?} {norm:?}: parameter gradients changed under relabelling ({err:e})"
+                );
             }
         }
     }

@@ -8,6 +8,7 @@ use grinnder_graph::io::npy::Npy;
 use grinnder_graph::{BuildOptions, Csr, SelfLoops};
 use grinnder_nn::conv::Conv;
 use grinnder_nn::gat::GatConv;
+use grinnder_nn::gatv2::Gatv2Conv;
 use grinnder_nn::gcn::GcnConv;
 use grinnder_nn::gin::GinConv;
 use grinnder_nn::layer_norm::LayerNorm;
@@ -169,6 +170,45 @@ fn gat_case(case: &str, heads: usize, concat: bool) {
 fn gat_conv_matches_pyg_concat_and_mean() {
     gat_case("gat_h2_concat", 2, true);
     gat_case("gat_h3_mean", 3, false);
+}
+
+fn gatv2_case(case: &str, heads: usize, concat: bool) {
+    let b = B::new();
+    let x = load(case, "x.npy");
+    let g = graph(case, x.rows as u64);
+    let dy = load(case, "upstream.npy");
+    let out_dim = load(case, "param_att.npy").cols;
+    let mut conv = Gatv2Conv::init(&b, "gatv2", x.cols, out_dim, heads, concat, 0);
+    set(&mut conv.lin_l.weight, case, "param_lin_l_weight.npy");
+    set(conv.lin_l.bias.as_mut().unwrap(), case, "param_lin_l_bias.npy");
+    set(&mut conv.lin_r.weight, case, "param_lin_r_weight.npy");
+    set(conv.lin_r.bias.as_mut().unwrap(), case, "param_lin_r_bias.npy");
+    set(&mut conv.att, case, "param_att.npy");
+    set(&mut conv.bias, case, "param_bias.npy");
+    let (y, cache) = conv.forward(&b, &g, &x, None, None);
+    close(&y, case, "out.npy");
+    let dx = conv.backward(&b, &g, &x, None, cache, &dy, None, true).unwrap();
+    close(&dx, case, "grad_x.npy");
+    for (p, file) in [
+        (&conv.lin_l.weight.grad, "grad_lin_l_weight.npy"),
+        (&conv.lin_l.bias.as_ref().unwrap().grad, "grad_lin_l_bias.npy"),
+        (&conv.lin_r.weight.grad, "grad_lin_r_weight.npy"),
+        (&conv.lin_r.bias.as_ref().unwrap().grad, "grad_lin_r_bias.npy"),
+        (&conv.att.grad, "grad_att.npy"),
+        (&conv.bias.grad, "grad_bias.npy"),
+    ] {
+        close(p, case, file);
+    }
+    let names: Vec<String> = conv.params_mut().iter().map(|p| p.name.clone()).collect();
+    let want = ["lin_l.weight", "lin_l.bias", "lin_r.weight", "lin_r.bias", "att", "bias"]
+        .map(|n| format!("gatv2.{n}"));
+    assert_eq!(names, want, "PyG's parameter names");
+}
+
+#[test]
+fn gatv2_conv_matches_pyg_concat_and_mean() {
+    gatv2_case("gatv2_h2_concat", 2, true);
+    gatv2_case("gatv2_h3_mean", 3, false);
 }
 
 #[test]

@@ -344,6 +344,14 @@ pub trait DenseOps: Memory {
     );
 }
 
+/// Where [`GraphOps::pair_softmax_backward`] accumulates: the gradients of its `xl`, `xr` and
+/// `att`.
+pub struct PairGrads<'a, M> {
+    pub dxl: &'a mut M,
+    pub dxr: &'a mut M,
+    pub datt: &'a mut M,
+}
+
 /// Compute over a sparse structure's entries: SpMM, and attention's SDDMM, per-head dots,
 /// edge softmax and edge dropout.
 pub trait GraphOps: Memory {
@@ -416,6 +424,33 @@ pub trait GraphOps: Memory {
         alpha: &Self::Mat,
         dalpha: &Self::Mat,
         dpre: &mut Self::Mat,
+    );
+    /// GATv2's attention (Brody et al., PyG's `GATv2Conv`): for entry `e = (r, c)` and head `h`
+    /// the score `Σ_f att[h, f] · LeakyReLU(xl[c, h·F + f] + xr[r, h·F + f])` with `slope`,
+    /// softmax over each row's entries. `xl` has a row per column of `s`, `xr` a row per row,
+    /// `att` is `k × F`, `alpha` `nnz × k`.
+    fn pair_softmax(
+        &self,
+        s: &Self::Sparse,
+        xl: &Self::Mat,
+        xr: &Self::Mat,
+        att: &Self::Mat,
+        slope: f64,
+        alpha: &mut Self::Mat,
+    );
+    /// Backward of [`GraphOps::pair_softmax`] for upstream `dalpha`: accumulates the gradients
+    /// of `xl`, `xr` and `att` into `grads`. Reads the transposed structure's entry order.
+    #[allow(clippy::too_many_arguments)]
+    fn pair_softmax_backward(
+        &self,
+        s: &Self::Sparse,
+        xl: &Self::Mat,
+        xr: &Self::Mat,
+        att: &Self::Mat,
+        slope: f64,
+        alpha: &Self::Mat,
+        dalpha: &Self::Mat,
+        grads: PairGrads<'_, Self::Mat>,
     );
     /// Inverted dropout on per-entry values (`nnz × k`), the decision for entry `(r, c)`, head
     /// `h` keyed by (key, r, c·k + h): the same wherever the entry is computed.

@@ -13,8 +13,8 @@ pub mod scalar;
 pub mod sparse;
 
 pub use backend::{
-    Backend, Binary, DenseOps, DeviceMemory, GraphOps, HandOffs, MaskKey, Memory, Rows, Side, StepRule,
-    TrainOps, Transfers, Unary,
+    Backend, Binary, DenseOps, DeviceMemory, GraphOps, HandOffs, MaskKey, Memory, PairGrads, Rows, Side,
+    StepRule, TrainOps, Transfers, Unary,
 };
 pub use collective::MatComm;
 pub use cpu::Cpu;

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::backend::{
-    Binary, DenseOps, GraphOps, HandOffs, MaskKey, Memory, Rows, StepRule, TrainOps, Transfers, Unary,
+    Binary, DenseOps, GraphOps, HandOffs, MaskKey, Memory, PairGrads, Rows, StepRule, TrainOps, Transfers,
+    Unary,
 };
 use crate::mat::Mat;
 use crate::scalar::Scalar;
@@ -209,6 +210,30 @@ impl<T: Scalar> GraphOps for Cpu<T> {
         dpre: &mut Mat<T>,
     ) {
         sparse::edge_softmax_backward(s, src, dst, slope, alpha, dalpha, dpre)
+    }
+    fn pair_softmax(
+        &self,
+        s: &Self::Sparse,
+        xl: &Mat<T>,
+        xr: &Mat<T>,
+        att: &Mat<T>,
+        slope: f64,
+        alpha: &mut Mat<T>,
+    ) {
+        sparse::pair_softmax(s, xl, xr, att, slope, alpha)
+    }
+    fn pair_softmax_backward(
+        &self,
+        s: &Self::Sparse,
+        xl: &Mat<T>,
+        xr: &Mat<T>,
+        att: &Mat<T>,
+        slope: f64,
+        alpha: &Mat<T>,
+        dalpha: &Mat<T>,
+        grads: PairGrads<'_, Mat<T>>,
+    ) {
+        sparse::pair_softmax_backward(s, xl, xr, att, slope, alpha, dalpha, grads.dxl, grads.dxr, grads.datt)
     }
     fn edge_dropout(&self, s: &Self::Sparse, key: MaskKey, p: f64, vals: &mut Mat<T>) {
         sparse::edge_dropout(s, key, p, vals)

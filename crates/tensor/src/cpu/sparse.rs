@@ -237,6 +237,19 @@ fn leaky<T: Scalar>(x: T, slope: T) -> T {
     }
 }
 
+/// Head `h` of a row's `n` scores (`out[i·k + h]`, their largest `m`) made their softmax.
+fn softmax_head<T: Scalar>(out: &mut [T], k: usize, h: usize, n: usize, m: T) {
+    let mut sum = T::zero();
+    for i in 0..n {
+        let x = (out[i * k + h] - m).exp();
+        out[i * k + h] = x;
+        sum += x;
+    }
+    for i in 0..n {
+        out[i * k + h] /= sum;
+    }
+}
+
 /// Softmax over each row's entries of `LeakyReLU(src[c, h] + dst[r, h])`.
 pub fn edge_softmax<T: Scalar>(s: &SparseMatrix, src: &Mat<T>, dst: &Mat<T>, slope: f64, alpha: &mut Mat<T>) {
     let k = alpha.cols;
@@ -251,15 +264,7 @@ pub fn edge_softmax<T: Scalar>(s: &SparseMatrix, src: &Mat<T>, dst: &Mat<T>, slo
                 out[i * k + h] = x;
                 m = m.max(x);
             }
-            let mut sum = T::zero();
-            for i in 0..entries.len() {
-                let x = (out[i * k + h] - m).exp();
-                out[i * k + h] = x;
-                sum += x;
-            }
-            for i in 0..entries.len() {
-                out[i * k + h] /= sum;
-            }
+            softmax_head(out, k, h, entries.len(), m);
         }
     });
 }
@@ -285,6 +290,121 @@ pub fn edge_softmax_backward<T: Scalar>(
                 let pre = src.data[s.col_idx[e] as usize * k + h] + dr[h];
                 let g = alpha.data[e * k + h] * (dalpha.data[e * k + h] - dot);
                 out[(e - base) * k + h] = if pre > T::zero() { g } else { g * slope };
+            }
+        }
+    });
+}
+
+/// GATv2's attention: for entry `e = (r, c)` and head `h` the score `Σ_f att[h, f] ·
+/// LeakyReLU(xl[c, h·F + f] + xr[r, h·F + f])`, softmax over each row's entries.
+pub fn pair_softmax<T: Scalar>(
+    s: &SparseMatrix,
+    xl: &Mat<T>,
+    xr: &Mat<T>,
+    att: &Mat<T>,
+    slope: f64,
+    alpha: &mut Mat<T>,
+) {
+    let (k, f) = (att.rows, att.cols);
+    assert_eq!((alpha.rows, alpha.cols), (s.nnz(), k), "pair_softmax: one row per entry, a column per head");
+    assert_eq!((xl.rows, xr.rows, xl.cols, xr.cols), (s.cols, s.rows, k * f, k * f), "pair_softmax shapes");
+    let slope = T::of(slope);
+    rows_of_entries(s, alpha, |r, entries, out| {
+        let xrr = xr.row(r);
+        for h in 0..k {
+            let (a, xr_h) = (att.row(h), &xrr[h * f..(h + 1) * f]);
+            let mut m = T::neg_infinity();
+            for (i, e) in entries.clone().enumerate() {
+                let xl_h = &xl.row(s.col_idx[e] as usize)[h * f..(h + 1) * f];
+                let x: T = xl_h.iter().zip(xr_h).zip(a).map(|((&l, &r), &w)| leaky(l + r, slope) * w).sum();
+                out[i * k + h] = x;
+                m = m.max(x);
+            }
+            softmax_head(out, k, h, entries.len(), m);
+        }
+    });
+}
+
+/// Backward of [`pair_softmax`] for `dalpha`: the score's gradient `dσ[e, h] = α (dα − Σ_row
+/// α dα)`, then accumulates `dxr[r] += dσ · att ⊙ leaky'(pre)` over each row's entries,
+/// `dxl[c]` the same over each column's (the transposed structure: no two threads add to one
+/// row) and `datt[h, f] += Σ_e dσ[e, h] · leaky(pre[e, h·F + f])`, summed in fixed blocks of
+/// rows in block order (the same bits every run).
+#[allow(clippy::too_many_arguments)]
+pub fn pair_softmax_backward<T: Scalar>(
+    s: &SparseMatrix,
+    xl: &Mat<T>,
+    xr: &Mat<T>,
+    att: &Mat<T>,
+    slope: f64,
+    alpha: &Mat<T>,
+    dalpha: &Mat<T>,
+    dxl: &mut Mat<T>,
+    dxr: &mut Mat<T>,
+    datt: &mut Mat<T>,
+) {
+    let (k, f) = (att.rows, att.cols);
+    let w = k * f;
+    assert_eq!(
+        (dxl.rows, dxr.rows, dxl.cols, dxr.cols),
+        (s.cols, s.rows, w, w),
+        "pair_softmax_backward shapes"
+    );
+    assert!(s.has_entry_order(), "pair_softmax_backward reads the transposed structure's entry order");
+    let slope_t = T::of(slope);
+    let mut ds = Mat::zeros(s.nnz(), k);
+    rows_of_entries(s, &mut ds, |_, entries, out| {
+        let base = entries.start;
+        for h in 0..k {
+            let dot: T = entries.clone().map(|e| alpha.data[e * k + h] * dalpha.data[e * k + h]).sum();
+            for e in entries.clone() {
+                out[(e - base) * k + h] = alpha.data[e * k + h] * (dalpha.data[e * k + h] - dot);
+            }
+        }
+    });
+    // the pre-activation's gradient for entry e (row r, column c), head h, feature j
+    let grad = |e: usize, r: usize, c: usize, h: usize, j: usize| {
+        let pre = xl.data[c * w + h * f + j] + xr.data[r * w + h * f + j];
+        let g = ds.data[e * k + h] * att.data[h * f + j];
+        if pre > T::zero() {
+            g
+        } else {
+            g * slope_t
+        }
+    };
+    const ROWS: usize = 256;
+    let partial: Vec<Vec<T>> = dxr
+        .data
+        .par_chunks_mut(ROWS * w)
+        .enumerate()
+        .map(|(b, block)| {
+            let mut acc = vec![T::zero(); w];
+            for (i, dr) in block.chunks_mut(w).enumerate() {
+                let r = b * ROWS + i;
+                for e in s.row_range(r) {
+                    let c = s.col_idx[e] as usize;
+                    for h in 0..k {
+                        for j in 0..f {
+                            dr[h * f + j] += grad(e, r, c, h, j);
+                            let pre = xl.data[c * w + h * f + j] + xr.data[r * w + h * f + j];
+                            acc[h * f + j] += ds.data[e * k + h] * leaky(pre, slope_t);
+                        }
+                    }
+                }
+            }
+            acc
+        })
+        .collect();
+    for p in partial {
+        datt.data.iter_mut().zip(&p).for_each(|(d, &a)| *d += a);
+    }
+    dxl.data.par_chunks_mut(w).enumerate().for_each(|(c, dc)| {
+        for t in s.t_row_ptr[c] as usize..s.t_row_ptr[c + 1] as usize {
+            let (e, r) = (s.t_perm[t] as usize, s.t_col_idx[t] as usize);
+            for h in 0..k {
+                for j in 0..f {
+                    dc[h * f + j] += grad(e, r, c, h, j);
+                }
             }
         }
     });
