@@ -2,15 +2,17 @@
 """Test accuracy of a PyG model on a dataset in the npy exchange layout, for side-by-side
 accuracy checks against `grinnder train` with the same settings (bench/gin_accuracy.sh).
 
-The model is PyG's own: torch_geometric.nn.models.GIN / GCN / GraphSAGE (BasicGNN: conv, then
-ReLU and dropout on hidden layers, no input dropout; GIN's MLP is [in, out, out]). Features are
+The model is PyG's own: torch_geometric.nn.models.GIN / GCN / GraphSAGE / GAT (BasicGNN: conv,
+then ReLU and dropout on hidden layers, no input dropout; GIN's MLP is [in, out, out]; GAT with
+`--heads` heads of `--hidden` concatenated in hidden layers, averaged in the output layer, the
+attention dropout `--dropout`, GATv2Conv with `--model gatv2`). Features are
 row-normalised (NormalizeFeatures) unless --feature-norm none. Adam with L2 weight decay, full
 batch, the reported test accuracy is the one at the epoch of best validation accuracy, as
 grinnder reports it. Prints one JSON line per seed and a summary line.
 
 Usage: pyg_accuracy.py DIR [--model gin] [--layers 2] [--hidden 64] [--dropout 0.5]
                        [--lr 0.01] [--weight-decay 5e-4] [--epochs 200] [--seeds 0,1,2]
-                       [--eps 0.0] [--train-eps] [--feature-norm row|none] [--device cpu]
+                       [--eps 0.0] [--train-eps] [--heads 8] [--feature-norm row|none] [--device cpu]
 """
 import argparse, json, statistics
 
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
-    ap.add_argument("--model", default="gin", choices=["gin", "gcn", "sage"])
+    ap.add_argument("--model", default="gin", choices=["gin", "gcn", "sage", "gat", "gatv2"])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--dropout", type=float, default=0.5)
@@ -32,10 +34,11 @@ def main():
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--eps", type=float, default=0.0)
     ap.add_argument("--train-eps", action="store_true")
+    ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--feature-norm", default="row", choices=["row", "none"])
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
-    from torch_geometric.nn.models import GIN, GCN, GraphSAGE
+    from torch_geometric.nn.models import GAT, GIN, GCN, GraphSAGE
 
     dev = torch.device(a.device)
     ei = torch.from_numpy(np.load(f"{a.dir}/edge_index.npy")).to(dev)
@@ -55,6 +58,9 @@ def main():
             model = GIN(eps=a.eps, train_eps=a.train_eps, **kw)
         elif a.model == "gcn":
             model = GCN(**kw)
+        elif a.model in ("gat", "gatv2"):
+            # hidden_channels is the concatenated width: heads of --hidden each
+            model = GAT(**{**kw, "hidden_channels": a.hidden * a.heads}, heads=a.heads, v2=a.model == "gatv2")
         else:
             model = GraphSAGE(**kw)
         model = model.to(dev)

@@ -384,6 +384,24 @@ fn gradients_do_not_depend_on_the_partitioner_or_cache_mode() {
 }
 
 #[test]
+fn every_family_through_storage_at_five_partitions_trains_as_in_memory() {
+    // a host budget of nothing: every block of every family through the storage tier
+    let ds = dataset();
+    for kind in Kind::ALL {
+        let dir = tempfile::tempdir().unwrap();
+        let tc = TieredConfig {
+            cache_bytes: Some(0),
+            storage_dir: Some(dir.path().to_path_buf()),
+            ..TieredConfig::in_ram(5, Method::Metis { seed: 0 })
+        };
+        // (GIN's ε fixed in f32: see the partition-count test)
+        let cfg = ModelConfig { train_eps: false, ..model(kind, 0.1) };
+        check(&ds, &cfg, &tc, &format!("{kind:?}, 5 partitions, storage tier"));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "block files are removed");
+    }
+}
+
+#[test]
 fn a_cache_smaller_than_the_blocks_spills_and_prefetches_exactly() {
     let ds = dataset();
     let dir = tempfile::tempdir().unwrap();
