@@ -349,10 +349,7 @@ fn outputs(
         }
     };
     if a.host_mem.is_none() {
-        // no host budget binds the run: a narrow output's pages stay mapped in (a sixteenth of
-        // the memory the machine leaves it), each faulted in once, not once per partition
-        let room = grinnder_engine::machine::HostMemory::read().usable().map_or(0, |u| u / 16);
-        files.iter_mut().for_each(|f| f.keep_mapped((room as usize).max(MAPPED_BYTES_MAX)));
+        files.iter_mut().for_each(keep_output_mapped);
     }
     Ok(want
         .into_iter()
@@ -362,6 +359,16 @@ fn outputs(
             Out { output, name, file, width, elem }
         })
         .collect())
+}
+
+/// Where no host budget binds a prediction: its output file keeps up to a sixteenth of the
+/// memory the machine leaves the process mapped in (at least [`MAPPED_BYTES_MAX`]), so that a
+/// narrow output's pages fault in once, not once per partition (every partition's rows touch
+/// nearly every page of a class or narrow logits file). `predict` and the Python package's
+/// `Trainer.predict(out=…)` both.
+pub fn keep_output_mapped(file: &mut NpyRows) {
+    let room = grinnder_engine::machine::HostMemory::read().usable().map_or(0, |u| u / 16);
+    file.keep_mapped((room as usize).max(MAPPED_BYTES_MAX));
 }
 
 /// Rows into an [`NpyRows`] file, as f32 or bf16 values or int64 classes.

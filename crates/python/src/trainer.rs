@@ -189,6 +189,14 @@ fn settle(plan: &mut grinnder_cli::plan::TrainPlan, ds: &Graph, gpu_free: Option
 pub struct Trainer {
     cell: Cell,
     dataset: Py<Dataset>,
+    /// Whether a host budget was given (`host_mem`): without one an output file's pages stay
+    /// mapped in as `grinnder predict`'s do ([`grinnder_cli::predict::keep_output_mapped`]).
+    host_budget: bool,
+}
+
+/// Whether `cfg` gives a host budget (`host_mem`).
+fn host_budget(cfg: &Config) -> bool {
+    cfg.plan.tiered.as_ref().is_some_and(|t| t.host_mem.is_some())
 }
 
 fn weights_of(which: &str) -> PyResult<Weights> {
@@ -266,6 +274,9 @@ impl Trainer {
             };
             let mut file =
                 NpyRows::create(&path, t, rows as u64, width as u64).map_err(crate::graph_error)?;
+            if !self.host_budget {
+                grinnder_cli::predict::keep_output_mapped(&mut file);
+            }
             let cell = &mut self.cell;
             let r = without_gil(py, || {
                 let mut sink = grinnder_cli::predict::NpySink { out: &mut file, bf16 };
@@ -314,7 +325,7 @@ impl Trainer {
         };
         let ds = dataset.get().inner.clone();
         let cell = build(py, ds, cfg, None)?;
-        Ok(Trainer { cell, dataset: dataset.clone().unbind() })
+        Ok(Trainer { cell, dataset: dataset.clone().unbind(), host_budget: host_budget(cfg) })
     }
 
     /// A trainer holding the model of a model file (`Trainer.save`, `grinnder train
@@ -333,7 +344,7 @@ impl Trainer {
         let cfg = Config::from_kwargs(kwargs)?;
         let ds = dataset.get().inner.clone();
         let cell = build(py, ds, &cfg, Some(&file))?;
-        Ok(Trainer { cell, dataset: dataset.clone().unbind() })
+        Ok(Trainer { cell, dataset: dataset.clone().unbind(), host_budget: host_budget(&cfg) })
     }
 
     /// Trains one epoch; returns its figures (`epoch`, `loss`, `epoch_s`, accuracies on
