@@ -14,6 +14,7 @@ pub mod families;
 pub mod gat;
 pub mod gatv2;
 pub mod gcn;
+pub mod gcn2;
 pub mod gin;
 pub mod graph;
 pub mod layer_norm;

@@ -10,6 +10,7 @@ use grinnder_nn::conv::Conv;
 use grinnder_nn::gat::GatConv;
 use grinnder_nn::gatv2::Gatv2Conv;
 use grinnder_nn::gcn::GcnConv;
+use grinnder_nn::gcn2::Gcn2Conv;
 use grinnder_nn::gin::GinConv;
 use grinnder_nn::layer_norm::LayerNorm;
 use grinnder_nn::sage::SageConv;
@@ -209,6 +210,26 @@ fn gatv2_case(case: &str, heads: usize, concat: bool) {
 fn gatv2_conv_matches_pyg_concat_and_mean() {
     gatv2_case("gatv2_h2_concat", 2, true);
     gatv2_case("gatv2_h3_mean", 3, false);
+}
+
+#[test]
+fn gcn2_conv_matches_pyg() {
+    let b = B::new();
+    let case = "gcn2";
+    let x = load(case, "x.npy");
+    let x0 = load(case, "x_0.npy");
+    let g = graph(case, x.rows as u64);
+    // α 0.1, θ 0.5, layer 2 (meta.json)
+    let mut conv = Gcn2Conv::init(&b, "gcn2", x.cols, 0.1, 0.5, 2, 0);
+    set(&mut conv.weight, case, "param_weight1.npy");
+    let (y, cache) = conv.forward(&b, &g, &x, &x0);
+    close(&y, case, "out.npy");
+    let (dx, dx0) = conv.backward(&b, &g, cache, &load(case, "upstream.npy"), true);
+    close(&dx.unwrap(), case, "grad_x.npy");
+    close(&dx0, case, "grad_x_0.npy");
+    close(&conv.weight.grad, case, "grad_weight1.npy");
+    let names: Vec<String> = conv.params_mut().iter().map(|p| p.name.clone()).collect();
+    assert_eq!(names, ["gcn2.weight1"], "PyG's parameter names");
 }
 
 #[test]
