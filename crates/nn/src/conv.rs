@@ -9,8 +9,9 @@
 //! stacks layers without asking their family; the registry ([`crate::families`]) is the one
 //! place that lists the families.
 //!
-//! Adding a family: its file (the conv, its `Held` and `Work` figures, its `Family`), one
-//! variant and two arms in [`crate::families`], and its tests, fixtures and docs.
+//! Adding a family: its file under `families/` (the conv, its `Held` and `Work` figures, its
+//! `Family`), its module, one variant and two arms in [`crate::families`], and its tests,
+//! fixtures and docs.
 
 use std::any::Any;
 

@@ -1,12 +1,20 @@
 //! The registry of convolution families: the one file that lists them. Each family states
-//! what it is in its own file ([`crate::conv::Family`], [`crate::conv::Conv`]); here a
-//! [`Kind`] names it (in configs and model files) and finds its family and its layers.
+//! what it is in its own file under `families/` ([`crate::conv::Family`],
+//! [`crate::conv::Conv`]); here its module is declared and a [`Kind`] names it (in configs and
+//! model files) and finds its family and its layers.
 
 use grinnder_tensor::Backend;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::conv::{Conv, Family, LayerSpec};
-use crate::{gat, gatv2, gcn, gin, sage};
+
+pub mod gat;
+pub mod gatv2;
+pub mod gcn;
+/// GCNII's layer; not a family yet (it reads two inputs: see its module).
+pub mod gcn2;
+pub mod gin;
+pub mod sage;
 
 /// A convolution family, by name (in configs and model files its [`Family::name`], read
 /// with its aliases in any case).

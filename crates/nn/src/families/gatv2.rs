@@ -13,9 +13,9 @@
 
 use grinnder_tensor::{Backend, MaskKey, PairGrads};
 
+use super::gat::{drop_attention, head_mean};
 use crate::aggregation::Aggregation;
 use crate::conv::{Cache, Conv, Family, LayerSpec};
-use crate::gat::{drop_attention, head_mean};
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};

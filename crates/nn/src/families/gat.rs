@@ -78,7 +78,7 @@ impl<B: Backend> GatConv<B> {
 }
 
 /// `[H·F, F]` with `1/H` on each head's diagonal: averaging `H` heads of `F` is a product with
-/// it (GAT's and GATv2's output layer).
+/// it (the output layer of an attention family).
 pub(crate) fn head_mean<B: Backend>(b: &B, heads: usize, out_dim: usize) -> B::Mat {
     let mut m = Mat::<B::T>::zeros(heads * out_dim, out_dim);
     let w = <B::T as grinnder_tensor::Scalar>::of(1.0 / heads as f64);

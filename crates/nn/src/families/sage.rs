@@ -172,7 +172,7 @@ impl Family for Sage {
 /// term is evaluated the same way) plus the own input rows copied out of the columns for the
 /// root term, and the root term's input gradient before it joins `dx`.
 pub fn held(s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Held {
-    let neighbour = crate::gcn::held(s, i, o, pre, need_dx);
+    let neighbour = super::gcn::held(s, i, o, pre, need_dx);
     let own = s.own_copy(i);
     let root_dx = if need_dx { s.rows * i } else { 0 };
     Held {
@@ -186,7 +186,7 @@ pub fn held(s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Held {
 /// root term's product over the own rows, its weight gradient and, with `need_dx`, its input
 /// gradient.
 pub fn work(s: Shape, i: u64, o: u64, pre: bool, need_dx: bool) -> Passes {
-    let neighbour = crate::gcn::work(s, i, o, pre, need_dx);
+    let neighbour = super::gcn::work(s, i, o, pre, need_dx);
     let dx = if need_dx { Work::gemm(s.rows, o, i) } else { Work::default() };
     Passes {
         forward: neighbour.forward.and(Work::gemm(s.rows, i, o)),
