@@ -12,7 +12,10 @@
 //! Nothing is left behind: a directory goes with its [`RunDir`] (on success and on error), with
 //! the process on SIGINT or SIGTERM ([`remove_live`], called by the binary's signal thread), and
 //! what a killed run left (SIGKILL, a lost node) — its identity file there, its lock free — is
-//! removed by the next run in the same directory or by `grinnder clean` ([`State::Ended`]).
+//! removed by the next run in the same directory or by `grinnder clean` ([`State::Ended`]). So
+//! is a directory whose run died while making it (between its `mkdir` and its identity file
+//! taking its name): named as this host's run, holding nothing but the identity file being
+//! made (its lock free), untouched for [`MAKING_S`] seconds.
 //! A directory kept with `--keep-storage` is marked [`KEPT`] and left for the user: later
 //! runs make their own beside it and `grinnder clean` lists it without removing it.
 
@@ -33,6 +36,10 @@ pub const IDENTITY: &str = ".grinnder-run";
 
 /// The mark of a run directory kept with `--keep-storage`: left for the user.
 pub const KEPT: &str = ".grinnder-kept";
+
+/// How long a run directory may stay without its identity file before its run is taken to
+/// have died making it (a run names it microseconds after its `mkdir`).
+pub const MAKING_S: u64 = 60;
 
 /// The directories of this process's live runs, for [`remove_live`].
 static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
@@ -202,6 +209,9 @@ fn remove_file(p: &Path) -> io::Result<()> {
 /// Removes the run directory `dir` if its run has ended: takes its lock first (held while
 /// removing), so a live run's directory is never touched.
 pub fn remove_ended(dir: &Path) -> io::Result<()> {
+    if std::fs::symlink_metadata(dir.join(IDENTITY)).is_err() && unfinished(dir) {
+        return remove_unfinished(dir);
+    }
     let lock = open_identity(dir)?;
     if !try_lock(&lock)? {
         return Err(io::Error::other(format!("{} is in use by a live run", dir.display())));
@@ -212,13 +222,54 @@ pub fn remove_ended(dir: &Path) -> io::Result<()> {
     remove_ours(dir)
 }
 
+/// Whether `dir`, without an identity file, is a run directory whose run died while making it:
+/// nothing in it but the identity file being made (a regular file whose lock is free), and
+/// untouched for [`MAKING_S`] seconds.
+fn unfinished(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    let making = format!("{IDENTITY}.new");
+    let mut being_made = false;
+    for e in entries {
+        let Ok(e) = e else { return false };
+        if e.file_name().to_str() != Some(making.as_str()) || !e.file_type().is_ok_and(|t| t.is_file()) {
+            return false;
+        }
+        being_made = true;
+    }
+    let age = std::fs::symlink_metadata(dir).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    if age.is_none_or(|a| a.as_secs() < MAKING_S) {
+        return false;
+    }
+    !being_made || open_regular(&dir.join(making)).and_then(|f| try_lock(&f)).unwrap_or(false)
+}
+
+/// Removes a run directory whose run died making it ([`unfinished`]), holding the lock of its
+/// identity file being made, if any, meanwhile; a directory something else entered is left
+/// (`remove_dir` fails on it).
+fn remove_unfinished(dir: &Path) -> io::Result<()> {
+    let making = dir.join(format!("{IDENTITY}.new"));
+    let lock = match open_regular(&making) {
+        Ok(f) if try_lock(&f)? => Some(f),
+        Ok(_) => return Err(io::Error::other(format!("{} is being made by a live run", dir.display()))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    remove_file(&making)?;
+    drop(lock);
+    std::fs::remove_dir(dir)
+}
+
 /// The identity file of `dir`, opened to lock it: a regular file, never through a link.
 fn open_identity(dir: &Path) -> io::Result<File> {
-    let path = dir.join(IDENTITY);
+    open_regular(&dir.join(IDENTITY))
+}
+
+/// `path` opened to lock it: a regular file, never through a link.
+fn open_regular(path: &Path) -> io::Result<File> {
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(&path)?;
+        .open(path)?;
     if !f.metadata()?.is_file() {
         return Err(io::Error::other(format!("{} is not a regular file", path.display())));
     }
@@ -291,6 +342,8 @@ pub fn find(parent: &Path) -> Vec<Found> {
 fn state_of(dir: &Path, host: Option<&str>, me: &str) -> State {
     match std::fs::symlink_metadata(dir.join(IDENTITY)) {
         Ok(m) if m.file_type().is_file() => {}
+        // a run of this host that died making its directory
+        _ if host == Some(me) && unfinished(dir) => return State::Ended,
         _ => return State::NotOurs,
     }
     if std::fs::symlink_metadata(dir.join(KEPT)).is_ok() {
@@ -418,6 +471,44 @@ mod tests {
         assert!(err.contains("notes.txt") && err.contains("sub") && err.contains("did not make"), "{err}");
         assert!(mixed.join("notes.txt").exists() && mixed.join("sub/data").exists());
         assert!(mixed.join(IDENTITY).exists(), "still recognisably a run directory");
+        run.close().unwrap();
+    }
+
+    #[test]
+    fn a_directory_whose_run_died_making_it_is_reclaimed_once_it_is_old() {
+        let parent = tempfile::tempdir().unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(MAKING_S + 5);
+        let age = |d: &Path| {
+            let times = std::fs::FileTimes::new().set_modified(old).set_accessed(old);
+            File::open(d).unwrap().set_times(times).unwrap();
+        };
+        // killed after its mkdir; killed after making the identity file, before naming it
+        let empty = named_like_a_run(parent.path(), 1, &[]);
+        let making = named_like_a_run(parent.path(), 2, &[".grinnder-run.new"]);
+        // the same, but fresh: its run may be making it right now
+        let fresh = named_like_a_run(parent.path(), 3, &[]);
+        // old and empty, but of another host: judged there
+        let elsewhere = parent.path().join(format!("{PREFIX}elsewhere-4-abc123"));
+        std::fs::create_dir(&elsewhere).unwrap();
+        // a user's file beside the identity file being made: not only ours
+        let users = named_like_a_run(parent.path(), 5, &[".grinnder-run.new", "notes.txt"]);
+        for d in [&empty, &making, &elsewhere, &users] {
+            age(d);
+        }
+        let state = |d: &Path| find(parent.path()).into_iter().find(|f| f.path == d).unwrap().state;
+        assert_eq!(state(&empty), State::Ended);
+        assert_eq!(state(&making), State::Ended);
+        assert_eq!(state(&fresh), State::NotOurs);
+        assert_eq!(state(&elsewhere), State::NotOurs);
+        assert_eq!(state(&users), State::NotOurs);
+        // its lock held: a live run is naming it
+        let held = File::open(making.join(".grinnder-run.new")).unwrap();
+        assert!(try_lock(&held).unwrap());
+        assert_eq!(state(&making), State::NotOurs);
+        drop(held);
+        let run = RunDir::create(parent.path()).unwrap();
+        assert!(!empty.exists() && !making.exists(), "the next run removes them");
+        assert!(fresh.exists() && elsewhere.exists() && users.join("notes.txt").exists());
         run.close().unwrap();
     }
 
