@@ -5,14 +5,17 @@ accuracy checks against `grinnder train` with the same settings (bench/gin_accur
 The model is PyG's own: torch_geometric.nn.models.GIN / GCN / GraphSAGE / GAT (BasicGNN: conv,
 then ReLU and dropout on hidden layers, no input dropout; GIN's MLP is [in, out, out]; GAT with
 `--heads` heads of `--hidden` concatenated in hidden layers, averaged in the output layer, the
-attention dropout `--dropout`, GATv2Conv with `--model gatv2`). Features are
+attention dropout `--dropout`, GATv2Conv with `--model gatv2`), or with `--model gcnii` PyG's
+GCNII example model (examples/gcn2_cora.py: dropout on the input, before each GCN2Conv and
+before the last Linear; `--alpha`, `--theta`; one weight decay for every parameter, as grinnder). Features are
 row-normalised (NormalizeFeatures) unless --feature-norm none. Adam with L2 weight decay, full
 batch, the reported test accuracy is the one at the epoch of best validation accuracy, as
 grinnder reports it. Prints one JSON line per seed and a summary line.
 
 Usage: pyg_accuracy.py DIR [--model gin] [--layers 2] [--hidden 64] [--dropout 0.5]
                        [--lr 0.01] [--weight-decay 5e-4] [--epochs 200] [--seeds 0,1,2]
-                       [--eps 0.0] [--train-eps] [--heads 8] [--feature-norm row|none] [--device cpu]
+                       [--eps 0.0] [--train-eps] [--heads 8] [--alpha 0.1] [--theta 0.5]
+                       [--feature-norm row|none] [--device cpu]
 """
 import argparse, json, statistics
 
@@ -21,10 +24,30 @@ import torch
 import torch.nn.functional as F
 
 
+class Gcnii(torch.nn.Module):
+    """PyG's examples/gcn2_cora.py model, its logits (cross entropy takes them)."""
+
+    def __init__(self, in_dim, hidden, classes, layers, alpha, theta, dropout):
+        super().__init__()
+        from torch_geometric.nn import GCN2Conv
+        self.lins = torch.nn.ModuleList([torch.nn.Linear(in_dim, hidden), torch.nn.Linear(hidden, classes)])
+        self.convs = torch.nn.ModuleList([GCN2Conv(hidden, alpha, theta, l + 1) for l in range(layers)])
+        self.dropout = dropout
+
+    def forward(self, x, edge_index):
+        x = F.dropout(x, self.dropout, training=self.training)
+        x = x0 = self.lins[0](x).relu()
+        for conv in self.convs:
+            x = F.dropout(x, self.dropout, training=self.training)
+            x = conv(x, x0, edge_index).relu()
+        x = F.dropout(x, self.dropout, training=self.training)
+        return self.lins[1](x)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
-    ap.add_argument("--model", default="gin", choices=["gin", "gcn", "sage", "gat", "gatv2"])
+    ap.add_argument("--model", default="gin", choices=["gin", "gcn", "sage", "gat", "gatv2", "gcnii"])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--dropout", type=float, default=0.5)
@@ -35,6 +58,8 @@ def main():
     ap.add_argument("--eps", type=float, default=0.0)
     ap.add_argument("--train-eps", action="store_true")
     ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--alpha", type=float, default=0.1)
+    ap.add_argument("--theta", type=float, default=0.5)
     ap.add_argument("--feature-norm", default="row", choices=["row", "none"])
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
@@ -58,6 +83,8 @@ def main():
             model = GIN(eps=a.eps, train_eps=a.train_eps, **kw)
         elif a.model == "gcn":
             model = GCN(**kw)
+        elif a.model == "gcnii":
+            model = Gcnii(x.shape[1], a.hidden, c, a.layers, a.alpha, a.theta, a.dropout)
         elif a.model in ("gat", "gatv2"):
             # hidden_channels is the concatenated width: heads of --hidden each
             model = GAT(**{**kw, "hidden_channels": a.hidden * a.heads}, heads=a.heads, v2=a.model == "gatv2")

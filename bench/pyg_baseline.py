@@ -11,7 +11,7 @@ Reads a dataset in the npy exchange layout (`grinnder export --format npy`, or
 
 Prints one JSON object on the last line: epoch time median/min (s), peak device memory (GiB),
 final loss and accuracies, or {"error": "oom"} when the device runs out of memory.
-Usage: pyg_baseline.py DIR --model gcn|sage|gat [--layers 2] [--hidden 256] [--heads 1]
+Usage: pyg_baseline.py DIR --model gcn|sage|gat|gatv2 [--layers 2] [--hidden 256] [--heads 1]
                        [--epochs 5] [--device cuda|cpu] [--lr 0.01] [--norm none|layer]
                        [--dropout 0.0] [--weight-decay 0.0] [--threads N]
 """
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
-    ap.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat"])
+    ap.add_argument("--model", default="gcn", choices=["gcn", "sage", "gat", "gatv2"])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--heads", type=int, default=1)
@@ -39,7 +39,7 @@ def main():
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+    from torch_geometric.nn import GATConv, GATv2Conv, GCNConv, SAGEConv
     from torch_geometric.utils import to_torch_csr_tensor
 
     dev = torch.device(a.device)
@@ -50,8 +50,9 @@ def main():
     split = {s: torch.from_numpy(np.load(f"{a.dir}/{s}_idx.npy")).to(dev) for s in ("train", "valid", "test")}
     n, f = x.shape
     c = int(y.max()) + 1
-    # GCN and SAGE run on the sparse CSR path (PyG's fastest full-graph path); GAT needs edge_index.
-    adj = ei if a.model == "gat" else to_torch_csr_tensor(ei.flip(0), size=(n, n))
+    # GCN and SAGE run on the sparse CSR path (PyG's fastest full-graph path); GAT(v2) needs edge_index.
+    attention = a.model in ("gat", "gatv2")
+    adj = ei if attention else to_torch_csr_tensor(ei.flip(0), size=(n, n))
     load_s = time.perf_counter() - t0
 
     class Net(torch.nn.Module):
@@ -68,10 +69,11 @@ def main():
                     conv = SAGEConv(dims[i], dims[i + 1])
                 else:
                     heads = 1 if last else a.heads
-                    conv = GATConv(dims[i] if i == 0 else dims[i] * a.heads, dims[i + 1], heads=heads)
+                    cls = GATConv if a.model == "gat" else GATv2Conv
+                    conv = cls(dims[i] if i == 0 else dims[i] * a.heads, dims[i + 1], heads=heads)
                 self.convs.append(conv)
                 if not last and a.norm == "layer":
-                    self.norms.append(torch.nn.LayerNorm(dims[i + 1] * (a.heads if a.model == "gat" else 1)))
+                    self.norms.append(torch.nn.LayerNorm(dims[i + 1] * (a.heads if attention else 1)))
 
         def forward(self, h):
             for i, conv in enumerate(self.convs):

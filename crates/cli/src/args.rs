@@ -1,5 +1,6 @@
 //! Command-line flags and their validation into settings.
 
+pub use crate::bytes::parse_bytes;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -521,6 +522,12 @@ pub struct TrainSettings {
     /// GIN: train ε (PyG's train_eps) [default: false].
     #[arg(help_heading = "Model", long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub train_eps: Option<bool>,
+    /// GCNII: α, the weight of the initial representation x₀ in every layer (PyG's alpha) [default: 0.1].
+    #[arg(help_heading = "Model", long)]
+    pub alpha: Option<f64>,
+    /// GCNII: θ, layer l's identity mapping weighs β = ln(θ / l + 1) (PyG's theta) [default: 0.5].
+    #[arg(help_heading = "Model", long)]
+    pub theta: Option<f64>,
     /// Normalisation between layers [default: none].
     #[arg(help_heading = "Model", long, ignore_case = true, value_enum)]
     pub norm: Option<NormArg>,
@@ -869,30 +876,4 @@ impl Input {
             ..LoadOptions::default()
         })
     }
-}
-
-/// Parses a byte size: `1024`, `512MiB`, `8GiB`, `1.5GB`, `2T`.
-/// An optional byte-size setting (see [`parse_bytes`]).
-pub(crate) fn byte_size(text: Option<String>) -> anyhow::Result<Option<u64>> {
-    text.map(|t| parse_bytes(&t).map_err(anyhow::Error::msg)).transpose()
-}
-
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let x: f64 = num.parse().map_err(|_| format!("{s:?} is not a size like 8GiB"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "kb" => 1e3,
-        "m" | "mib" => 1024f64.powi(2),
-        "mb" => 1e6,
-        "g" | "gib" => 1024f64.powi(3),
-        "gb" => 1e9,
-        "t" | "tib" => 1024f64.powi(4),
-        "tb" => 1e12,
-        u => return Err(format!("unknown unit {u:?} in {s:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
-    };
-    Ok((x * mult) as u64)
 }

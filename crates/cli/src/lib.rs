@@ -7,6 +7,7 @@ pub mod args;
 pub mod bench;
 pub mod budgets;
 pub mod bundled;
+pub mod bytes;
 pub mod commands;
 pub mod info;
 pub mod load;

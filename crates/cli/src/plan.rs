@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use crate::args::*;
+use crate::bytes::byte_size;
 
 /// A setting from the flags (`f`), else the config file (`file`), else `default`.
 macro_rules! pick_from {
@@ -179,6 +180,10 @@ pub fn plan_of(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<TrainP
     anyhow::ensure!(weight_decay >= 0.0, "--weight-decay must be non-negative");
     anyhow::ensure!((0.0..1.0).contains(&momentum), "--momentum must be in [0, 1)");
     anyhow::ensure!(epochs >= 1, "--epochs must be at least 1");
+    let alpha = pick!(alpha, grinnder_nn::model::DEFAULT_ALPHA);
+    anyhow::ensure!((0.0..=1.0).contains(&alpha), "--alpha must be in [0, 1], got {alpha}");
+    let theta = pick!(theta, grinnder_nn::model::DEFAULT_THETA);
+    anyhow::ensure!(theta.is_finite() && theta >= 0.0, "--theta must be non-negative, got {theta}");
     let optim = match pick!(optimizer, OptimArg::Adam) {
         OptimArg::Adam => grinnder_nn::OptimConfig::Adam { lr, weight_decay },
         OptimArg::Adamw => grinnder_nn::OptimConfig::Adamw { lr, weight_decay },
@@ -188,6 +193,8 @@ pub fn plan_of(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<TrainP
         kind: pick!(model, grinnder_nn::Kind::Gcn),
         gin_eps: pick!(gin_eps, 0.0),
         train_eps: pick!(train_eps, false),
+        alpha,
+        theta,
         heads,
         attn_dropout,
         layers,

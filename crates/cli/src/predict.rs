@@ -18,7 +18,8 @@ use grinnder_graph::Dataset;
 use grinnder_tensor::{Backend, Cpu};
 use rayon::prelude::*;
 
-use crate::args::{byte_size, CacheModeArg, OutDtypeArg, OutputArg, PredictArgs, TierDtypeArg};
+use crate::args::{CacheModeArg, OutDtypeArg, OutputArg, PredictArgs, TierDtypeArg};
+use crate::bytes::byte_size;
 use crate::plan::Device;
 use crate::train::Launch;
 

@@ -122,6 +122,20 @@ pub fn check_edge_weights(
     Ok(())
 }
 
+/// Refuses a family whose model only the whole-model pass runs (GCNII: its initial
+/// representation `x₀` is not yet a block of the partitioned executor, a mini-batch's input
+/// or a rank's), naming the fix.
+pub fn check_partitioned(kind: grinnder_nn::Kind) -> Result<(), TrainError> {
+    if !kind.family().has_initial() {
+        return Ok(());
+    }
+    Err(TrainError::Config(format!(
+        "--model {kind} trains and predicts with the whole graph in memory so far (no --parts, \
+         --mode full, one process; a machine whose memory holds the graph): the partitioned \
+         executor, mini-batches and ranks do not yet carry its initial representation x0"
+    )))
+}
+
 /// Refuses datasets the trainers cannot train on, with the reason.
 pub fn check_dataset(ds: &Dataset) -> Result<(), TrainError> {
     for (split, ids) in ds.splits.named() {

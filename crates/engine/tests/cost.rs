@@ -38,6 +38,8 @@ fn model(kind: Kind, layers: usize, hidden: usize) -> ModelConfig {
         attn_dropout: 0.0,
         gin_eps: 0.1,
         train_eps: true,
+        alpha: grinnder_nn::model::DEFAULT_ALPHA,
+        theta: grinnder_nn::model::DEFAULT_THETA,
         seed: 11,
     }
 }

@@ -142,7 +142,8 @@ fn the_planned_working_set_holds_what_each_layer_allocates() {
 fn check_every_layer() {
     let b = B::new();
     let mut worst = (0.0f64, String::new());
-    for kind in Kind::ALL {
+    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
+    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
         let g = partition(&b, kind);
         let s = Shape { rows: ROWS as u64, cols: COLS as u64, nnz: g.nnz() as u64 };
         // an input narrower than the hidden layers (aggregated first) and a wider one (split)
@@ -167,6 +168,8 @@ fn check_every_layer() {
                 attn_dropout: if kind.family().has_heads() { 0.3 } else { 0.0 },
                 gin_eps: 0.1,
                 train_eps: residual,
+                alpha: grinnder_nn::model::DEFAULT_ALPHA,
+                theta: grinnder_nn::model::DEFAULT_THETA,
                 seed: 1,
             };
             let mut model = Model::init(&b, cfg, in_dim, 5);

@@ -77,6 +77,8 @@ fn config(
             attn_dropout: 0.1,
             gin_eps: 0.1,
             train_eps: false,
+            alpha: grinnder_nn::model::DEFAULT_ALPHA,
+            theta: grinnder_nn::model::DEFAULT_THETA,
             seed: 7,
         },
         optim: OptimConfig::Adam { lr: 0.02, weight_decay: 5e-4 },

@@ -44,6 +44,8 @@ fn model(kind: Kind, hidden: usize, input_dropout: f64) -> ModelConfig {
         attn_dropout: 0.2,
         gin_eps: 0.1,
         train_eps: true,
+        alpha: grinnder_nn::model::DEFAULT_ALPHA,
+        theta: grinnder_nn::model::DEFAULT_THETA,
         seed: 11,
     }
 }
@@ -146,7 +148,8 @@ fn check(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, ranks: usize, what:
 /// The models and partition counts every rank count is checked with.
 fn cases(ranks: usize) -> Vec<(ModelConfig, TieredConfig, String)> {
     let mut out = Vec::new();
-    for kind in Kind::ALL {
+    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
+    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
         // hidden 16 under 128-wide features: layer 0 runs split; 256: on its precomputed
         // aggregation (GCN, SAGE) unless input dropout forbids it
         for (hidden, input_dropout) in [(16, 0.0), (256, 0.0), (64, 0.2)] {
@@ -345,7 +348,8 @@ fn server_pass(
 #[test]
 fn flexible_preloading_of_every_layer_equals_one_process_without_crossing_servers() {
     let ds = dataset();
-    for kind in Kind::ALL {
+    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
+    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
         for (hidden, input_dropout) in [(16, 0.0), (256, 0.0), (64, 0.2)] {
             let cfg = model(kind, hidden, input_dropout);
             let tc = TieredConfig::in_ram(2, Method::Metis { seed: 0 });
@@ -415,7 +419,8 @@ fn cooperative_batches_give_the_gradients_of_the_servers_union_batch() {
     // in f64: the exactness of the split, not f32 reassociation, is under test. (GIN's ε is one
     // number summing every input element; in f32 its gradient from one batch and from four
     // ranks differed by 1.8e-4 of its value, while f64 agrees to rounding.)
-    for kind in Kind::ALL {
+    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
+    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
         for (hidden, input_dropout) in [(16, 0.0), (64, 0.2)] {
             let cfg = model(kind, hidden, input_dropout);
             let what = format!("{kind:?} hidden {hidden} input dropout {input_dropout}");

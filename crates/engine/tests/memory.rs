@@ -22,6 +22,8 @@ fn config(kind: Kind, epochs: usize) -> TrainConfig {
             attn_dropout: 0.1,
             gin_eps: 0.1,
             train_eps: true,
+            alpha: grinnder_nn::model::DEFAULT_ALPHA,
+            theta: grinnder_nn::model::DEFAULT_THETA,
             seed: 1,
         },
         optim: OptimConfig::Adam { lr: 0.02, weight_decay: 0.0 },

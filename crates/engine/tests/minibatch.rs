@@ -40,6 +40,8 @@ fn model(kind: Kind, layers: usize) -> ModelConfig {
         attn_dropout: 0.2,
         gin_eps: 0.1,
         train_eps: true,
+        alpha: grinnder_nn::model::DEFAULT_ALPHA,
+        theta: grinnder_nn::model::DEFAULT_THETA,
         seed: 11,
     }
 }
@@ -56,7 +58,8 @@ fn full_neighbourhood_batches_give_the_full_graph_gradients_of_their_seeds() {
     let b = Cpu::<f64>::new();
     let seeds: Vec<u32> = ds.splits.train.iter().copied().step_by(3).take(40).collect();
     let rows: Vec<u32> = seeds.clone();
-    for kind in Kind::ALL {
+    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
+    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
         for layers in [2, 3] {
             let cfg = model(kind, layers);
             // the full graph, the loss on the seeds only

@@ -34,6 +34,8 @@ fn config(kind: Kind, layers: usize, hidden: usize, norm: Norm, residual: bool) 
             attn_dropout: 0.1,
             gin_eps: 0.1,
             train_eps: kind == Kind::Gin,
+            alpha: grinnder_nn::model::DEFAULT_ALPHA,
+            theta: grinnder_nn::model::DEFAULT_THETA,
             seed: 7,
         },
         optim: OptimConfig::Adam { lr: 0.02, weight_decay: 0.0 },

@@ -30,6 +30,8 @@ fn config(epochs: usize) -> TrainConfig {
             attn_dropout: 0.0,
             gin_eps: 0.0,
             train_eps: false,
+            alpha: grinnder_nn::model::DEFAULT_ALPHA,
+            theta: grinnder_nn::model::DEFAULT_THETA,
             seed: 3,
         },
         optim: OptimConfig::Adam { lr: 0.01, weight_decay: 5e-4 },

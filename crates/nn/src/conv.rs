@@ -37,6 +37,11 @@ impl Cache {
     pub fn take<T: Any>(self) -> T {
         *self.0.downcast::<T>().unwrap_or_else(|_| unreachable!("a cache always comes from its own layer"))
     }
+
+    /// The layer's own cache, to read.
+    pub fn get<T: Any>(&self) -> &T {
+        self.0.downcast_ref::<T>().unwrap_or_else(|| unreachable!("a cache always comes from its own layer"))
+    }
 }
 
 /// A split layer's linear maps ([`Conv::split_maps`]): the map applied before aggregating, and
@@ -62,6 +67,9 @@ pub struct LayerSpec {
     /// GIN's ε and whether it is trained.
     pub gin_eps: f64,
     pub train_eps: bool,
+    /// GCNII's α and θ.
+    pub alpha: f64,
+    pub theta: f64,
     /// The layer's seed (the model's, offset by `l`).
     pub seed: u64,
 }
@@ -78,34 +86,87 @@ impl LayerSpec {
     }
 }
 
+/// What a layer reads beside its input rows, and the dropout it applies itself.
+pub struct Side<'a, B: Backend> {
+    /// The aggregation of a fixed input, where the caller precomputed it
+    /// ([`Conv::aggregate_input`]).
+    pub pre: Option<&'a B::Mat>,
+    /// The model's initial representation `x₀` over the output rows, for a layer that reads
+    /// it ([`Initial::Reads`]: GCNII).
+    pub x0: Option<&'a B::Mat>,
+    /// The dropout the layer applies inside itself in training, where it has one: attention
+    /// dropout on the coefficients, or GCNII's dropout of its input
+    /// ([`Family::drops_its_input`]).
+    pub drop: Option<(MaskKey, f64)>,
+}
+
+impl<B: Backend> Clone for Side<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for Side<'_, B> {}
+
+impl<B: Backend> Default for Side<'_, B> {
+    fn default() -> Self {
+        Side { pre: None, x0: None, drop: None }
+    }
+}
+
+impl<'a, B: Backend> Side<'a, B> {
+    /// Only the precomputed aggregation.
+    pub fn pre(pre: Option<&'a B::Mat>) -> Self {
+        Side { pre, ..Side::default() }
+    }
+}
+
+/// A layer's part in the model's initial representation `x₀` (GCNII's initial residual).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Initial {
+    /// It neither makes nor reads one.
+    None,
+    /// It makes `x₀` from its input ([`Conv::initial_of`]) and, in backward, takes the
+    /// gradient the later layers summed into it.
+    Makes,
+    /// It reads `x₀`'s output rows ([`Side::x0`]) and adds to their gradient in backward.
+    Reads,
+}
+
 /// A layer of a convolution family on backend `B`. `x` holds the layer's input rows (the
-/// graph's columns, own rows first); `pre` the aggregation of a fixed input where the caller
-/// precomputed it ([`Conv::aggregate_input`]); `attn` the attention dropout in training.
+/// graph's columns, own rows first); `side` what it reads beside them.
 pub trait Conv<B: Backend>: Send + Sync {
     /// `g.rows` output rows and what backward needs.
-    fn forward(
-        &self,
-        b: &B,
-        g: &Graph<B>,
-        x: &B::Mat,
-        pre: Option<&B::Mat>,
-        attn: Option<(MaskKey, f64)>,
-    ) -> (B::Mat, Cache);
+    fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, side: Side<'_, B>) -> (B::Mat, Cache);
 
     /// Accumulates the parameters' gradients; returns the input's gradient (`g.cols` rows) when
-    /// `need_dx`. `pre` and `attn` are what forward was given.
+    /// `need_dx`. `side` is what forward was given. `dx0` is the gradient of `x₀`'s output rows
+    /// where the model has one: a layer that reads `x₀` adds its part, the layer that makes it
+    /// takes the sum.
     #[allow(clippy::too_many_arguments)]
     fn backward(
         &mut self,
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
-        pre: Option<&B::Mat>,
+        side: Side<'_, B>,
         cache: Cache,
         dy: &B::Mat,
-        attn: Option<(MaskKey, f64)>,
         need_dx: bool,
+        dx0: Option<&mut B::Mat>,
     ) -> Option<B::Mat>;
+
+    /// Its part in the model's initial representation.
+    fn initial(&self) -> Initial {
+        Initial::None
+    }
+
+    /// The initial representation's output rows, from the cache of a forward of the layer
+    /// that makes it ([`Initial::Makes`]).
+    fn initial_of(&self, b: &B, g: &Graph<B>, cache: &Cache) -> Option<B::Mat> {
+        let _ = (b, g, cache);
+        None
+    }
 
     /// The trained parameters.
     fn params_mut(&mut self) -> Vec<&mut Param<B>>;
@@ -196,17 +257,35 @@ pub trait Family: Sync {
         false
     }
 
+    /// Whether its layers apply the model's hidden dropout inside themselves (to the rows they
+    /// aggregate and to what they feed a final map, as PyG's GCNII example does), so the model
+    /// passes them the hidden rate as [`Side::drop`] where attention layers get the attention
+    /// rate.
+    fn drops_its_input(&self) -> bool {
+        false
+    }
+
+    /// Whether its model has an initial representation its layers read ([`Initial`]: GCNII's
+    /// `x₀`), which only the whole-model pass carries so far.
+    fn has_initial(&self) -> bool {
+        false
+    }
+
     /// Whether a fixed input's first aggregation can be computed once (nothing trainable
     /// acts before the layer aggregates).
     fn precomputes_input(&self) -> bool {
         true
     }
 
+    /// The values a model file holds of a layer `spec` describes (its parameters and buffers):
+    /// what a model of a given shape must hold before any is allocated.
+    fn values(&self, spec: &LayerSpec) -> u128;
+
     /// The tensor of layer `l` whose shape is `[output width, input width]`: its first
     /// linear map.
     fn first_map(&self, l: usize) -> String;
 
-    /// The tensor of layer `l` whose first dimension is the layer's output width.
+    /// The tensor of layer `l`, as the output layer, whose first dimension is the classes.
     fn output_map(&self, l: usize) -> String {
         self.first_map(l)
     }

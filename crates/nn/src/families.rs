@@ -11,7 +11,6 @@ use crate::conv::{Conv, Family, LayerSpec};
 pub mod gat;
 pub mod gatv2;
 pub mod gcn;
-/// GCNII's layer; not a family yet (it reads two inputs: see its module).
 pub mod gcn2;
 pub mod gin;
 pub mod sage;
@@ -25,11 +24,12 @@ pub enum Kind {
     Gat,
     Gin,
     Gatv2,
+    Gcnii,
 }
 
 impl Kind {
     /// Every family.
-    pub const ALL: [Kind; 5] = [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin, Kind::Gatv2];
+    pub const ALL: [Kind; 6] = [Kind::Gcn, Kind::Sage, Kind::Gat, Kind::Gin, Kind::Gatv2, Kind::Gcnii];
 
     /// What the family states about itself.
     pub fn family(self) -> &'static dyn Family {
@@ -39,6 +39,7 @@ impl Kind {
             Kind::Gat => &gat::Gat,
             Kind::Gin => &gin::Gin,
             Kind::Gatv2 => &gatv2::Gatv2,
+            Kind::Gcnii => &gcn2::Gcnii,
         }
     }
 
@@ -50,6 +51,7 @@ impl Kind {
             Kind::Gat => Box::new(gat::GatConv::of(b, spec)),
             Kind::Gin => Box::new(gin::GinConv::of(b, spec)),
             Kind::Gatv2 => Box::new(gatv2::Gatv2Conv::of(b, spec)),
+            Kind::Gcnii => Box::new(gcn2::GcniiConv::of(b, spec)),
         }
     }
 
@@ -88,7 +90,7 @@ impl Kind {
         self.family().heads_tensor(l)
     }
 
-    /// The family's name: `gcn`, `sage`, `gat`, `gin`, `gatv2`.
+    /// The family's name: `gcn`, `sage`, `gat`, `gin`, `gatv2`, `gcnii`.
     pub fn name(self) -> &'static str {
         self.family().name()
     }

@@ -74,6 +74,8 @@ fn configs() -> Vec<ModelConfig> {
                             // GIN: ε trained with the residual variants, fixed without
                             gin_eps: 0.3,
                             train_eps: residual,
+                            alpha: grinnder_nn::model::DEFAULT_ALPHA,
+                            theta: grinnder_nn::model::DEFAULT_THETA,
                             seed: 11,
                         });
                     }
@@ -142,6 +144,8 @@ fn fixed_input_precomputation_changes_nothing() {
                 attn_dropout: 0.0,
                 gin_eps: -0.2,
                 train_eps: true,
+                alpha: grinnder_nn::model::DEFAULT_ALPHA,
+                theta: grinnder_nn::model::DEFAULT_THETA,
                 seed: 2,
             };
             let mut plain = Model::init(&b, cfg.clone(), F, C);
@@ -223,6 +227,8 @@ fn relabelling_nodes_permutes_outputs_and_keeps_gradients() {
                 attn_dropout: 0.0,
                 gin_eps: 0.2,
                 train_eps: true,
+                alpha: 0.2,
+                theta: 1.5,
                 norm,
                 residual: true,
                 seed: 4,

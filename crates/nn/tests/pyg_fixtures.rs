@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use grinnder_graph::io::npy::Npy;
 use grinnder_graph::{BuildOptions, Csr, SelfLoops};
-use grinnder_nn::conv::Conv;
+use grinnder_nn::conv::{Conv, Side};
 use grinnder_nn::families::gat::GatConv;
 use grinnder_nn::families::gatv2::Gatv2Conv;
 use grinnder_nn::families::gcn::GcnConv;
@@ -14,7 +14,7 @@ use grinnder_nn::families::gcn2::Gcn2Conv;
 use grinnder_nn::families::gin::GinConv;
 use grinnder_nn::families::sage::SageConv;
 use grinnder_nn::layer_norm::LayerNorm;
-use grinnder_nn::{Graph, OptimConfig, Optimizer, Param};
+use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm, OptimConfig, Optimizer, Param};
 use grinnder_tensor::{Cpu, Mat};
 
 type B = Cpu<f64>;
@@ -72,9 +72,9 @@ fn gcn_conv_matches_pyg_in_both_evaluation_orders() {
         set(&mut conv.lin.weight, case, "param_lin_weight.npy");
         set(conv.lin.bias.as_mut().unwrap(), case, "param_bias.npy");
         let pre = precomputed.then(|| GcnConv::aggregate(&b, &g, &x));
-        let (y, cache) = conv.forward(&b, &g, &x, pre.as_ref(), None);
+        let (y, cache) = conv.forward(&b, &g, &x, Side::pre(pre.as_ref()));
         close(&y, case, "out.npy");
-        let dx = conv.backward(&b, &g, &x, pre.as_ref(), cache, &dy, None, true).unwrap();
+        let dx = conv.backward(&b, &g, &x, Side::pre(pre.as_ref()), cache, &dy, true, None).unwrap();
         close(&dx, case, "grad_x.npy");
         close(&conv.lin.weight.grad, case, "grad_lin_weight.npy");
         close(&conv.lin.bias.as_ref().unwrap().grad, case, "grad_bias.npy");
@@ -94,9 +94,9 @@ fn sage_conv_matches_pyg_in_both_evaluation_orders() {
         set(conv.lin_l.bias.as_mut().unwrap(), case, "param_lin_l_bias.npy");
         set(&mut conv.lin_r.weight, case, "param_lin_r_weight.npy");
         let pre = precomputed.then(|| SageConv::aggregate(&b, &g, &x));
-        let (y, cache) = conv.forward(&b, &g, &x, pre.as_ref(), None);
+        let (y, cache) = conv.forward(&b, &g, &x, Side::pre(pre.as_ref()));
         close(&y, case, "out.npy");
-        let dx = conv.backward(&b, &g, &x, pre.as_ref(), cache, &dy, None, true).unwrap();
+        let dx = conv.backward(&b, &g, &x, Side::pre(pre.as_ref()), cache, &dy, true, None).unwrap();
         close(&dx, case, "grad_x.npy");
         close(&conv.lin_l.weight.grad, case, "grad_lin_l_weight.npy");
         close(&conv.lin_l.bias.as_ref().unwrap().grad, case, "grad_lin_l_bias.npy");
@@ -120,9 +120,9 @@ fn gin_case(case: &str, train_eps: bool) {
         set(&mut conv.lin2.weight, case, "param_nn_2_weight.npy");
         set(conv.lin2.bias.as_mut().unwrap(), case, "param_nn_2_bias.npy");
         let pre = precomputed.then(|| GinConv::aggregate(&b, &g, &x));
-        let (y, cache) = conv.forward(&b, &g, &x, pre.as_ref(), None);
+        let (y, cache) = conv.forward(&b, &g, &x, Side::pre(pre.as_ref()));
         close(&y, case, "out.npy");
-        let dx = conv.backward(&b, &g, &x, pre.as_ref(), cache, &dy, None, true).unwrap();
+        let dx = conv.backward(&b, &g, &x, Side::pre(pre.as_ref()), cache, &dy, true, None).unwrap();
         close(&dx, case, "grad_x.npy");
         close(&conv.lin1.weight.grad, case, "grad_nn_0_weight.npy");
         close(&conv.lin1.bias.as_ref().unwrap().grad, case, "grad_nn_0_bias.npy");
@@ -157,9 +157,9 @@ fn gat_case(case: &str, heads: usize, concat: bool) {
     set(&mut conv.att_src, case, "param_att_src.npy");
     set(&mut conv.att_dst, case, "param_att_dst.npy");
     set(&mut conv.bias, case, "param_bias.npy");
-    let (y, cache) = conv.forward(&b, &g, &x, None, None);
+    let (y, cache) = conv.forward(&b, &g, &x, Side::pre(None));
     close(&y, case, "out.npy");
-    let dx = conv.backward(&b, &g, &x, None, cache, &dy, None, true).unwrap();
+    let dx = conv.backward(&b, &g, &x, Side::pre(None), cache, &dy, true, None).unwrap();
     close(&dx, case, "grad_x.npy");
     close(&conv.lin.weight.grad, case, "grad_lin_weight.npy");
     close(&conv.att_src.grad, case, "grad_att_src.npy");
@@ -186,9 +186,9 @@ fn gatv2_case(case: &str, heads: usize, concat: bool) {
     set(conv.lin_r.bias.as_mut().unwrap(), case, "param_lin_r_bias.npy");
     set(&mut conv.att, case, "param_att.npy");
     set(&mut conv.bias, case, "param_bias.npy");
-    let (y, cache) = conv.forward(&b, &g, &x, None, None);
+    let (y, cache) = conv.forward(&b, &g, &x, Side::pre(None));
     close(&y, case, "out.npy");
-    let dx = conv.backward(&b, &g, &x, None, cache, &dy, None, true).unwrap();
+    let dx = conv.backward(&b, &g, &x, Side::pre(None), cache, &dy, true, None).unwrap();
     close(&dx, case, "grad_x.npy");
     for (p, file) in [
         (&conv.lin_l.weight.grad, "grad_lin_l_weight.npy"),
@@ -230,6 +230,48 @@ fn gcn2_conv_matches_pyg() {
     close(&conv.weight.grad, case, "grad_weight1.npy");
     let names: Vec<String> = conv.params_mut().iter().map(|p| p.name.clone()).collect();
     assert_eq!(names, ["gcn2.weight1"], "PyG's parameter names");
+}
+
+#[test]
+fn gcnii_model_matches_pyg() {
+    // PyG's GCNII example model (gen_gcnii.py): 3 GCN2Conv layers of 5 channels, α 0.1, θ 0.5
+    let b = B::new();
+    let case = "gcnii";
+    let x = load(case, "x.npy");
+    let g = graph(case, x.rows as u64);
+    let config = ModelConfig {
+        kind: Kind::Gcnii,
+        layers: 3,
+        hidden: 5,
+        dropout: 0.0,
+        input_dropout: 0.0,
+        norm: Norm::None,
+        residual: false,
+        heads: 1,
+        attn_dropout: 0.0,
+        gin_eps: 0.0,
+        train_eps: false,
+        alpha: 0.1,
+        theta: 0.5,
+        seed: 0,
+    };
+    let mut model = Model::init(&b, config, x.cols, 4);
+    let mut names = Vec::new();
+    for p in model.state_mut() {
+        set(p, case, &format!("param_{}.npy", p.name));
+        names.push(p.name.clone());
+    }
+    names.sort();
+    let want = ["convs.0.weight1", "convs.1.weight1", "convs.2.weight1", "lins.0.bias", "lins.0.weight"]
+        .into_iter()
+        .chain(["lins.1.bias", "lins.1.weight"]);
+    assert!(names.iter().map(String::as_str).eq(want), "PyG's names: {names:?}");
+    let (out, tape) = model.forward(&b, &g, &x, true, 0);
+    close(&out, case, "out.npy");
+    model.backward(&b, &g, &x, tape, load(case, "upstream.npy"));
+    for p in model.state_mut() {
+        close(&p.grad, case, &format!("grad_{}.npy", p.name));
+    }
 }
 
 #[test]

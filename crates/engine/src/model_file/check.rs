@@ -15,7 +15,7 @@ use super::{Arch, ModelFileError, MODEL_FILE_BYTES_MAX};
 const HEADER_BYTES_MAX: u64 = 100_000_000;
 
 /// The metadata entries grinnder writes; a file grinnder wrote holds no others.
-const KNOWN_KEYS: [&str; 19] = [
+const KNOWN_KEYS: [&str; 21] = [
     "model",
     "layers",
     "hidden",
@@ -24,6 +24,8 @@ const KNOWN_KEYS: [&str; 19] = [
     "residual",
     "gin_eps",
     "train_eps",
+    "alpha",
+    "theta",
     "in_features",
     "classes",
     "feature_norm",

@@ -412,6 +412,8 @@ pub(super) mod tests {
             attn_dropout: 0.0,
             gin_eps: 0.0,
             train_eps: false,
+            alpha: grinnder_nn::model::DEFAULT_ALPHA,
+            theta: grinnder_nn::model::DEFAULT_THETA,
             seed: 0,
         }
     }

@@ -80,6 +80,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         dist: Option<DistConfig<'a, B>>,
         plan_only: bool,
     ) -> Result<Self, TrainError> {
+        crate::config::check_partitioned(model_cfg.kind)?;
         let mut tc = std::borrow::Cow::Borrowed(tc);
         loop {
             match Self::set_up_once(b, ds, sub, model_cfg, &tc, dist, plan_only) {

@@ -164,6 +164,9 @@ impl<'a, B: Backend> Trainer<'a, B> {
             Mode::MiniBatch { .. } | Mode::Cooperative { .. } => false,
         };
         crate::config::check_edge_weights(ds, cfg.model.kind, whole_graph)?;
+        if !matches!(mode, Mode::FullGraph) {
+            crate::config::check_partitioned(cfg.model.kind)?;
+        }
         let (engine, group): (Box<dyn Engine<B> + 'a>, Option<&'a dyn Comm>) = match mode {
             Mode::FullGraph => (Box::new(full_graph::FullGraph::new(b, ds, &cfg)), None),
             Mode::Tiered(tc) => (Box::new(partitioned::Partitioned::one_process(b, ds, &cfg, &tc)?), None),

@@ -10,7 +10,7 @@
 use grinnder_tensor::{Backend, MaskKey, Mat};
 
 use crate::aggregation::Aggregation;
-use crate::conv::{Cache, Conv, Family, LayerSpec};
+use crate::conv::{Cache, Conv, Family, LayerSpec, Side};
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
@@ -108,14 +108,8 @@ pub(crate) fn drop_attention<B: Backend>(
 
 impl<B: Backend> Conv<B> for GatConv<B> {
     /// Forward; `attn` is the attention dropout (key, probability) in training.
-    fn forward(
-        &self,
-        b: &B,
-        g: &Graph<B>,
-        x: &B::Mat,
-        _: Option<&B::Mat>,
-        attn: Option<(MaskKey, f64)>,
-    ) -> (B::Mat, Cache) {
+    fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, side: Side<'_, B>) -> (B::Mat, Cache) {
+        let attn = side.drop;
         let n = g.rows;
         let a = g.adjacency(Aggregation::GcnNorm);
         let z = self.lin.forward(b, x);
@@ -148,12 +142,13 @@ impl<B: Backend> Conv<B> for GatConv<B> {
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
-        _: Option<&B::Mat>,
+        side: Side<'_, B>,
         cache: Cache,
         dy: &B::Mat,
-        attn: Option<(MaskKey, f64)>,
         need_dx: bool,
+        _: Option<&mut B::Mat>,
     ) -> Option<B::Mat> {
+        let attn = side.drop;
         let cache: GatCache<B> = cache.take();
         let GatCache { z, s_src, s_dst, alpha } = cache;
         let a = g.adjacency(Aggregation::GcnNorm);
@@ -218,6 +213,13 @@ impl<B: Backend> Conv<B> for GatConv<B> {
 pub struct Gat;
 
 impl Family for Gat {
+    /// `lin.weight`, `att_src`, `att_dst` and `bias`, each over the output's width (heads
+    /// concatenated in a hidden layer; one head in the output layer).
+    fn values(&self, s: &LayerSpec) -> u128 {
+        let (i, o) = (s.in_dim as u128, s.out_dim as u128);
+        i * o + 3 * o
+    }
+
     fn name(&self) -> &'static str {
         "gat"
     }

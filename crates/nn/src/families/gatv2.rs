@@ -11,11 +11,11 @@
 //! ([`grinnder_tensor::GraphOps::pair_softmax`]). Shapes: `x` `[cols, in]`, `W_l`, `W_r`
 //! `[H·F, in]`, `att` `[1, H, F]`, `y` `[rows, H·F]` (or `[rows, F]` averaged).
 
-use grinnder_tensor::{Backend, MaskKey, PairGrads};
+use grinnder_tensor::{Backend, PairGrads};
 
 use super::gat::{drop_attention, head_mean};
 use crate::aggregation::Aggregation;
-use crate::conv::{Cache, Conv, Family, LayerSpec};
+use crate::conv::{Cache, Conv, Family, LayerSpec, Side};
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
@@ -86,14 +86,8 @@ impl<B: Backend> Gatv2Conv<B> {
 
 impl<B: Backend> Conv<B> for Gatv2Conv<B> {
     /// Forward; `attn` is the attention dropout (key, probability) in training.
-    fn forward(
-        &self,
-        b: &B,
-        g: &Graph<B>,
-        x: &B::Mat,
-        _: Option<&B::Mat>,
-        attn: Option<(MaskKey, f64)>,
-    ) -> (B::Mat, Cache) {
+    fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, side: Side<'_, B>) -> (B::Mat, Cache) {
+        let attn = side.drop;
         let a = g.adjacency(Aggregation::GcnNorm);
         let xl = self.lin_l.forward(b, x);
         let own = g.own_rows(b, x);
@@ -123,12 +117,13 @@ impl<B: Backend> Conv<B> for Gatv2Conv<B> {
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
-        _: Option<&B::Mat>,
+        side: Side<'_, B>,
         cache: Cache,
         dy: &B::Mat,
-        attn: Option<(MaskKey, f64)>,
         need_dx: bool,
+        _: Option<&mut B::Mat>,
     ) -> Option<B::Mat> {
+        let attn = side.drop;
         let Gatv2Cache { xl, xr, alpha } = cache.take::<Gatv2Cache<B>>();
         let a = g.adjacency(Aggregation::GcnNorm);
         let width = b.dims(&xl).1;
@@ -182,6 +177,12 @@ impl<B: Backend> Conv<B> for Gatv2Conv<B> {
 pub struct Gatv2;
 
 impl Family for Gatv2 {
+    /// `lin_l` and `lin_r` with their biases, `att` and `bias`, over the output's width.
+    fn values(&self, s: &LayerSpec) -> u128 {
+        let (i, o) = (s.in_dim as u128, s.out_dim as u128);
+        2 * i * o + 4 * o
+    }
+
     fn name(&self) -> &'static str {
         "gatv2"
     }

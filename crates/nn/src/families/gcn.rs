@@ -6,11 +6,11 @@
 //! for a fixed input the caller may pass `Â x` precomputed once, and backward then needs no
 //! sparse product at all. Every order computes the same function and gradients.
 
-use grinnder_tensor::{Backend, MaskKey};
+use grinnder_tensor::Backend;
 
 use crate::aggregate;
 use crate::aggregation::Aggregation;
-use crate::conv::{Cache, Conv, Family, LayerSpec, SplitMaps};
+use crate::conv::{Cache, Conv, Family, LayerSpec, Side, SplitMaps};
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
@@ -52,14 +52,8 @@ impl<B: Backend> Conv<B> for GcnConv<B> {
     /// Forward; `pre` is `Â x` when the caller has it.
     /// Given `pre`, reads nothing of `g` but its rows: a graph without adjacencies
     /// ([`Graph::columns_only`]) will do.
-    fn forward(
-        &self,
-        b: &B,
-        g: &Graph<B>,
-        x: &B::Mat,
-        pre: Option<&B::Mat>,
-        _: Option<(MaskKey, f64)>,
-    ) -> (B::Mat, Cache) {
+    fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, side: Side<'_, B>) -> (B::Mat, Cache) {
+        let pre = side.pre;
         if let Some(t) = pre {
             return (self.lin.forward(b, t), Cache::new(GcnCache::<B> { agg: None }));
         }
@@ -74,12 +68,13 @@ impl<B: Backend> Conv<B> for GcnConv<B> {
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
-        pre: Option<&B::Mat>,
+        side: Side<'_, B>,
         cache: Cache,
         dy: &B::Mat,
-        _: Option<(MaskKey, f64)>,
         need_dx: bool,
+        _: Option<&mut B::Mat>,
     ) -> Option<B::Mat> {
+        let pre = side.pre;
         let cache: GcnCache<B> = cache.take();
         if let (Some(t), false) = (pre, need_dx) {
             // (no adjacency read: see `forward`)
@@ -135,6 +130,12 @@ impl<B: Backend> Conv<B> for GcnConv<B> {
 pub struct Gcn;
 
 impl Family for Gcn {
+    /// `lin.weight` and `bias`.
+    fn values(&self, s: &LayerSpec) -> u128 {
+        let (i, o) = (s.in_dim as u128, s.out_dim as u128);
+        i * o + o
+    }
+
     fn name(&self) -> &'static str {
         "gcn"
     }

@@ -10,10 +10,10 @@
 //! reads the node's own row. Backward, with `ds` the gradient at the MLP's input:
 //! `dε = Σ ds ⊙ x_own`, `dx = Aᵀ ds` plus `(1 + ε) ds` on the own rows.
 
-use grinnder_tensor::{Backend, Binary, MaskKey, Mat, Scalar, Unary};
+use grinnder_tensor::{Backend, Binary, Mat, Scalar, Unary};
 
 use crate::aggregation::Aggregation;
-use crate::conv::{Cache, Conv, Family, LayerSpec};
+use crate::conv::{Cache, Conv, Family, LayerSpec, Side};
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
@@ -91,14 +91,8 @@ impl<B: Backend> GinConv<B> {
 impl<B: Backend> Conv<B> for GinConv<B> {
     /// Forward; `pre` is `A x` when the caller has it. `x` holds the input rows (`g.cols`, own
     /// rows first; with `pre`, the own rows may be all).
-    fn forward(
-        &self,
-        b: &B,
-        g: &Graph<B>,
-        x: &B::Mat,
-        pre: Option<&B::Mat>,
-        _: Option<(MaskKey, f64)>,
-    ) -> (B::Mat, Cache) {
+    fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, side: Side<'_, B>) -> (B::Mat, Cache) {
+        let pre = side.pre;
         let scale = self.scale(b);
         let own = g.own_rows(b, x);
         let own = own.as_ref().unwrap_or(x);
@@ -124,11 +118,11 @@ impl<B: Backend> Conv<B> for GinConv<B> {
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
-        _: Option<&B::Mat>,
+        _: Side<'_, B>,
         cache: Cache,
         dy: &B::Mat,
-        _: Option<(MaskKey, f64)>,
         need_dx: bool,
+        _: Option<&mut B::Mat>,
     ) -> Option<B::Mat> {
         let cache: GinCache<B> = cache.take();
         let GinCache { s, a, scale } = cache;
@@ -205,6 +199,12 @@ impl<B: Backend> Conv<B> for GinConv<B> {
 pub struct Gin;
 
 impl Family for Gin {
+    /// The MLP's two maps with their biases, and `eps` (a parameter or a buffer).
+    fn values(&self, s: &LayerSpec) -> u128 {
+        let (i, o) = (s.in_dim as u128, s.out_dim as u128);
+        i * o + o * o + 2 * o + 1
+    }
+
     fn name(&self) -> &'static str {
         "gin"
     }

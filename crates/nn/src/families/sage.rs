@@ -4,11 +4,11 @@
 //! `y` `[n, out]`. The neighbour term is evaluated on the narrower side, like GCN's, and may
 //! take `Ā x` precomputed for a fixed input.
 
-use grinnder_tensor::{Backend, MaskKey};
+use grinnder_tensor::Backend;
 
 use crate::aggregate;
 use crate::aggregation::Aggregation;
-use crate::conv::{Cache, Conv, Family, LayerSpec, SplitMaps};
+use crate::conv::{Cache, Conv, Family, LayerSpec, Side, SplitMaps};
 use crate::graph::Graph;
 use crate::linear::Linear;
 use crate::memory::{Held, Shape};
@@ -45,14 +45,8 @@ impl<B: Backend> SageConv<B> {
 }
 
 impl<B: Backend> Conv<B> for SageConv<B> {
-    fn forward(
-        &self,
-        b: &B,
-        g: &Graph<B>,
-        x: &B::Mat,
-        pre: Option<&B::Mat>,
-        _: Option<(MaskKey, f64)>,
-    ) -> (B::Mat, Cache) {
+    fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, side: Side<'_, B>) -> (B::Mat, Cache) {
+        let pre = side.pre;
         let (mut y, agg) = aggregate::forward(b, &self.lin_l, g, g.adjacency(Aggregation::Mean), x, pre);
         let own = g.own_rows(b, x);
         self.lin_r.forward_into(b, own.as_ref().unwrap_or(x), 1.0, &mut y);
@@ -64,12 +58,18 @@ impl<B: Backend> Conv<B> for SageConv<B> {
         b: &B,
         g: &Graph<B>,
         x: &B::Mat,
-        pre: Option<&B::Mat>,
+
+        side: Side<'_, B>,
+
         cache: Cache,
+
         dy: &B::Mat,
-        _: Option<(MaskKey, f64)>,
+
         need_dx: bool,
+
+        _: Option<&mut B::Mat>,
     ) -> Option<B::Mat> {
+        let pre = side.pre;
         let cache: SageCache<B> = cache.take();
         let agg = pre.or(cache.agg.as_ref());
         let own = g.own_rows(b, x);
@@ -147,6 +147,12 @@ impl<B: Backend> Conv<B> for SageConv<B> {
 pub struct Sage;
 
 impl Family for Sage {
+    /// `lin_l` with its bias, `lin_r` without.
+    fn values(&self, s: &LayerSpec) -> u128 {
+        let (i, o) = (s.in_dim as u128, s.out_dim as u128);
+        2 * i * o + o
+    }
+
     fn name(&self) -> &'static str {
         "sage"
     }

@@ -11,8 +11,7 @@ impl<B: Backend> Model<B> {
     /// aggregation, `need_dx` when backward makes the input gradient.
     fn conv_held(&self, l: usize, s: Shape, pre: bool, need_dx: bool, train: bool) -> Held {
         let (i, o) = (self.dims[l] as u64, self.dims[l + 1] as u64);
-        let attn_dropout = train && self.config.attn_dropout > 0.0;
-        self.convs[l].held(s, i, o, pre, need_dx, attn_dropout)
+        self.convs[l].held(s, i, o, pre, need_dx, self.own_drop(train, 0, l).is_some())
     }
 
     /// The most elements layer `l`'s training pass on a partition of shape `s` holds at once

@@ -13,7 +13,7 @@ use grinnder_tensor::{Backend, Binary, MaskKey, Unary};
 use serde::{Deserialize, Serialize};
 
 use crate::aggregation::Aggregation;
-use crate::conv::{Cache, Conv, LayerSpec, SplitMaps};
+use crate::conv::{Cache, Conv, Initial, LayerSpec, Side, SplitMaps};
 use crate::families::Kind;
 use crate::graph::{Adjacency, Graph};
 use crate::layer_norm::LayerNorm;
@@ -21,6 +21,8 @@ use crate::linear::Linear;
 use crate::param::Param;
 
 mod held;
+#[cfg(test)]
+mod tests;
 mod work;
 pub use work::SplitWork;
 
@@ -55,7 +57,25 @@ pub struct ModelConfig {
     /// GIN: train ε (PyG's `train_eps`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub train_eps: bool,
+    /// GCNII: α, the weight of the initial representation in every layer (PyG's `alpha`).
+    #[serde(default = "default_alpha")]
+    pub alpha: f64,
+    /// GCNII: θ, layer `l`'s identity mapping weighs `β = ln(θ / l + 1)` (PyG's `theta`).
+    #[serde(default = "default_theta")]
+    pub theta: f64,
     pub seed: u64,
+}
+
+/// GCNII's α and θ where a configuration does not say (PyG's example on Cora).
+pub const DEFAULT_ALPHA: f64 = 0.1;
+pub const DEFAULT_THETA: f64 = 0.5;
+
+fn default_alpha() -> f64 {
+    DEFAULT_ALPHA
+}
+
+fn default_theta() -> f64 {
+    DEFAULT_THETA
 }
 
 fn is_zero(x: &f64) -> bool {
@@ -68,23 +88,40 @@ impl ModelConfig {
         self.hidden * self.heads_of_hidden()
     }
 
-    /// An upper bound of the parameters a model of this shape holds on `in_dim` features and
-    /// `classes` (`(2·in + out + 4)·out` per layer covers every family's weights, biases and
-    /// attention vectors; a norm's two vectors); `None` where it overflows. Asked before
-    /// [`Model::init`] allocates, so that a size no machine holds is refused instead of aborting.
+    /// The values a model of this shape on `in_dim` features and `classes` holds (what its
+    /// model file holds: each family's [`crate::conv::Family::values`], and a norm's two
+    /// vectors); `None` where it overflows. Asked before [`Model::init`] allocates, so that a
+    /// size no machine holds is refused instead of aborting.
     pub fn parameter_bound(&self, in_dim: usize, classes: usize) -> Option<u64> {
-        let hidden = (self.hidden as u64).checked_mul(self.heads_of_hidden() as u64)?;
-        let layers = self.layers as u64;
-        let layer = |i: u64, o: u64| i.checked_mul(2)?.checked_add(o)?.checked_add(4)?.checked_mul(o);
-        let (i, c) = (in_dim as u64, classes as u64);
-        let total = if layers <= 1 {
-            layer(i, c)?
-        } else {
-            let norm = hidden.checked_mul(4)?;
-            let middle = layer(hidden, hidden)?.checked_add(norm)?.checked_mul(layers - 2)?;
-            layer(i, hidden)?.checked_add(norm)?.checked_add(middle)?.checked_add(layer(hidden, c)?)?
+        let family = self.kind.family();
+        let convs: u128 = (0..self.layers).map(|l| family.values(&self.layer_spec(l, in_dim, classes))).sum();
+        let norms = match self.norm {
+            Norm::Layer => 2 * self.hidden_width() as u128 * self.layers.saturating_sub(1) as u128,
+            Norm::None => 0,
         };
-        Some(total)
+        u64::try_from(convs + norms).ok()
+    }
+
+    /// What layer `l` of this model on `in_dim` features and `classes` is made from.
+    pub fn layer_spec(&self, l: usize, in_dim: usize, classes: usize) -> LayerSpec {
+        let width = |l: usize| match l {
+            0 => in_dim,
+            l if l == self.layers => classes,
+            _ => self.hidden_width(),
+        };
+        LayerSpec {
+            l,
+            layers: self.layers,
+            in_dim: width(l),
+            out_dim: width(l + 1),
+            hidden: self.hidden,
+            heads: self.heads_of_hidden(),
+            gin_eps: self.gin_eps,
+            train_eps: self.train_eps,
+            alpha: self.alpha,
+            theta: self.theta,
+            seed: self.seed.wrapping_add(l as u64),
+        }
     }
 
     /// Attention heads of a hidden layer (1 without attention).
@@ -117,6 +154,8 @@ pub struct Tape<B: Backend> {
     /// `h_1 .. h_{L-1}`
     hidden: Vec<B::Mat>,
     layers: Vec<LayerTape<B>>,
+    /// The initial representation, where the model has one ([`Initial`]).
+    x0: Option<B::Mat>,
 }
 
 /// A GNN with its parameters on backend `B`.
@@ -143,22 +182,8 @@ impl<B: Backend> Model<B> {
             .chain(std::iter::repeat_n(config.hidden_width(), config.layers - 1))
             .chain([classes])
             .collect();
-        let convs = (0..config.layers)
-            .map(|l| {
-                let spec = LayerSpec {
-                    l,
-                    layers: config.layers,
-                    in_dim: dims[l],
-                    out_dim: dims[l + 1],
-                    hidden: config.hidden,
-                    heads: config.heads_of_hidden(),
-                    gin_eps: config.gin_eps,
-                    train_eps: config.train_eps,
-                    seed: config.seed.wrapping_add(l as u64),
-                };
-                config.kind.conv(b, &spec)
-            })
-            .collect();
+        let convs =
+            (0..config.layers).map(|l| config.kind.conv(b, &config.layer_spec(l, in_dim, classes))).collect();
         let norms = match config.norm {
             Norm::Layer => (0..config.layers - 1)
                 .map(|l| LayerNorm::init(b, &format!("norms.{l}"), config.hidden_width()))
@@ -230,10 +255,36 @@ impl<B: Backend> Model<B> {
         self.dims[l]
     }
 
-    /// Attention dropout of layer `l` in training.
-    fn attn(&self, train: bool, epoch: u64, l: usize) -> Option<(MaskKey, f64)> {
+    /// The dropout layer `l` applies inside itself in training ([`Side::drop`]): attention
+    /// dropout, or the hidden dropout for a family that drops its own input
+    /// ([`crate::conv::Family::drops_its_input`]).
+    pub(crate) fn own_drop(&self, train: bool, epoch: u64, l: usize) -> Option<(MaskKey, f64)> {
         let key = MaskKey { seed: self.config.seed, epoch, site: ATTN_SITE + l as u64 };
-        (train && self.config.attn_dropout > 0.0).then_some((key, self.config.attn_dropout))
+        let rate = if self.config.kind.family().drops_its_input() {
+            self.config.dropout
+        } else {
+            self.config.attn_dropout
+        };
+        (train && rate > 0.0).then_some((key, rate))
+    }
+
+    /// Whether the model has an initial representation its layers read (GCNII's `x₀`): the
+    /// per-layer entry points ([`Model::layer_forward`]) do not carry one, so only the
+    /// whole-model pass ([`Model::forward`]) runs such a model.
+    pub fn has_initial(&self) -> bool {
+        self.convs.iter().any(|c| c.initial() != Initial::None)
+    }
+
+    /// What layer `l` reads beside its input.
+    fn side<'a>(
+        &self,
+        l: usize,
+        pre: Option<&'a B::Mat>,
+        x0: Option<&'a B::Mat>,
+        drop: Option<(MaskKey, f64)>,
+    ) -> Side<'a, B> {
+        let x0 = x0.filter(|_| self.convs[l].initial() == Initial::Reads);
+        Side { pre, x0, drop }
     }
 
     pub fn params_mut(&mut self) -> Vec<&mut Param<B>> {
@@ -259,12 +310,15 @@ impl<B: Backend> Model<B> {
     /// Forward pass of the whole model on a square graph; `train` applies dropout with masks
     /// keyed by `epoch`. Returns the logits and the tape for [`Model::backward`].
     pub fn forward(&self, b: &B, g: &Graph<B>, x: &B::Mat, train: bool, epoch: u64) -> (B::Mat, Tape<B>) {
-        let mut tape = Tape { hidden: Vec::new(), layers: Vec::new() };
+        let mut tape = Tape { hidden: Vec::new(), layers: Vec::new(), x0: None };
         for l in 0..self.layers() {
             let input = if l == 0 { x } else { &tape.hidden[l - 1] };
             let pre = if l == 0 { self.pre.as_ref() } else { None };
             // a hidden output without residual is its own ReLU mask: kept once, in `hidden`
-            let (y, t) = self.layer_forward_impl(b, g, l, input, pre, train, epoch, false);
+            let (y, t) = self.layer_forward_impl(b, g, l, input, pre, tape.x0.as_ref(), train, epoch, false);
+            if tape.x0.is_none() {
+                tape.x0 = self.convs[l].initial_of(b, g, &t.cache);
+            }
             tape.layers.push(t);
             if l + 1 == self.layers() {
                 return (y, tape);
@@ -278,11 +332,14 @@ impl<B: Backend> Model<B> {
     /// after its norm, ReLU and residual (an embedding), or the logits for `upto = layers()`.
     pub fn forward_to(&self, b: &B, g: &Graph<B>, x: &B::Mat, upto: usize) -> B::Mat {
         assert!((1..=self.layers()).contains(&upto), "layer {upto} of {}", self.layers());
-        let mut h: Option<B::Mat> = None;
+        let (mut h, mut x0): (Option<B::Mat>, Option<B::Mat>) = (None, None);
         for l in 0..upto {
             let input = h.as_ref().unwrap_or(x);
             let pre = if l == 0 { self.pre.as_ref() } else { None };
-            let (y, _) = self.layer_forward_impl(b, g, l, input, pre, false, 0, false);
+            let (y, t) = self.layer_forward_impl(b, g, l, input, pre, x0.as_ref(), false, 0, false);
+            if x0.is_none() {
+                x0 = self.convs[l].initial_of(b, g, &t.cache);
+            }
             h = Some(y);
         }
         h.expect("at least one layer ran")
@@ -290,16 +347,23 @@ impl<B: Backend> Model<B> {
 
     /// Backward from the logits' gradient: accumulates every parameter's gradient.
     pub fn backward(&mut self, b: &B, g: &Graph<B>, x: &B::Mat, tape: Tape<B>, dlogits: B::Mat) {
-        let Tape { mut hidden, mut layers } = tape;
+        let Tape { mut hidden, mut layers, x0 } = tape;
         let mut grad = dlogits;
         let pre = self.pre.take();
         let mut output: Option<B::Mat> = None;
+        // the initial representation's gradient, summed over the layers that read it
+        let mut dx0 = x0.as_ref().map(|x0| {
+            let (n, d) = b.dims(x0);
+            b.zeros(n, d)
+        });
         for l in (0..self.layers()).rev() {
             let t = layers.pop().expect("one tape per layer");
             let input_owned = if l == 0 { None } else { hidden.pop() };
             let input = input_owned.as_ref().unwrap_or(x);
             let pre_l = if l == 0 { pre.as_ref() } else { None };
-            let dx = self.layer_backward(b, g, l, input, pre_l, t, &grad, l > 0, output.as_ref());
+            let initial = (x0.as_ref(), dx0.as_mut());
+            let dx =
+                self.layer_backward_impl(b, g, l, input, pre_l, initial, t, &grad, l > 0, output.as_ref());
             // this layer's input is the layer below's output
             output = input_owned;
             match dx {
@@ -325,7 +389,11 @@ impl<B: Backend> Model<B> {
         train: bool,
         epoch: u64,
     ) -> (B::Mat, LayerTape<B>) {
-        self.layer_forward_impl(b, g, l, x, pre, train, epoch, true)
+        debug_assert!(
+            !self.has_initial(),
+            "a model with an initial representation runs whole (Model::has_initial)"
+        );
+        self.layer_forward_impl(b, g, l, x, pre, None, train, epoch, true)
     }
 
     /// `keep_act = false`: a hidden output without residual is not copied into the tape; the
@@ -338,6 +406,7 @@ impl<B: Backend> Model<B> {
         l: usize,
         x: &B::Mat,
         pre: Option<&B::Mat>,
+        x0: Option<&B::Mat>,
         train: bool,
         epoch: u64,
         keep_act: bool,
@@ -353,7 +422,8 @@ impl<B: Backend> Model<B> {
         });
         let input = dropped_input.as_ref().unwrap_or(x);
         let pre = pre.filter(|_| dropped_input.is_none());
-        let (z, cache) = self.convs[l].forward(b, g, input, pre, self.attn(train, epoch, l));
+        let side = self.side(l, pre, x0, self.own_drop(train, epoch, l));
+        let (z, cache) = self.convs[l].forward(b, g, input, side);
         let mut tape = LayerTape {
             epoch,
             dropped_input: None,
@@ -468,17 +538,35 @@ impl<B: Backend> Model<B> {
         need_dx: bool,
         output: Option<&B::Mat>,
     ) -> Option<B::Mat> {
+        self.layer_backward_impl(b, g, l, x, pre, (None, None), tape, dy, need_dx, output)
+    }
+
+    /// [`Model::layer_backward`] with the initial representation and its gradient's sum.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_backward_impl(
+        &mut self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        (x0, dx0): (Option<&B::Mat>, Option<&mut B::Mat>),
+        tape: LayerTape<B>,
+        dy: &B::Mat,
+        need_dx: bool,
+        output: Option<&B::Mat>,
+    ) -> Option<B::Mat> {
         let LayerTape { epoch, dropped_input, cache, norm_in, act, residual, hidden } = tape;
-        let attn = self.attn(true, epoch, l);
         let input = dropped_input.as_ref().unwrap_or(x);
         let pre = pre.filter(|_| dropped_input.is_none());
+        let side = self.side(l, pre, x0, self.own_drop(true, epoch, l));
         if !hidden {
             // the output layer: no activation
-            return self.convs[l].backward(b, g, input, pre, cache, dy, attn, need_dx);
+            return self.convs[l].backward(b, g, input, side, cache, dy, need_dx, dx0);
         }
         let act = act.as_ref().or(output).expect("a hidden layer's activation or output");
         let dz = self.hidden_grad(b, g, l, epoch, act, norm_in, dy);
-        let mut dx = self.convs[l].backward(b, g, input, pre, cache, &dz, attn, need_dx)?;
+        let mut dx = self.convs[l].backward(b, g, input, side, cache, &dz, need_dx, dx0)?;
         if residual {
             g.add_own_rows(b, dy, &mut dx);
         }
