@@ -18,7 +18,7 @@ pub fn workload(plan: &TrainPlan, ds: &Dataset) -> Workload {
     widths.extend((1..m.layers).map(|_| m.hidden_width() as u64));
     widths.push(ds.num_classes as u64);
     // attention keeps per-edge values, one per head
-    let edge_values = if m.kind.weighs_entries() { m.heads_of_hidden() as u64 } else { 0 };
+    let edge_values = if m.kind.family().weighs_entries() { m.heads_of_hidden() as u64 } else { 0 };
     Workload {
         nodes: ds.num_nodes() as u64,
         edges: ds.graph.num_edges() as u64,
@@ -42,7 +42,7 @@ pub fn inference_workload(model: &ModelFile, ds: &Dataset) -> Workload {
         nodes: ds.num_nodes() as u64,
         edges: ds.graph.num_edges() as u64,
         widths,
-        edge_values: if a.kind.weighs_entries() { heads as u64 } else { 0 },
+        edge_values: if a.kind.family().weighs_entries() { heads as u64 } else { 0 },
         factored: factored(a.kind, ds),
         elem: 4,
         inference: true,
@@ -52,7 +52,7 @@ pub fn inference_workload(model: &ModelFile, ds: &Dataset) -> Workload {
 /// Whether the executor keeps the partition graphs' values as factors per node
 /// ([`grinnder_engine::tiered::factors_values`]).
 fn factored(kind: grinnder_nn::Kind, ds: &Dataset) -> bool {
-    grinnder_engine::tiered::factors_values(kind.weighs_entries(), ds.edge_weight.is_some())
+    grinnder_engine::tiered::factors_values(kind.family().weighs_entries(), ds.edge_weight.is_some())
 }
 
 /// Settles a prediction's budgets on this machine as [`settle`] does a training run's:

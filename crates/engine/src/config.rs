@@ -102,12 +102,12 @@ pub fn check_edge_weights(
     if ds.edge_weight.is_none() {
         return Ok(());
     }
-    if !kind.takes_edge_weight() {
+    if !kind.family().takes_edge_weight() {
         return Err(TrainError::Config(format!(
             "the graph has edge weights, but {kind} layers take none (PyG's {} has no edge_weight); \
              drop the weights (remove edge_weight.npy, and convert a .grnd file again; or leave \
              out edge_weight= in Python) or train with --model gcn (model=\"gcn\")",
-            kind.pyg_layer()
+            kind.family().pyg_layer()
         )));
     }
     if !whole_graph {

@@ -47,7 +47,7 @@ fn partition(b: &B, kind: Kind) -> Graph<B> {
     let vals: Vec<f64> = (0..col_idx.len()).map(|_| 0.1 + s.next_f64()).collect();
     let m = SparseMatrix::new(ROWS, COLS, row_ptr, col_idx);
     let adj = Adjacency::new(b, &m, &vals);
-    Graph::single(ROWS, COLS, kind.aggregation(), adj, Some((0..COLS as u32).collect()))
+    Graph::single(ROWS, COLS, kind.family().aggregation(), adj, Some((0..COLS as u32).collect()))
 }
 
 /// A matrix as the CPU backend holds it (its matrices are host matrices).

@@ -55,41 +55,6 @@ impl Kind {
         }
     }
 
-    /// [`Family::aggregation`].
-    pub fn aggregation(self) -> crate::Aggregation {
-        self.family().aggregation()
-    }
-
-    /// [`Family::weighs_entries`].
-    pub fn weighs_entries(self) -> bool {
-        self.family().weighs_entries()
-    }
-
-    /// [`Family::takes_edge_weight`].
-    pub fn takes_edge_weight(self) -> bool {
-        self.family().takes_edge_weight()
-    }
-
-    /// [`Family::pyg_layer`].
-    pub fn pyg_layer(self) -> &'static str {
-        self.family().pyg_layer()
-    }
-
-    /// [`Family::first_map`].
-    pub fn first_map(self, l: usize) -> String {
-        self.family().first_map(l)
-    }
-
-    /// [`Family::output_map`].
-    pub fn output_map(self, l: usize) -> String {
-        self.family().output_map(l)
-    }
-
-    /// [`Family::heads_tensor`].
-    pub fn heads_tensor(self, l: usize) -> Option<String> {
-        self.family().heads_tensor(l)
-    }
-
     /// The family's name: `gcn`, `sage`, `gat`, `gin`, `gatv2`, `gcnii`.
     pub fn name(self) -> &'static str {
         self.family().name()

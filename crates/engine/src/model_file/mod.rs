@@ -537,7 +537,7 @@ fn arch_of(tensors: &[Tensor], meta: &HashMap<String, String>, path: &Path) -> R
     let inferred_kind = Kind::recognise(|n| shape(n).is_some()).ok_or_else(|| {
         format(format!(
             "no first layer: expected {}; it holds {}",
-            Kind::ALL.map(|k| format!("{} ({})", k.first_map(0), k.name())).join(", "),
+            Kind::ALL.map(|k| format!("{} ({})", k.family().first_map(0), k.name())).join(", "),
             tensors.iter().take(6).map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
         ))
     })?;
@@ -547,15 +547,15 @@ fn arch_of(tensors: &[Tensor], meta: &HashMap<String, String>, path: &Path) -> R
         (0..).take_while(|l| tensors.iter().any(|t| t.name.starts_with(&format!("convs.{l}.")))).count();
     let layers = m.get("layers", layers_seen, |s| s.parse().ok())?;
     let last = layers.saturating_sub(1);
-    let first = shape(&kind.first_map(0)).filter(|s| s.len() == 2);
-    let (first_out, in_seen) = first
-        .map(|s| (s[0], s[1]))
-        .ok_or_else(|| format(format!("its first layer has no {} of two dimensions", kind.first_map(0))))?;
-    let heads_seen = match kind.heads_tensor(0) {
+    let first = shape(&kind.family().first_map(0)).filter(|s| s.len() == 2);
+    let (first_out, in_seen) = first.map(|s| (s[0], s[1])).ok_or_else(|| {
+        format(format!("its first layer has no {} of two dimensions", kind.family().first_map(0)))
+    })?;
+    let heads_seen = match kind.family().heads_tensor(0) {
         Some(t) if layers > 1 => shape(&t).and_then(|s| s.get(1).copied()).unwrap_or(1),
         _ => 1,
     };
-    let classes_seen = shape(&kind.output_map(last)).and_then(|s| s.first().copied()).unwrap_or(0);
+    let classes_seen = shape(&kind.family().output_map(last)).and_then(|s| s.first().copied()).unwrap_or(0);
     let eps_seen = tensors.iter().find(|t| t.name == "convs.0.eps").and_then(|t| t.data.first().copied());
     let parse_bool = |s: &str| match s.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" => Some(true),

@@ -362,9 +362,10 @@ pub fn pair_softmax_backward<T: Scalar>(
             }
         }
     });
-    // the pre-activation's gradient for entry e (row r, column c), head h, feature j
-    let grad = |e: usize, r: usize, c: usize, h: usize, j: usize| {
-        let pre = xl.data[c * w + h * f + j] + xr.data[r * w + h * f + j];
+    // the pre-activation of entry e (row r, column c), head h, feature j, and its gradient
+    let pre =
+        |r: usize, c: usize, h: usize, j: usize| xl.data[c * w + h * f + j] + xr.data[r * w + h * f + j];
+    let grad = |e: usize, pre: T, h: usize, j: usize| {
         let g = ds.data[e * k + h] * att.data[h * f + j];
         if pre > T::zero() {
             g
@@ -385,8 +386,8 @@ pub fn pair_softmax_backward<T: Scalar>(
                     let c = s.col_idx[e] as usize;
                     for h in 0..k {
                         for j in 0..f {
-                            dr[h * f + j] += grad(e, r, c, h, j);
-                            let pre = xl.data[c * w + h * f + j] + xr.data[r * w + h * f + j];
+                            let pre = pre(r, c, h, j);
+                            dr[h * f + j] += grad(e, pre, h, j);
                             acc[h * f + j] += ds.data[e * k + h] * leaky(pre, slope_t);
                         }
                     }
@@ -403,7 +404,7 @@ pub fn pair_softmax_backward<T: Scalar>(
             let (e, r) = (s.t_perm[t] as usize, s.t_col_idx[t] as usize);
             for h in 0..k {
                 for j in 0..f {
-                    dc[h * f + j] += grad(e, r, c, h, j);
+                    dc[h * f + j] += grad(e, pre(r, c, h, j), h, j);
                 }
             }
         }
