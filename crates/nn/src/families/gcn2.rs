@@ -115,10 +115,10 @@ pub struct GcniiConv<B: Backend> {
 
 /// What a GCNII layer's backward needs.
 struct GcniiCache<B: Backend> {
-    /// Layer 0: `relu(lins.0(x))` over the columns, and its dropped copy where dropout is on
-    /// (what the conv aggregated).
+    /// Layer 0: `relu(lins.0(x))` over the columns, and whether the conv aggregated a dropped
+    /// copy of it.
     h: Option<B::Mat>,
-    dropped: Option<B::Mat>,
+    dropped: bool,
     conv: Gcn2Cache<B>,
     /// The output layer: the conv's output after ReLU and dropout (`lins.1`'s input).
     act: Option<B::Mat>,
@@ -184,6 +184,8 @@ impl<B: Backend> Conv<B> for GcniiConv<B> {
         let input = dropped.as_ref().or(h.as_ref()).unwrap_or(x);
         let (y, conv) = self.conv.forward(b, g, input, x0);
         drop(own);
+        // (the conv's backward reads its own cache, not its input)
+        let dropped = dropped.is_some();
         let Some(lin) = &self.last else {
             return (y, Cache::new(GcniiCache::<B> { h, dropped, conv, act: None }));
         };
@@ -227,10 +229,9 @@ impl<B: Backend> Conv<B> for GcniiConv<B> {
         };
         let (dh, dx0_own) = self.conv.backward(b, g, conv, dy, true);
         let mut dh = dh.expect("asked for");
-        if let (Some(_), Some((key, p))) = (&dropped, dropout) {
+        if let (true, Some((key, p))) = (dropped, dropout) {
             b.dropout(key, p, ids_of(b, g, &dh), &mut dh);
         }
-        drop(dropped);
         // x₀ is h's own rows: its gradient, this layer's and the later layers' sum, joins h's
         g.add_own_rows(b, &dx0_own, &mut dh);
         if let Some(sum) = dx0 {
@@ -278,16 +279,16 @@ impl<B: Backend> Conv<B> for GcniiConv<B> {
 
 /// Elements a GCNII layer holds on a partition of shape `s` from `i` to `o` wide with `c`
 /// channels (see [`crate::memory`]; `first`: it begins with `lins.0`, `last`: it ends with
-/// `lins.1`, `dropout`: its own dropout is on). Forward: `h` and its dropped copy over the
-/// columns and `x₀`'s own rows (layer 0); `Â x`, `α x₀` and `s` (kept), then `y`; the output
-/// layer's activation (kept) and logits. Backward: `ds`, `x₀`'s part and the columns' `dh`;
+/// `lins.1`, `dropout`: its own dropout is on). Forward: `h` (kept) and its dropped copy over
+/// the columns and `x₀`'s own rows (layer 0); `Â x`, `α x₀` and `s` (kept), then `y`; the
+/// output layer's activation (kept) and logits. Backward: `ds`, `x₀`'s part and the columns' `dh`;
 /// layer 0's `dh` through ReLU into `lins.0`.
 #[allow(clippy::too_many_arguments)]
 pub fn held(s: Shape, i: u64, c: u64, o: u64, first: bool, last: bool, dropout: bool, need_dx: bool) -> Held {
     let (rows, cols) = (s.rows * c, s.cols * c);
     let h = if first { cols + if dropout { cols } else { 0 } + s.own_copy(c) } else { 0 };
     let act = if last { rows } else { 0 };
-    let kept = if first { cols + if dropout { cols } else { 0 } } else { 0 } + rows + act;
+    let kept = if first { cols } else { 0 } + rows + act;
     let out = if last { s.rows * o } else { rows };
     let conv_forward = 3 * rows + h;
     let forward = conv_forward.max(kept + rows + out);
