@@ -150,6 +150,16 @@ impl<B: Backend> Graph<B> {
         self.ids.as_deref()
     }
 
+    /// Node ids of a matrix of `n` rows over this graph: its output rows where `n` is their
+    /// count, else its input rows (the dropout keys of either side).
+    pub fn ids_of_rows(&self, n: usize) -> Option<&[u32]> {
+        if n == self.rows {
+            self.row_ids()
+        } else {
+            self.col_ids()
+        }
+    }
+
     /// The output rows' own inputs, `x`'s first `rows` rows, as a copy; `None` when `x` has
     /// no other rows (use `x` itself).
     pub fn own_rows(&self, b: &B, x: &B::Mat) -> Option<B::Mat> {

@@ -143,15 +143,6 @@ impl<B: Backend> GcniiConv<B> {
     }
 }
 
-/// The row ids of `m`: the graph's output rows, or its columns.
-fn ids_of<'g, B: Backend>(b: &B, g: &'g Graph<B>, m: &B::Mat) -> Option<&'g [u32]> {
-    if b.dims(m).0 == g.rows {
-        g.row_ids()
-    } else {
-        g.col_ids()
-    }
-}
-
 /// Dropout `(key, p)` when it is on.
 fn on(drop: Option<(MaskKey, f64)>) -> Option<(MaskKey, f64)> {
     drop.filter(|&(_, p)| p > 0.0)
@@ -173,7 +164,7 @@ impl<B: Backend> Conv<B> for GcniiConv<B> {
             let (n, d) = b.dims(h);
             let mut m = b.output(n, d);
             b.copy(h, &mut m);
-            b.dropout(key, p, ids_of(b, g, h), &mut m);
+            b.dropout(key, p, g.ids_of_rows(b.dims(h).0), &mut m);
             m
         });
         let own = h.as_ref().and_then(|h| g.own_rows(b, h));
@@ -230,7 +221,7 @@ impl<B: Backend> Conv<B> for GcniiConv<B> {
         let (dh, dx0_own) = self.conv.backward(b, g, conv, dy, true);
         let mut dh = dh.expect("asked for");
         if let (true, Some((key, p))) = (dropped, dropout) {
-            b.dropout(key, p, ids_of(b, g, &dh), &mut dh);
+            b.dropout(key, p, g.ids_of_rows(b.dims(&dh).0), &mut dh);
         }
         // x₀ is h's own rows: its gradient, this layer's and the later layers' sum, joins h's
         g.add_own_rows(b, &dx0_own, &mut dh);

@@ -416,8 +416,7 @@ impl<B: Backend> Model<B> {
             let (n, d) = b.dims(x);
             let mut x0 = b.output(n, d);
             b.copy(x, &mut x0);
-            let ids = if n == g.rows { g.row_ids() } else { g.col_ids() };
-            b.dropout(key(INPUT_SITE), self.config.input_dropout, ids, &mut x0);
+            b.dropout(key(INPUT_SITE), self.config.input_dropout, g.ids_of_rows(n), &mut x0);
             x0
         });
         let input = dropped_input.as_ref().unwrap_or(x);
