@@ -250,7 +250,14 @@ fn runs_sharing_a_storage_directory_never_meet_and_leave_nothing() {
 fn mid_epoch(storage: &Path) -> std::process::Child {
     let mut child = through_storage(storage, "100000").spawn().unwrap();
     let start = Instant::now();
-    while !run_dirs(storage).iter().any(|d| std::fs::read_dir(d).unwrap().count() > 0) {
+    // a block file, not the identity file being made (`.grinnder-run.new`): a run killed
+    // before naming itself leaves a directory nothing can prove is a run's for a minute
+    let writing_blocks = |d: &PathBuf| {
+        std::fs::read_dir(d)
+            .unwrap()
+            .any(|e| !e.unwrap().file_name().to_string_lossy().starts_with(".grinnder-"))
+    };
+    while !run_dirs(storage).iter().any(writing_blocks) {
         assert!(start.elapsed() < Duration::from_secs(120), "no block files after 2 minutes");
         assert!(child.try_wait().unwrap().is_none(), "the run ended early");
         std::thread::sleep(Duration::from_millis(20));
