@@ -516,15 +516,14 @@ impl Staging {
 /// kernel writes and reads in place (no copy at all). On one H200 the trainer's calls waited up
 /// to milliseconds behind pageable uploads (docs/benchmarks-log.md, mini-batch zero-copy: the
 /// 2026-11-30 entries measuring a961270 and 71088e9). A buffer is taken for one copy or kernel
-/// and marked with an event after it; one whose work has not finished is not taken again (a new
-/// one is made), so the pool grows to the transfers in flight (those queued between two waits
-/// of the host: in mini-batch training, the batches sampled ahead and the steps queued ahead)
-/// and is kept, never shrunk (buffers of 64 KiB to 4 MiB, page-locked memory outside the
-/// `--host-mem` plan). Large transfers go through [`Staging`] instead, whose two buffers make
-/// the host wait.
+/// and marked with an event after it; one whose work has not finished is not taken again: a
+/// new one is made while its size class holds few, else the host waits for the oldest
+/// ([`crate::reuse`]: the pool is bounded, about 32 MiB a size class, page-locked memory outside
+/// the `--host-mem` plan, and a take queries one event). Large uploads go through [`Staging`]
+/// instead, whose two buffers make the host wait.
 #[derive(Default)]
 pub(crate) struct PinnedPool {
-    free: Mutex<Vec<PinnedBuf>>,
+    free: crate::reuse::Reuse<PinnedBuf>,
 }
 
 pub(crate) struct PinnedBuf {
@@ -648,22 +647,30 @@ impl PinnedBuf {
     }
 }
 
+impl crate::reuse::InFlight for PinnedBuf {
+    fn finished(&self) -> bool {
+        self.done.as_ref().is_none_or(|e| e.is_complete())
+    }
+    fn wait(&mut self) {
+        PinnedBuf::wait(self)
+    }
+    fn bytes(&self) -> usize {
+        self.buf.len()
+    }
+}
+
 impl PinnedPool {
     /// A buffer of at least `n` bytes whose last copy has finished.
     pub(crate) fn take(&self, ctx: &Arc<CudaContext>, n: usize) -> PinnedBuf {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let fits = |b: &PinnedBuf| b.buf.len() >= n && b.done.as_ref().is_none_or(|e| e.is_complete());
-        let best = (0..free.len()).filter(|&i| fits(&free[i])).min_by_key(|&i| free[i].buf.len());
-        if let Some(i) = best {
-            return free.swap_remove(i);
+        match self.free.take(n) {
+            crate::reuse::Taken::Reused(b) => b,
+            crate::reuse::Taken::Make(bytes) => PinnedBuf::new(ctx, bytes),
         }
-        drop(free);
-        PinnedBuf::new(ctx, n.next_power_of_two().max(64 << 10))
     }
 
     /// `b` back (its copy marked with [`PinnedBuf::queued`]).
     pub(crate) fn give(&self, b: PinnedBuf) {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+        self.free.give(b)
     }
 }
 

@@ -40,6 +40,7 @@ mod nccl;
 mod pinned;
 mod pool;
 mod profile;
+mod reuse;
 mod spmm;
 mod timeline;
 mod transfers;

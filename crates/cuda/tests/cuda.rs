@@ -345,7 +345,8 @@ fn work_crossing_streams_sees_the_data_it_was_given() {
 /// Uploads made ahead pass through page-locked buffers that are reused once their copies are
 /// done: many at once from several threads, of many sizes, each arrives whole — while the
 /// stream is held, every copy is still in flight, so a buffer handed out again before its copy
-/// read it would send another upload's numbers; after, the buffers are reused.
+/// read it would send another upload's numbers (more are queued than a size class keeps, so
+/// takes wait for the oldest, `reuse.rs`); after, the buffers are reused.
 #[test]
 fn uploads_made_ahead_arrive_whole_through_reused_buffers() {
     let Some(g) = gpu() else { return };
@@ -369,9 +370,15 @@ fn uploads_made_ahead_arrive_whole_through_reused_buffers() {
             threads.into_iter().map(|h| h.join().expect("an uploading thread")).collect::<Vec<_>>()
         })
     };
+    // 320 uploads in three size classes: past a class's bound the takes wait for its oldest
+    // copy, which the hold keeps from running until the thread below lets it go
     let hold = g.hold_ahead_stream();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(hold);
+    });
     let held = upload_from_threads(1);
-    drop(hold);
+    release.join().unwrap();
     let after = upload_from_threads(2);
     for (round, sent) in [("held", held), ("after", after)] {
         for (t, uploads) in sent.iter().enumerate() {
