@@ -190,9 +190,7 @@ def test_a_pyg_model_gives_its_logits_in_grinnder(grinnder, cora, tmp_path, name
     want = train_in_pyg(model, x, ei, y, torch.from_numpy(cora["train"]).long())
     m = tmp_path / "pyg.safetensors"
     save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(m), metadata=meta)
-    # (GCNII runs with the whole graph in memory so far)
-    parts = [] if name == "gcnii" else ["--parts", 3]
-    out = grinnder("predict", "--model-file", m, "--out", tmp_path / "out", *parts)
+    out = grinnder("predict", "--model-file", m, "--out", tmp_path / "out", "--parts", 3)
     assert_close(np.load(tmp_path / "out" / "logits.npy"), want, f"{name} in grinnder")
     acc = float((want.argmax(1)[torch.from_numpy(cora["y"]) >= 0] == y).float().mean())
     assert f"accuracy {100 * acc:.2f} %" in out, out

@@ -283,6 +283,8 @@ fn block_name(g: &BlockGroup) -> String {
         BlockKind::Pre => "layer 0's aggregated features".to_string(),
         BlockKind::Xw => format!("layer {}'s transformed input", g.layer),
         BlockKind::GradXw => format!("layer {}'s transformed gradient", g.layer),
+        BlockKind::Initial => "the initial representation x0".to_string(),
+        BlockKind::GradInitial => "x0's gradient".to_string(),
     }
 }
 

@@ -122,17 +122,16 @@ pub fn check_edge_weights(
     Ok(())
 }
 
-/// Refuses a family whose model only the whole-model pass runs (GCNII: its initial
-/// representation `x₀` is not yet a block of the partitioned executor, a mini-batch's input
-/// or a rank's), naming the fix.
-pub fn check_partitioned(kind: grinnder_nn::Kind) -> Result<(), TrainError> {
+/// Refuses a family with an initial representation (GCNII's `x₀`) where the run splits the
+/// graph among ranks or samples mini-batches (`what`): its `x₀` is a block of the one-process
+/// partitioned executor, not yet a rank's or a mini-batch's. Names the fix.
+pub fn check_initial(kind: grinnder_nn::Kind, what: &str) -> Result<(), TrainError> {
     if !kind.family().has_initial() {
         return Ok(());
     }
     Err(TrainError::Config(format!(
-        "--model {kind} trains and predicts with the whole graph in memory so far (no --parts, \
-         --mode full, one process; a machine whose memory holds the graph): the partitioned \
-         executor, mini-batches and ranks do not yet carry its initial representation x0"
+        "--model {kind} does not train with {what} yet (its initial representation x0 is not \
+         carried there): train it in one process, whole-graph or partitioned (--mode full)"
     )))
 }
 

@@ -99,6 +99,8 @@ fn the_predicted_traffic_is_what_an_epoch_moves() {
         (Kind::Gat, 2, 16),
         (Kind::Gin, 3, 16),
         (Kind::Gatv2, 2, 16),
+        // the initial representation and its gradient as blocks
+        (Kind::Gcnii, 3, 16),
     ] {
         let cfg = model(kind, layers, hidden);
         let what = |s: &str| format!("{kind:?} {layers}×{hidden}, {s}");

@@ -148,7 +148,7 @@ fn check(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, ranks: usize, what:
 /// The models and partition counts every rank count is checked with.
 fn cases(ranks: usize) -> Vec<(ModelConfig, TieredConfig, String)> {
     let mut out = Vec::new();
-    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
+    // (GCNII's x0 is not a rank's block yet: config::check_initial)
     for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
         // hidden 16 under 128-wide features: layer 0 runs split; 256: on its precomputed
         // aggregation (GCN, SAGE) unless input dropout forbids it
@@ -348,7 +348,7 @@ fn server_pass(
 #[test]
 fn flexible_preloading_of_every_layer_equals_one_process_without_crossing_servers() {
     let ds = dataset();
-    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
+    // (GCNII's x0 is not a rank's block yet: config::check_initial)
     for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
         for (hidden, input_dropout) in [(16, 0.0), (256, 0.0), (64, 0.2)] {
             let cfg = model(kind, hidden, input_dropout);
@@ -419,7 +419,7 @@ fn cooperative_batches_give_the_gradients_of_the_servers_union_batch() {
     // in f64: the exactness of the split, not f32 reassociation, is under test. (GIN's ε is one
     // number summing every input element; in f32 its gradient from one batch and from four
     // ranks differed by 1.8e-4 of its value, while f64 agrees to rounding.)
-    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
+    // (GCNII's x0 is not a rank's block yet: config::check_initial)
     for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
         for (hidden, input_dropout) in [(16, 0.0), (64, 0.2)] {
             let cfg = model(kind, hidden, input_dropout);

@@ -58,7 +58,7 @@ fn full_neighbourhood_batches_give_the_full_graph_gradients_of_their_seeds() {
     let b = Cpu::<f64>::new();
     let seeds: Vec<u32> = ds.splits.train.iter().copied().step_by(3).take(40).collect();
     let rows: Vec<u32> = seeds.clone();
-    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
+    // (GCNII's x0 is not a mini-batch's input yet: config::check_initial)
     for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
         for layers in [2, 3] {
             let cfg = model(kind, layers);
@@ -211,22 +211,7 @@ fn rows_staged_by_the_sampling_threads_train_exactly_like_rows_gathered_by_the_t
     // host blocks, handed out in batch order; uploaded while the previous batch computes) gives
     // the same bits, epoch after epoch, with several threads running ahead and blocks reused
     let ds = dataset();
-    let cfg = TrainConfig {
-        model: model(Kind::Sage, 2),
-        optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
-        epochs: 3,
-        eval_every: 3,
-        feature_norm: FeatureNorm::Row,
-        feature_shift: None,
-    };
-    let mb = MiniBatchConfig {
-        fanouts: vec![5, 5],
-        sampler: Sampler::Neighbor,
-        batch_size: 8,
-        eval_parts: 1,
-        max_batches: None,
-        loader_threads: None,
-    };
+    let (cfg, mb) = (adam(model(Kind::Sage, 2), 3, 3), neighbour_batches(8));
     let pool = rayon::ThreadPoolBuilder::new().num_threads(8).build().unwrap();
     let run = |staged: bool| {
         let mut seen = Vec::new();
@@ -249,4 +234,43 @@ fn rows_staged_by_the_sampling_threads_train_exactly_like_rows_gathered_by_the_t
     assert_eq!((none, n), (0, 3 * per_epoch), "every batch staged");
     assert_eq!(plain, staged);
     assert_eq!(acc, staged_acc);
+}
+
+#[test]
+fn gcnii_is_refused_for_mini_batches_naming_the_fix() {
+    // its initial representation x0 is a block of the one-process partitioned executor, not
+    // a sampled batch's input: refused before anything is sampled
+    let ds = dataset();
+    let cfg = adam(model(Kind::Gcnii, 2), 1, 0);
+    let mode = Mode::MiniBatch { config: neighbour_batches(32), features: None };
+    let err = fit(&Cpu::<f32>::new(), &ds, &cfg, mode, &mut |_| {}).expect_err("refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("--model gcnii") && msg.contains("mini-batches") && msg.contains("--mode full"),
+        "{msg}"
+    );
+}
+
+/// Training `model` with Adam (lr 0.01) for `epochs`, evaluating every `eval_every`.
+fn adam(model: ModelConfig, epochs: usize, eval_every: usize) -> TrainConfig {
+    TrainConfig {
+        model,
+        optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
+        epochs,
+        eval_every,
+        feature_norm: FeatureNorm::Row,
+        feature_shift: None,
+    }
+}
+
+/// Batches of `batch_size` seeds, 5 neighbours sampled per layer (two layers).
+fn neighbour_batches(batch_size: usize) -> MiniBatchConfig {
+    MiniBatchConfig {
+        fanouts: vec![5, 5],
+        sampler: Sampler::Neighbor,
+        batch_size,
+        eval_parts: 1,
+        max_batches: None,
+        loader_threads: None,
+    }
 }

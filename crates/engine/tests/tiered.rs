@@ -114,8 +114,7 @@ fn check_in<T: Scalar>(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, what:
 #[test]
 fn gradients_equal_the_in_memory_trainer_for_every_partition_count() {
     let ds = dataset();
-    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
-    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
+    for kind in Kind::ALL {
         for input_dropout in [0.0, 0.2] {
             let trained = model(kind, input_dropout);
             // GIN's trained ε is one number whose gradient sums every node's x·∂z with much
@@ -390,8 +389,7 @@ fn gradients_do_not_depend_on_the_partitioner_or_cache_mode() {
 fn every_family_through_storage_at_five_partitions_trains_as_in_memory() {
     // a host budget of nothing: every block of every family through the storage tier
     let ds = dataset();
-    // (GCNII runs with the whole graph in memory only so far: config::check_partitioned)
-    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
+    for kind in Kind::ALL {
         let dir = tempfile::tempdir().unwrap();
         let tc = TieredConfig {
             cache_bytes: Some(0),
@@ -787,19 +785,4 @@ fn counted(p: &grinnder_engine::tiered::Plan) -> u64 {
 /// The number after `before` in a message (`needs at least 40 MiB` → 40).
 fn figure(message: &str, before: &str) -> Option<f64> {
     message.split(before).nth(1)?.split(' ').next()?.parse().ok()
-}
-
-#[test]
-fn gcnii_is_refused_by_the_partitioned_executor_naming_the_fix() {
-    // its initial representation x0 is not yet a block: refused before any partitioning
-    let ds = dataset();
-    let tc = TieredConfig::in_ram(3, Method::Metis { seed: 0 });
-    let err = Executor::new(&Cpu::<f32>::new(), &ds, &model(Kind::Gcnii, 0.0), FeatureNorm::Row, &tc)
-        .err()
-        .expect("refused");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("--model gcnii") && msg.contains("whole graph in memory") && msg.contains("--parts"),
-        "{msg}"
-    );
 }

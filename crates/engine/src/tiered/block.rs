@@ -17,6 +17,11 @@ pub enum BlockKind {
     Xw,
     /// Their gradient.
     GradXw,
+    /// The initial representation `x₀` (GCNII's): own rows, the hidden width, made by layer 0
+    /// (its layer is 0) and read by every later layer.
+    Initial,
+    /// Its gradient: the later layers' parts summed, read by layer 0's backward.
+    GradInitial,
 }
 
 /// One block: `kind` of `layer` for the rows of partition `part`.
@@ -36,6 +41,8 @@ impl BlockId {
             BlockKind::Pre => "pre",
             BlockKind::Xw => "xw",
             BlockKind::GradXw => "gradxw",
+            BlockKind::Initial => "x0",
+            BlockKind::GradInitial => "gradx0",
         };
         format!("{k}-l{}-p{}.blk", self.layer, self.part)
     }

@@ -44,6 +44,40 @@ fn time_over_columns<B: Backend>(
     });
 }
 
+/// A layer's forward again and its backward, as the schedule runs an unsplit layer's backward,
+/// timed into `secs`; `initial`: the initial representation's rows and its gradient's, where
+/// the model has one.
+#[allow(clippy::too_many_arguments)]
+fn time_backward<B: Backend>(
+    b: &B,
+    model: &mut Model<B>,
+    g: &Graph<B>,
+    l: usize,
+    (x, p): (&B::Mat, Option<&B::Mat>),
+    (x0, dx0): (Option<&B::Mat>, Option<&mut B::Mat>),
+    output_grad: OutputGrad<'_, B>,
+    secs: &mut f64,
+) {
+    let (y, tape, _) = timed(b, secs, || model.layer_forward_initial(b, g, l, x, p, x0, true, 0));
+    let dy = output_grad(&y);
+    drop(y);
+    timed(b, secs, || drop(model.layer_backward_initial(b, g, l, x, p, (x0, dx0), tape, &dy, l > 0)));
+}
+
+/// The training loss's gradient of logits `y`.
+fn loss_grad<B: Backend>(b: &B, y: &B::Mat, labels: &[i32], train_rows: &[u32]) -> B::Mat {
+    let (rows, w) = b.dims(y);
+    let mut dy = b.zeros(rows, w);
+    b.cross_entropy(y, labels, train_rows, 1.0, &mut dy);
+    dy
+}
+
+/// A `rows × w` input of the backend, its values a ramp (timings need no particular values).
+fn ramp<B: Backend>(b: &B, rows: usize, w: usize) -> B::Mat {
+    let v = (0..rows * w).map(|i| B::T::of((i % 97) as f64 * 0.01 - 0.4)).collect();
+    b.upload(&Mat::from_vec(rows, w, v))
+}
+
 impl<B: Backend> Executor<'_, B> {
     /// Seconds of partition `q`'s training compute in one epoch (see the module): its layers
     /// forward, then backward, as [`Executor::forward_backward_pass`] runs them. Gradients
@@ -57,10 +91,7 @@ impl<B: Backend> Executor<'_, B> {
         let (labels, train_rows) = (&part.labels, &part.split_rows[0]);
         let model = &mut self.model;
         let d: Vec<usize> = (0..=layers).map(|l| model.dim(l)).collect();
-        let input = |rows: usize, w: usize| {
-            let v = (0..rows * w).map(|i| B::T::of((i % 97) as f64 * 0.01 - 0.4)).collect();
-            b.upload(&Mat::from_vec(rows, w, v))
-        };
+        let input = |rows: usize, w: usize| ramp(b, rows, w);
         let beside = model.reads_input_beside_pre();
         // a layer's inputs: on `Â x`, its own rows (and the input's where read beside it);
         // otherwise the columns' rows
@@ -72,15 +103,13 @@ impl<B: Backend> Executor<'_, B> {
             }
         };
         // the loss's gradient of the logits (the top layer), or an output gradient
-        let output_grad = |y: &B::Mat, top: bool, rows: usize, w: usize| {
-            if top {
-                let mut dy = b.zeros(rows, w);
-                b.cross_entropy(y, labels, train_rows, 1.0, &mut dy);
-                dy
-            } else {
-                input(rows, w)
-            }
+        let output_grad = |y: &B::Mat, top: bool, rows: usize, w: usize| match top {
+            true => loss_grad(b, y, labels, train_rows),
+            false => input(rows, w),
         };
+        // the initial representation's own rows, for the layers that read it (GCNII's)
+        let has_initial = model.has_initial();
+        let initial = |l: usize| (l > 0 && has_initial).then(|| input(own, d[1]));
         let mut secs = 0.0;
         for l in 0..layers {
             let top = l + 1 == layers;
@@ -109,7 +138,10 @@ impl<B: Backend> Executor<'_, B> {
                 }
                 let (x, p) = inputs(l);
                 let x = x.as_ref().or(p.as_ref()).expect("an input");
-                timed(b, &mut secs, || drop(model.layer_forward(b, g, l, x, p.as_ref(), true, 0)));
+                let x0 = initial(l);
+                timed(b, &mut secs, || {
+                    drop(model.layer_forward_initial(b, g, l, x, p.as_ref(), x0.as_ref(), true, 0))
+                });
             }
         }
         for l in (0..layers).rev() {
@@ -158,12 +190,11 @@ impl<B: Backend> Executor<'_, B> {
                     drop(model.layer_backward(b, g, l, x, p.as_ref(), tape, &dy, l > 0, Some(&out)))
                 });
             } else {
-                let (y, tape) = timed(b, &mut secs, || model.layer_forward(b, g, l, x, p.as_ref(), true, 0));
-                let dy = output_grad(&y, top, own, d[l + 1]);
-                drop(y);
-                timed(b, &mut secs, || {
-                    drop(model.layer_backward(b, g, l, x, p.as_ref(), tape, &dy, l > 0, None))
-                });
+                // (x0's gradient: a reader adds to it, the maker reads the sum)
+                let (x0, mut dx0) = (initial(l), (has_initial && layers > 1).then(|| input(own, d[1])));
+                let dy = |y: &B::Mat| output_grad(y, top, own, d[l + 1]);
+                let initial = (x0.as_ref(), dx0.as_mut());
+                time_backward(b, model, g, l, (x, p.as_ref()), initial, &dy, &mut secs);
             }
         }
         secs

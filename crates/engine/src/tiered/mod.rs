@@ -57,6 +57,7 @@ mod dist;
 mod eviction;
 pub mod files;
 mod input;
+mod ledger;
 mod placement;
 mod plan;
 mod predict;

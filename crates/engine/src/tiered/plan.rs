@@ -106,16 +106,24 @@ pub(super) fn block_kinds<B: Backend>(
     if grads {
         kinds.extend(hidden.map(|l| (BlockKind::Grad, l)));
     }
-    kinds
-        .into_iter()
-        .map(|(kind, layer)| {
-            let d = match kind {
-                BlockKind::Xw | BlockKind::GradXw => model.dim(layer + 1),
-                _ => model.dim(layer),
-            };
-            (kind, layer, d)
-        })
-        .collect()
+    if model.has_initial() {
+        kinds.push((BlockKind::Initial, 0));
+        if grads && layers > 1 {
+            kinds.push((BlockKind::GradInitial, 0));
+        }
+    }
+    kinds.into_iter().map(|(kind, layer)| (kind, layer, block_width(model, kind, layer))).collect()
+}
+
+/// Row width of the `kind` blocks of layer `l`: a split layer's transformed rows (and their
+/// gradient) are as wide as its output, the initial representation as the hidden layers, the
+/// rest as the layer's input.
+pub(super) fn block_width<B: Backend>(model: &Model<B>, kind: BlockKind, l: usize) -> usize {
+    match kind {
+        BlockKind::Xw | BlockKind::GradXw => model.dim(l + 1),
+        BlockKind::Initial | BlockKind::GradInitial => model.dim(1),
+        BlockKind::Act | BlockKind::Grad | BlockKind::Pre => model.dim(l),
+    }
 }
 
 pub(super) fn act(layer: usize, part: usize) -> BlockId {
@@ -141,6 +149,8 @@ pub(super) fn device_elems<B: Backend>(model: &Model<B>, p: &Part<B>, pre: bool,
     // layer 0's own-row inputs (its aggregation, and the input rows where read beside it),
     // with the next partition's uploaded ahead
     let pre_inputs = 2 * s.rows * d(0) * if model.reads_input_beside_pre() { 2 } else { 1 };
+    // the initial representation's own rows and its gradient's beside a layer (GCNII's)
+    let initial = if model.has_initial() { 2 * s.rows * d(1) } else { 0 };
     let products = |l: usize| {
         let on_pre = l == 0 && pre;
         s.nnz + model.accumulating_product(l, if on_pre { own } else { s }, on_pre)
@@ -166,7 +176,7 @@ pub(super) fn device_elems<B: Backend>(model: &Model<B>, p: &Part<B>, pre: bool,
                     + model.layer_held(1, s, false).max(model.layer_held(0, columns, true))
             }
             (0, false) if pre => pre_inputs + model.layer_held(0, own, true),
-            (l, false) => (s.cols * d(l) + model.layer_held(l, s, false)).max(2 * s.cols * d(l)),
+            (l, false) => (s.cols * d(l) + initial + model.layer_held(l, s, false)).max(2 * s.cols * d(l)),
         } + products(l))
         .max()
         .unwrap_or(0)
@@ -258,7 +268,8 @@ pub(super) fn make_plan<B: Backend>(
                 let this = if model.split(l, l == 0 && pre) {
                     3 * cols * o + 2 * own * i
                 } else {
-                    6 * cols * i.max(o)
+                    // (and GCNII's x0 and its gradient, own rows)
+                    6 * cols * i.max(o) + if model.has_initial() { 2 * own * model.dim(1) as u64 } else { 0 }
                 };
                 this + own_layer0 + inside
             };

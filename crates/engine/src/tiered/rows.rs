@@ -17,10 +17,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     ) -> Result<B::Mat, TrainError> {
         let t = Instant::now();
         let b = self.b;
-        let d = match kind {
-            BlockKind::Xw | BlockKind::GradXw => self.model.dim(l + 1),
-            _ => self.model.dim(l),
-        };
+        let d = self.width(kind, l);
         let id = |p: usize| BlockId { kind, layer: l, part: p };
         let pinned_elem = self.pinned_elem();
         // a whole block of the backend's host memory alone: one copy (a DMA on a GPU), maybe
@@ -240,10 +237,7 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// Row width of the `kind` blocks of layer `l`.
     pub(super) fn width(&self, kind: BlockKind, l: usize) -> usize {
-        match kind {
-            BlockKind::Xw | BlockKind::GradXw => self.model.dim(l + 1),
-            _ => self.model.dim(l),
-        }
+        block_width(&self.model, kind, l)
     }
 
     /// Rows `rows` of block `id` (either tier) on the host.

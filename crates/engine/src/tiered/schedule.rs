@@ -82,11 +82,21 @@ impl<'a, B: Backend> Executor<'a, B> {
                     self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.pre), &[])?;
                     inp
                 };
+                let x0 = self.initial_rows(l, q)?;
                 let t = Instant::now();
                 let g = &self.parts[q].graph;
-                let (y, tape) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), train, epoch);
+                let (x, pre) = (inp.x(), inp.pre.as_deref());
+                let (y, tape, made) =
+                    self.model.layer_forward_initial(b, g, l, x, pre, x0.as_deref(), train, epoch);
                 drop(tape);
                 self.give_back_inputs(inp);
+                self.give_back(x0);
+                if let Some(x0) = made {
+                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    self.put(BlockKind::Initial, 0, q, x0)?;
+                    self.put(BlockKind::Act, l + 1, q, y)?;
+                    continue;
+                }
                 if l == 1 && inside {
                     let h = self.model.split_transform(b, 2, &y);
                     drop(y);
@@ -140,6 +150,39 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.sync_mirrors(BlockKind::Xw, l)?;
         self.mark("forward transform", l);
         Ok(())
+    }
+
+    /// Partition `q`'s rows of the initial representation where layer `l` reads it (GCNII's
+    /// layers after the first: [`BlockKind::Initial`]).
+    pub(super) fn initial_rows(&mut self, l: usize, q: usize) -> Result<Option<Own<B>>, TrainError> {
+        if l > 0 && self.model.has_initial() {
+            Ok(Some(self.own(BlockKind::Initial, 0, q)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Partition `q`'s rows of the initial representation's gradient for layer `l`'s backward
+    /// where the model has one: zeros for a layer that reads `x0` to add its part to (written
+    /// back into [`BlockKind::GradInitial`]), the later layers' sum for layer 0, which makes it
+    /// (`None` where no later layer reads it).
+    fn initial_grad(&mut self, l: usize, q: usize) -> Result<Option<B::Mat>, TrainError> {
+        if !self.model.has_initial() {
+            return Ok(None);
+        }
+        let (own, c) = (self.parts[q].own, self.width(BlockKind::GradInitial, 0));
+        if l > 0 {
+            return Ok(Some(self.b.zeros(own, c)));
+        }
+        let id = BlockId { kind: BlockKind::GradInitial, layer: 0, part: q };
+        if self.model.layers() == 1 || !self.written(id) {
+            return Ok(None);
+        }
+        let sum = self.own(BlockKind::GradInitial, 0, q)?;
+        let mut m = self.b.output(own, c);
+        self.b.copy(&sum, &mut m);
+        self.give_back(Some(sum));
+        Ok(Some(m))
     }
 
     /// Whether layer `l`'s input is a block a pass makes (a hidden layer's output): not the
@@ -399,16 +442,28 @@ impl<'a, B: Backend> Executor<'a, B> {
                         self.give_back(Some(dy));
                         dx
                     } else {
+                        let x0 = self.initial_rows(l, q)?;
                         let t = Instant::now();
                         let g = &self.parts[q].graph;
-                        let (y, tape) = self.model.layer_forward(b, g, l, x, pre, true, epoch);
+                        let (y, tape, _) =
+                            self.model.layer_forward_initial(b, g, l, x, pre, x0.as_deref(), true, epoch);
                         self.stats.compute_s += t.elapsed().as_secs_f64();
                         let dy = self.output_grad(l, q, &y, &mut loss, &mut correct)?;
                         drop(y);
+                        let mut dx0 = self.initial_grad(l, q)?;
                         let t = Instant::now();
                         let g = &self.parts[q].graph;
-                        let dx = self.model.layer_backward(b, g, l, x, pre, tape, &dy, l > 0, None);
+                        let initial = (x0.as_deref(), dx0.as_mut());
+                        let dx =
+                            self.model.layer_backward_initial(b, g, l, x, pre, initial, tape, &dy, l > 0);
                         self.stats.compute_s += t.elapsed().as_secs_f64();
+                        self.give_back(x0);
+                        // a reader's part of x0's gradient, into the sum layer 0 reads
+                        if let Some(dx0) = dx0.filter(|_| l > 0) {
+                            let t = Instant::now();
+                            self.write_back(BlockKind::GradInitial, 0, q, dx0)?;
+                            self.stats.write_back_s += t.elapsed().as_secs_f64();
+                        }
                         dx
                     };
                     self.give_back_inputs(inp);
@@ -424,8 +479,15 @@ impl<'a, B: Backend> Executor<'a, B> {
                 self.mark("backward", l);
             }
             // layer l + 1's blocks are spent (and layer 2's dh where its transform's backward
-            // ran inside layer 1's: mirrors too)
+            // ran inside layer 1's: mirrors too); x0 once layer 1 read it, its gradient once
+            // layer 0 did
             for q in 0..self.parts.len() {
+                if l == 1 {
+                    self.remove(BlockId { kind: BlockKind::Initial, layer: 0, part: q })?;
+                }
+                if l == 0 {
+                    self.remove(BlockId { kind: BlockKind::GradInitial, layer: 0, part: q })?;
+                }
                 self.remove(BlockId { kind: BlockKind::Grad, layer: l + 1, part: q })?;
                 if !top {
                     self.remove(act(l + 1, q))?;
@@ -559,11 +621,14 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
         let inp = self.inputs(l, q)?;
         self.prefetch(BlockKind::Act, l, next, !(l == 0 && self.pre), &[])?;
+        let x0 = self.initial_rows(l, q)?;
         let t = Instant::now();
         let g = &self.parts[q].graph;
-        let (y, _) = self.model.layer_forward(b, g, l, inp.x(), inp.pre.as_deref(), false, epoch);
+        let (x, pre) = (inp.x(), inp.pre.as_deref());
+        let (y, _, _) = self.model.layer_forward_initial(b, g, l, x, pre, x0.as_deref(), false, epoch);
         self.stats.compute_s += t.elapsed().as_secs_f64();
         self.give_back_inputs(inp);
+        self.give_back(x0);
         Ok(y)
     }
 
@@ -595,6 +660,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             if upto == layers {
                 self.remove(BlockId { kind: BlockKind::Xw, layer: layers - 1, part: q })?;
             }
+            self.remove(BlockId { kind: BlockKind::Initial, layer: 0, part: q })?;
         }
         self.tiers.store.sync().map_err(io_err)
     }

@@ -164,8 +164,12 @@ impl<'a, B: Backend> Trainer<'a, B> {
             Mode::MiniBatch { .. } | Mode::Cooperative { .. } => false,
         };
         crate::config::check_edge_weights(ds, cfg.model.kind, whole_graph)?;
-        if !matches!(mode, Mode::FullGraph) {
-            crate::config::check_partitioned(cfg.model.kind)?;
+        match &mode {
+            Mode::FullGraph | Mode::Tiered(_) => {}
+            Mode::MiniBatch { .. } => crate::config::check_initial(cfg.model.kind, "mini-batches")?,
+            Mode::Ranks { .. } | Mode::Cooperative { .. } => {
+                crate::config::check_initial(cfg.model.kind, "several ranks")?
+            }
         }
         let (engine, group): (Box<dyn Engine<B> + 'a>, Option<&'a dyn Comm>) = match mode {
             Mode::FullGraph => (Box::new(full_graph::FullGraph::new(b, ds, &cfg)), None),

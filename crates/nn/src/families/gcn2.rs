@@ -272,8 +272,10 @@ impl<B: Backend> Conv<B> for GcniiConv<B> {
 /// channels (see [`crate::memory`]; `first`: it begins with `lins.0`, `last`: it ends with
 /// `lins.1`, `dropout`: its own dropout is on). Forward: `h` (kept) and its dropped copy over
 /// the columns and `x₀`'s own rows (layer 0); `Â x`, `α x₀` and `s` (kept), then `y`; the
-/// output layer's activation (kept) and logits. Backward: `ds`, `x₀`'s part and the columns' `dh`;
-/// layer 0's `dh` through ReLU into `lins.0`.
+/// output layer's activation (kept) and logits. Backward, phase by phase as allocated:
+/// `lins.1`'s input gradient beside the tape; `W`'s gradient from `s` (then `s` and the
+/// activation are gone); `ds`, `x₀`'s part and the columns' `dx` (or layer 0's `dh`); layer
+/// 0's `dh` through ReLU into `lins.0`.
 #[allow(clippy::too_many_arguments)]
 pub fn held(s: Shape, i: u64, c: u64, o: u64, first: bool, last: bool, dropout: bool, need_dx: bool) -> Held {
     let (rows, cols) = (s.rows * c, s.cols * c);
@@ -284,9 +286,13 @@ pub fn held(s: Shape, i: u64, c: u64, o: u64, first: bool, last: bool, dropout: 
     let conv_forward = 3 * rows + h;
     let forward = conv_forward.max(kept + rows + out);
     let dact = if last { rows } else { 0 };
+    let h_keep = if first { cols } else { 0 };
+    let lin1_back = kept + dact;
+    let weight_grad = h_keep + rows + dact;
+    let conv_back = h_keep + dact + 2 * rows + if first || need_dx { cols } else { 0 };
     let dx = if need_dx { s.cols * i } else { 0 };
-    let conv_back = kept + dact + 3 * rows + if first || need_dx { cols } else { 0 };
-    let backward = conv_back.max(kept + cols + dx);
+    let lin0_back = if first { 2 * cols + rows + dx } else { 0 };
+    let backward = lin1_back.max(weight_grad).max(conv_back).max(lin0_back);
     Held { forward, kept, backward }
 }
 

@@ -396,6 +396,30 @@ impl<B: Backend> Model<B> {
         self.layer_forward_impl(b, g, l, x, pre, None, train, epoch, true)
     }
 
+    /// [`Model::layer_forward`] for a model with an initial representation
+    /// ([`Model::has_initial`]; any other model too, with `x0` `None`): `x0` holds its
+    /// `g.rows` own rows for a layer that reads it. Returns, besides the output and the tape,
+    /// `x0`'s own rows where layer `l` makes it (for the partitioned executor's block).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_forward_initial(
+        &self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        x0: Option<&B::Mat>,
+        train: bool,
+        epoch: u64,
+    ) -> (B::Mat, LayerTape<B>, Option<B::Mat>) {
+        let (y, tape) = self.layer_forward_impl(b, g, l, x, pre, x0, train, epoch, true);
+        let made = match self.convs[l].initial() {
+            Initial::Makes => self.convs[l].initial_of(b, g, &tape.cache),
+            _ => None,
+        };
+        (y, tape, made)
+    }
+
     /// `keep_act = false`: a hidden output without residual is not copied into the tape; the
     /// caller then hands it to [`Model::layer_backward`] as `output`.
     #[allow(clippy::too_many_arguments)]
@@ -538,6 +562,26 @@ impl<B: Backend> Model<B> {
         output: Option<&B::Mat>,
     ) -> Option<B::Mat> {
         self.layer_backward_impl(b, g, l, x, pre, (None, None), tape, dy, need_dx, output)
+    }
+
+    /// [`Model::layer_backward`] of [`Model::layer_forward_initial`]: `x0` its own rows where
+    /// the layer reads it; `dx0` `g.rows` rows of `x0`'s gradient, to which a layer that reads
+    /// `x0` adds its part, and which the layer that makes it reads as the sum of the later
+    /// layers' parts (`None` where no later layer reads it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_backward_initial(
+        &mut self,
+        b: &B,
+        g: &Graph<B>,
+        l: usize,
+        x: &B::Mat,
+        pre: Option<&B::Mat>,
+        initial: (Option<&B::Mat>, Option<&mut B::Mat>),
+        tape: LayerTape<B>,
+        dy: &B::Mat,
+        need_dx: bool,
+    ) -> Option<B::Mat> {
+        self.layer_backward_impl(b, g, l, x, pre, initial, tape, dy, need_dx, None)
     }
 
     /// [`Model::layer_backward`] with the initial representation and its gradient's sum.
