@@ -181,9 +181,9 @@ pub fn plan_of(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<TrainP
     anyhow::ensure!((0.0..1.0).contains(&momentum), "--momentum must be in [0, 1)");
     anyhow::ensure!(epochs >= 1, "--epochs must be at least 1");
     let alpha = pick!(alpha, grinnder_nn::model::DEFAULT_ALPHA);
-    anyhow::ensure!((0.0..=1.0).contains(&alpha), "--alpha must be in [0, 1], got {alpha}");
+    anyhow::ensure!(grinnder_nn::model::valid_alpha(alpha), "--alpha must be in [0, 1], got {alpha}");
     let theta = pick!(theta, grinnder_nn::model::DEFAULT_THETA);
-    anyhow::ensure!(theta.is_finite() && theta >= 0.0, "--theta must be non-negative, got {theta}");
+    anyhow::ensure!(grinnder_nn::model::valid_theta(theta), "--theta must be non-negative, got {theta}");
     let optim = match pick!(optimizer, OptimArg::Adam) {
         OptimArg::Adam => grinnder_nn::OptimConfig::Adam { lr, weight_decay },
         OptimArg::Adamw => grinnder_nn::OptimConfig::Adamw { lr, weight_decay },
@@ -446,4 +446,29 @@ fn check_combinations(mut p: TrainPlan) -> anyhow::Result<TrainPlan> {
         );
     }
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gcniis_alpha_and_theta_out_of_range_are_refused_naming_the_flag() {
+        let none = TrainSettings::default();
+        let with =
+            |alpha: Option<f64>, theta: Option<f64>| TrainSettings { alpha, theta, ..Default::default() };
+        for (alpha, theta, flag) in [
+            (Some(1.5), None, "--alpha"),
+            (Some(-0.1), None, "--alpha"),
+            (Some(f64::NAN), None, "--alpha"),
+            (None, Some(-1.0), "--theta"),
+            (None, Some(f64::INFINITY), "--theta"),
+            (None, Some(f64::NAN), "--theta"),
+        ] {
+            let err = plan_of(&with(alpha, theta), &none).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(flag), "{alpha:?} {theta:?}: {err}");
+        }
+        let plan = plan_of(&with(Some(0.0), Some(0.0)), &none).unwrap();
+        assert_eq!((plan.config.model.alpha, plan.config.model.theta), (0.0, 0.0));
+    }
 }

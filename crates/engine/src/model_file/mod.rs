@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use grinnder_graph::Dataset;
-use grinnder_nn::model::{DEFAULT_ALPHA, DEFAULT_THETA};
+use grinnder_nn::model::{valid_alpha, valid_theta, DEFAULT_ALPHA, DEFAULT_THETA};
 use grinnder_nn::{Kind, Model, ModelConfig, Norm, OptimConfig};
 use grinnder_tensor::{Backend, Mat, Scalar};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -580,10 +580,8 @@ fn arch_of(tensors: &[Tensor], meta: &HashMap<String, String>, path: &Path) -> R
         residual: m.get("residual", false, parse_bool)?,
         gin_eps: m.get("gin_eps", eps_seen.unwrap_or(0.0), |s| s.parse().ok())?,
         train_eps: m.get("train_eps", false, parse_bool)?,
-        // β = ln(θ / l + 1) must be finite: θ ≥ 0; α weighs x₀ against the aggregation
-        alpha: m.get("alpha", DEFAULT_ALPHA, |s| s.parse().ok().filter(|a: &f64| (0.0..=1.0).contains(a)))?,
-        theta: m
-            .get("theta", DEFAULT_THETA, |s| s.parse().ok().filter(|t: &f64| t.is_finite() && *t >= 0.0))?,
+        alpha: m.get("alpha", DEFAULT_ALPHA, |s| s.parse().ok().filter(|&a| valid_alpha(a)))?,
+        theta: m.get("theta", DEFAULT_THETA, |s| s.parse().ok().filter(|&t| valid_theta(t)))?,
         in_features: m.get("in_features", in_seen, |s| s.parse().ok())?,
         classes: m.get("classes", classes_seen, |s| s.parse().ok())?,
         feature_norm: m.get("feature_norm", FeatureNorm::None, |s| {

@@ -134,6 +134,9 @@ fn metadata_sizes_the_tensors_contradict_are_refused_before_a_model_is_made() {
             cases.extend(huge.iter().map(|v| (key, v.clone())));
         }
         cases.extend([("gin_eps", "NaN".into()), ("gin_eps", "inf".into()), ("feature_shift", "NaN".into())]);
+        // GCNII's α outside [0, 1], θ negative or not finite
+        cases.extend(["1.5", "-0.1", "NaN"].map(|v| ("alpha", v.to_string())));
+        cases.extend(["-1", "inf", "NaN"].map(|v| ("theta", v.to_string())));
         for (key, value) in &cases {
             for seal in [false, true] {
                 let b = edited(&bytes, |m| drop(m.insert(key.to_string(), value.clone())), seal);

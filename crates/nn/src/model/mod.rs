@@ -70,6 +70,17 @@ pub struct ModelConfig {
 pub const DEFAULT_ALPHA: f64 = 0.1;
 pub const DEFAULT_THETA: f64 = 0.5;
 
+/// Whether GCNII's `α` is one it takes: in [0, 1] (it weighs `x₀` against the aggregation).
+pub fn valid_alpha(alpha: f64) -> bool {
+    (0.0..=1.0).contains(&alpha)
+}
+
+/// Whether GCNII's `θ` is one it takes: finite and at least 0 (`β = ln(θ / l + 1)` is then
+/// finite and at least 0).
+pub fn valid_theta(theta: f64) -> bool {
+    theta.is_finite() && theta >= 0.0
+}
+
 fn default_alpha() -> f64 {
     DEFAULT_ALPHA
 }
