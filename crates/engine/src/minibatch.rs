@@ -7,7 +7,7 @@
 //! Normalisation on a sampled block: SAGE's mean is over the sampled neighbours; GCN keeps the
 //! whole graph's `D̂^{-1/2}(A + I)D̂^{-1/2}` coefficients and scales a row's neighbour terms by
 //! `degree / sampled` (an unbiased estimate of the full sum); with full neighbourhoods (`-1`)
-//! both are exactly the full graph's, and so are the gradients (tests/minibatch.rs).
+//! both are exactly the full graph's, and so are the gradients (tests/suite/minibatch.rs).
 
 use grinnder_graph::progress;
 use grinnder_graph::rng::hash_key;

@@ -643,7 +643,7 @@ impl<B: Backend> Executor<'_, B> {
     /// the schedule makes and removes them: what the host cache and the storage directory
     /// must hold together (every block an epoch makes, summed, can be more: GCN with 4 layers
     /// of 64 over 40 classes holds at most all but two of its gradient blocks at once, see
-    /// `engine/tests/tiered.rs`). Where the executor only predicts
+    /// `engine/tests/suite/tiered.rs`). Where the executor only predicts
     /// ([`TieredConfig::inference`]), the first blocks and an evaluation's forward: a
     /// prediction's pass makes no more.
     pub(super) fn peak_host_block_bytes(&self) -> u64 {

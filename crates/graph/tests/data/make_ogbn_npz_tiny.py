@@ -1,5 +1,5 @@
 # Makes ogbn_npz_tiny/: OGB's binary node-property layout as numpy writes it (np.savez_compressed),
-# for crates/graph/tests/ogb_npz.rs. Run from this folder: python make_ogbn_npz_tiny.py
+# for crates/graph/tests/suite/ogb_npz.rs. Run from this folder: python make_ogbn_npz_tiny.py
 import gzip, os
 import numpy as np
 

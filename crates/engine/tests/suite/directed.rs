@@ -17,8 +17,7 @@ use grinnder_nn::{Kind, ModelConfig, Norm, OptimConfig};
 use grinnder_partition::Method;
 use grinnder_tensor::Cpu;
 
-mod common;
-use common::fit;
+use crate::common::fit;
 
 /// The tiered tests' tolerance (tiered.rs): reassociation in f32, relative to the scale.
 const TOL: f64 = 1e-5;

@@ -17,8 +17,7 @@ use grinnder_partition::Method;
 use grinnder_tensor::ops::*;
 use grinnder_tensor::{Cpu, Mat, Scalar};
 
-mod common;
-use common::fit;
+use crate::common::fit;
 
 const TOL: f64 = 1e-5;
 /// Reassociation in f64, where a test checks exactness in f64.

@@ -3,8 +3,6 @@
 //! multi-block gzip file at 2 threads, a FIFO as an input, a Fortran-ordered feature file,
 //! overlapping splits, a 0-d split array, a runaway CSV line.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -111,7 +109,7 @@ fn exchange_cora(features_fortran: bool) -> (tempfile::TempDir, PathBuf, grinnde
                 col_major[c * n + r] = ds.features.data.get(r * dim + c);
             }
         }
-        common::write_npy_fortran(&out.join("node_feat.npy"), n, dim, &col_major);
+        crate::common::write_npy_fortran(&out.join("node_feat.npy"), n, dim, &col_major);
     }
     (d, out, ds)
 }

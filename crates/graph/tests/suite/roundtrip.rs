@@ -1,8 +1,6 @@
 //! Every format round-trips exactly, and the bundled datasets have their published sizes.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::io::{self, exchange, igb, native, ogb, Format, LoadOptions};
 

@@ -17,8 +17,7 @@ use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm, OptimConfig};
 use grinnder_tensor::ops::*;
 use grinnder_tensor::{Cpu, Mat};
 
-mod common;
-use common::fit;
+use crate::common::fit;
 
 /// Reassociation in f64 (the exactness tests).
 const TOL_F64: f64 = 1e-10;

@@ -2,11 +2,9 @@
 //! dataset as the CSV layout and the npy exchange layout of the same graph, in every element
 //! type and order numpy writes, and a damaged archive is refused naming the file and member.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use grinnder_graph::io::npy::DType;
 use grinnder_graph::io::npz::NpzWriter;
 use grinnder_graph::io::{self, exchange, ogb, ogb_npz, Format, LoadOptions};

@@ -3,11 +3,9 @@
 //! file's weights section and directed flag (version 3 only for such files; older files load
 //! as before).
 
-mod common;
-
 use std::path::Path;
 
-use common::tiny;
+use crate::common::tiny;
 use grinnder_graph::io::{self, exchange, native, npy, Format, LoadOptions};
 use grinnder_graph::{BuildOptions, Dataset};
 

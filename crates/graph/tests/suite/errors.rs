@@ -1,12 +1,10 @@
 //! Bad input gets a clear error naming the file and the line or byte offset; never a panic,
 //! never silently wrong data.
 
-mod common;
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use grinnder_graph::io::{self, exchange, native, ogb, Format, LoadOptions};
 use grinnder_graph::NonFinite;
 
