@@ -518,8 +518,8 @@ impl Staging {
 /// 2026-11-30 entries measuring a961270 and 71088e9). A buffer is taken for one copy or kernel
 /// and marked with an event after it; one whose work has not finished is not taken again: a
 /// new one is made while its size class holds few, else the host waits for the oldest
-/// ([`crate::reuse`]: the pool is bounded, about 32 MiB a size class, page-locked memory outside
-/// the `--host-mem` plan, and a take queries one event). Large uploads go through [`Staging`]
+/// ([`crate::reuse`]: the pool is bounded — 32 buffers a class up to 1 MiB, 32 MiB of larger
+/// ones — page-locked memory outside the `--host-mem` plan, and a take queries one event). Large uploads go through [`Staging`]
 /// instead, whose two buffers make the host wait.
 #[derive(Default)]
 pub(crate) struct PinnedPool {

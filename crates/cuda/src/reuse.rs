@@ -4,7 +4,10 @@
 //! Buffers come in power-of-two classes, each a queue in the order they were given back (so
 //! oldest work first). A take looks at its class's oldest buffer alone: finished, it is reused;
 //! not finished, a new one is made while the class holds fewer than [`most`]; past that, the
-//! host waits for the oldest. The pool is bounded and a take costs one event query.
+//! host waits for the oldest. The pool is bounded (per class 32 buffers of up to 1 MiB, 32 MiB
+//! of larger ones, at least two; one more per thread that made one at the same time) and a
+//! take costs one event query. The price of looking at the oldest alone: where one class serves
+//! two streams, a take may wait for the slower stream's copy while a newer buffer has finished.
 //!
 //! Why bounded: the pool used to grow by one buffer whenever no buffer had finished and to look
 //! at every buffer it held on each take. The tiered executor queues a partition's gathers far
@@ -89,13 +92,9 @@ impl<B: InFlight> Reuse<B> {
     pub(crate) fn give(&self, b: B) {
         // the largest class it serves (buffers are made at their class's size)
         let c = 1usize << (usize::BITS - 1 - b.bytes().max(1).leading_zeros());
-        let mut classes = self.classes.lock().unwrap_or_else(|p| p.into_inner());
-        let q = classes.entry(c).or_default();
-        q.push_back(b);
-        if q.len() > most(c) {
-            // more given back than taken out (a burst of makes): the newest goes
-            q.pop_back();
-        }
+        // (a class may hold more than `most` where several threads made buffers at once: at most
+        // one more per thread, kept; dropping one here would wait for its copy under the lock)
+        self.classes.lock().unwrap_or_else(|p| p.into_inner()).entry(c).or_default().push_back(b);
     }
 
     /// Buffers held, for tests.

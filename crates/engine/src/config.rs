@@ -130,8 +130,8 @@ pub fn check_initial(kind: grinnder_nn::Kind, what: &str) -> Result<(), TrainErr
         return Ok(());
     }
     Err(TrainError::Config(format!(
-        "--model {kind} does not train with {what} yet (its initial representation x0 is not \
-         carried there): train it in one process, whole-graph or partitioned (--mode full)"
+        "--model {kind} does not run on {what} yet (its initial representation x0 is not \
+         carried there): run it in one process, whole-graph or partitioned (--mode full)"
     )))
 }
 

@@ -308,6 +308,27 @@ fn more_ranks_than_partitions_is_refused() {
     }
 }
 
+#[test]
+fn gcnii_is_refused_by_ranks_naming_the_fix() {
+    // its initial representation x0 is a block of the one-process executor, not yet a rank's
+    let ds = dataset();
+    let cfg = model(Kind::Gcnii, 16, 0.0);
+    let errs = ThreadComm::run(2, |c| {
+        let b = Cpu::<f32>::new();
+        let tc = TieredConfig::in_ram(4, Method::Random { seed: 1 });
+        let dist =
+            Some(DistConfig { comm: c, ranks_per_server: 1, reduce: None, device: None, groups: None });
+        Executor::new_dist(&b, &ds, &cfg, FeatureNorm::Row, &tc, dist).err().map(|e| e.to_string())
+    });
+    for e in errs {
+        let e = e.expect("refused");
+        assert!(
+            e.contains("--model gcnii") && e.contains("several ranks") && e.contains("--mode full"),
+            "{e}"
+        );
+    }
+}
+
 fn train_config(cfg: &ModelConfig) -> TrainConfig {
     TrainConfig {
         model: cfg.clone(),

@@ -5,7 +5,8 @@ use super::*;
 
 impl<'a, B: Backend> Executor<'a, B> {
     /// Every block an epoch makes, in the order of bus transfers saved per byte when kept on
-    /// the device: hidden activations (written once, read up to three times), the split layers'
+    /// the device: GCNII's initial representation and its gradient (read, and added to, by
+    /// every layer after the first), hidden activations (written once, read up to three times), the split layers'
     /// narrow rows and their gradients (each read with halo rows), layer 0's aggregation and
     /// the features (read twice, never rewritten), then gradients (written once, read once;
     /// none where the executor only predicts); with each block's bytes at full precision.

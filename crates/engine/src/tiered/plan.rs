@@ -92,7 +92,15 @@ pub(super) fn block_kinds<B: Backend>(
     // layer 2's input and its gradient are no blocks where its transform runs inside layer 1
     let inside = fused && transform_fusible(model, pre);
     let hidden = (first_hidden..layers).filter(|&l| !(inside && l == 2));
-    let mut kinds: Vec<(BlockKind, usize)> = hidden.clone().map(|l| (BlockKind::Act, l)).collect();
+    // GCNII's x0 first: read (and its gradient added to) by every layer after the first
+    let mut kinds: Vec<(BlockKind, usize)> = Vec::new();
+    if model.has_initial() && layers > 1 {
+        kinds.push((BlockKind::Initial, 0));
+        if grads {
+            kinds.push((BlockKind::GradInitial, 0));
+        }
+    }
+    kinds.extend(hidden.clone().map(|l| (BlockKind::Act, l)));
     kinds.extend(split.iter().map(|&l| (BlockKind::Xw, l)));
     if grads {
         kinds.extend(split.iter().map(|&l| (BlockKind::GradXw, l)));
@@ -105,12 +113,6 @@ pub(super) fn block_kinds<B: Backend>(
     }
     if grads {
         kinds.extend(hidden.map(|l| (BlockKind::Grad, l)));
-    }
-    if model.has_initial() {
-        kinds.push((BlockKind::Initial, 0));
-        if grads && layers > 1 {
-            kinds.push((BlockKind::GradInitial, 0));
-        }
     }
     kinds.into_iter().map(|(kind, layer)| (kind, layer, block_width(model, kind, layer))).collect()
 }
@@ -150,7 +152,7 @@ pub(super) fn device_elems<B: Backend>(model: &Model<B>, p: &Part<B>, pre: bool,
     // with the next partition's uploaded ahead
     let pre_inputs = 2 * s.rows * d(0) * if model.reads_input_beside_pre() { 2 } else { 1 };
     // the initial representation's own rows and its gradient's beside a layer (GCNII's)
-    let initial = if model.has_initial() { 2 * s.rows * d(1) } else { 0 };
+    let initial = if model.has_initial() && model.layers() > 1 { 2 * s.rows * d(1) } else { 0 };
     let products = |l: usize| {
         let on_pre = l == 0 && pre;
         s.nnz + model.accumulating_product(l, if on_pre { own } else { s }, on_pre)
@@ -269,7 +271,8 @@ pub(super) fn make_plan<B: Backend>(
                     3 * cols * o + 2 * own * i
                 } else {
                     // (and GCNII's x0 and its gradient, own rows)
-                    6 * cols * i.max(o) + if model.has_initial() { 2 * own * model.dim(1) as u64 } else { 0 }
+                    let initial = model.has_initial() && layers > 1;
+                    6 * cols * i.max(o) + if initial { 2 * own * model.dim(1) as u64 } else { 0 }
                 };
                 this + own_layer0 + inside
             };

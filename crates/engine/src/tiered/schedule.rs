@@ -178,11 +178,16 @@ impl<'a, B: Backend> Executor<'a, B> {
         if self.model.layers() == 1 || !self.written(id) {
             return Ok(None);
         }
-        let sum = self.own(BlockKind::GradInitial, 0, q)?;
-        let mut m = self.b.output(own, c);
-        self.b.copy(&sum, &mut m);
-        self.give_back(Some(sum));
-        Ok(Some(m))
+        Ok(Some(match self.own(BlockKind::GradInitial, 0, q)? {
+            Own::Copy(m) => m,
+            lent => {
+                // (the block is the GPU tier's: the layer adds to its own copy)
+                let mut m = self.b.output(own, c);
+                self.b.copy(&lent, &mut m);
+                self.give_back(Some(lent));
+                m
+            }
+        }))
     }
 
     /// Whether layer `l`'s input is a block a pass makes (a hidden layer's output): not the
