@@ -162,6 +162,19 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
     }
 
+    /// Asserts that a model with an initial representation runs every layer unsplit, unfused
+    /// and recomputed for its backward: x0 is read and its gradient summed on that path alone
+    /// ([`Executor::initial_rows`], [`Executor::initial_grad`]; GCNII's layers never split).
+    pub(super) fn assert_initial_runs_whole(&self) {
+        let m = &self.model;
+        let whole =
+            |l: usize| !m.split(l, l == 0 && self.pre) && !m.backward_from_output(l, l == 0 && self.pre);
+        assert!(
+            !m.has_initial() || (!self.fused && (0..m.layers()).all(whole)),
+            "a model with an initial representation runs its layers unsplit and recomputed"
+        );
+    }
+
     /// Partition `q`'s rows of the initial representation's gradient for layer `l`'s backward
     /// where the model has one: zeros for a layer that reads `x0` to add its part to (written
     /// back into [`BlockKind::GradInitial`]), the later layers' sum for layer 0, which makes it

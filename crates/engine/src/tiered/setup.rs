@@ -203,16 +203,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         // blocks alone page-locked
         ex.pin_all = ex.pin_fixed && ex.dist.is_none();
         ex.fused = ex.fusible();
-        // x0 is read and its gradient summed on the unsplit, recomputed path alone
-        // (Executor::initial_rows, initial_grad): GCNII's layers never split, fuse or run
-        // backward from their output
-        let model = &ex.model;
-        let plain =
-            |l: usize| !model.split(l, l == 0 && ex.pre) && !model.backward_from_output(l, l == 0 && ex.pre);
-        assert!(
-            !model.has_initial() || (!ex.fused && (0..model.layers()).all(plain)),
-            "a model with an initial representation runs its layers unsplit and recomputed"
-        );
+        ex.assert_initial_runs_whole();
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {
             ex.place_on_device(tc)?;
         }
