@@ -5,29 +5,10 @@
 //! length, a model file of another direction or weighting) is refused naming the fix.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use grinnder_graph::io::npy::{self, DType, Npy};
 
-fn grinnder(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_grinnder"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = grinnder(args);
-    assert!(o.status.success(), "grinnder {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn fails(args: &[&str]) -> String {
-    let o = grinnder(args);
-    assert!(!o.status.success(), "grinnder {args:?} should fail");
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use crate::common::{fails, ok};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

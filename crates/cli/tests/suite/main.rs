@@ -4,6 +4,8 @@
 //! `scale` (it compares peak memory under a control group, which tests running beside it
 //! would move) and `mpi` (real ranks under `mpirun`).
 
+mod common;
+
 mod cli;
 mod crash;
 mod directed;

@@ -5,29 +5,11 @@
 //! refused before any work or leave nothing that looks complete.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use grinnder_graph::io::npy::Npy;
 
-fn grinnder(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_grinnder"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = grinnder(args);
-    assert!(o.status.success(), "grinnder {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn fails(args: &[&str]) -> String {
-    let o = grinnder(args);
-    assert!(!o.status.success(), "grinnder {args:?} should fail");
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use crate::common::{fails, ok};
 
 /// The `xx.xx` after `prefix` in `text`.
 fn percent_after(text: &str, prefix: &str) -> String {
