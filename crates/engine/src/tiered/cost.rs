@@ -2,8 +2,9 @@
 //! (which blocks live where, the host cache's budget and mode) and the schedule, before any
 //! epoch runs; with measured rates ([`Rates`]), a predicted epoch time.
 //!
-//! The traffic comes from walking the pass as [`Executor::forward_backward_pass`] runs it —
-//! every gather, own-row read, put, write-back and removal — over a ledger of the store (sizes,
+//! The traffic comes from running the very steps [`Executor::forward_backward_pass`] runs
+//! ([`pass`]: every gather, own-row read, read ahead, put, write-back and removal) over a
+//! ledger of the store (sizes,
 //! recency, dirty and on-disk flags, the cache modes' eviction), two epochs after the first
 //! blocks, the second one reported (the first also writes the fixed blocks the cache evicts).
 //! The arithmetic is each layer's count in `grinnder_nn::work`. The time is the sum of every
@@ -18,6 +19,7 @@ use grinnder_nn::work::{Passes, Work};
 
 use super::ledger::Ledger;
 pub use super::ledger::Traffic;
+use super::pass::{Op, Span, Step};
 use super::*;
 
 /// An epoch predicted: its traffic and arithmetic, and with rates each term's seconds.
@@ -105,23 +107,6 @@ impl<B: Backend> Walk<'_, '_, B> {
         }
     }
 
-    /// [`Executor::own`].
-    fn own(&mut self, kind: BlockKind, l: usize, q: usize) {
-        self.gather(kind, l, q, false);
-    }
-
-    /// [`Executor::inputs`].
-    fn inputs(&mut self, l: usize, q: usize) {
-        if l == 0 && self.ex.pre {
-            self.own(BlockKind::Pre, 0, q);
-            if self.ex.model.reads_input_beside_pre() {
-                self.own(BlockKind::Act, 0, q);
-            }
-        } else {
-            self.gather(BlockKind::Act, l, q, true);
-        }
-    }
-
     /// [`Executor::put`].
     fn put(&mut self, kind: BlockKind, l: usize, q: usize) {
         let id = BlockId { kind, layer: l, part: q };
@@ -204,12 +189,6 @@ impl<B: Backend> Walk<'_, '_, B> {
         self.ledger.prefetch(&ids);
     }
 
-    fn remove(&mut self, kind: BlockKind, l: usize) {
-        for part in 0..self.ex.parts.len() {
-            self.remove_one(BlockId { kind, layer: l, part });
-        }
-    }
-
     /// A page-locked block of `dims` (rows, width) exists. A removed one keeps its memory for
     /// the next block of its shape ([`Tiers::retire`]): the memory they take is, for each
     /// shape, the most blocks of it that existed at once.
@@ -273,123 +252,66 @@ impl<B: Backend> Walk<'_, '_, B> {
         }
     }
 
+    /// `steps` over the ledger ([`pass`]): every read, read ahead, put and removal as the
+    /// executor runs it (`run.rs`), each computation's arithmetic.
+    fn run(&mut self, steps: &[Step]) {
+        for step in steps {
+            match *step {
+                Step::Read { id, span, .. } => self.gather(id.kind, id.layer, id.part, span == Span::Columns),
+                Step::Prefetch { kind, layer, part, halo, extra } => {
+                    self.prefetch(kind, layer, part, halo, extra)
+                }
+                Step::Compute { part: q, op } => {
+                    let w = match op {
+                        Op::Forward { l, .. } => self.layer_work(l, q).forward,
+                        Op::ColumnsForward => self.columns_work(q).forward,
+                        Op::Transform { l, .. } => self.ex.model.split_work(l, self.shape(q)).transform,
+                        Op::Aggregate { l } | Op::AggregateForTape { l, .. } => {
+                            self.ex.model.split_work(l, self.shape(q)).aggregate
+                        }
+                        Op::SplitBackward { l } => self.ex.model.split_work(l, self.shape(q)).aggregate_back,
+                        Op::Loss => Work::default(),
+                        Op::TransformBackward { l, .. } => {
+                            self.ex.model.split_work(l, self.shape(q)).transform_back
+                        }
+                        Op::FusedBackward => {
+                            let layer0 = self.layer_work(0, q);
+                            let w = self.ex.model.split_work(1, self.shape(q)).transform_back;
+                            layer0.forward.and(w).and(layer0.backward)
+                        }
+                        Op::ForwardForTape { l, .. } => self.layer_work(l, q).forward,
+                        Op::BackwardFromOutput { l } | Op::Backward { l } => self.layer_work(l, q).backward,
+                        Op::ColumnsForTape => self.columns_work(q).forward,
+                        Op::Layer1ForTape { .. } => self.layer_work(1, q).forward,
+                        Op::ColumnsBackward => {
+                            self.layer_work(1, q).backward.and(self.columns_work(q).backward)
+                        }
+                    };
+                    self.compute(q, w);
+                }
+                Step::Put { id, .. } => self.put(id.kind, id.layer, id.part),
+                Step::WriteBack { id, span, .. } => {
+                    let s = self.shape(id.part);
+                    let rows = if span == Span::Columns { s.cols } else { s.rows };
+                    self.write_back(id.kind, id.layer, id.part, rows);
+                }
+                Step::Remove(id) => self.remove_one(id),
+                Step::Sync { .. }
+                | Step::Flush { .. }
+                | Step::Mark { .. }
+                | Step::Bar { .. }
+                | Step::Tick { .. } => {}
+            }
+        }
+    }
+
     /// [`Executor::forward_to`] of every layer.
     fn forward(&mut self, train: bool) {
-        let layers = self.ex.model.layers();
-        let fused = self.ex.fused;
-        let inside = self.ex.fused_transform();
-        for l in 0..layers {
-            let top = l + 1 == layers;
-            if l == 0 && fused {
-                continue;
-            }
-            let spent = !train && self.ex.forward_input_is_block(l);
-            // (with layer 2's transform inside layer 1, its rows were made there)
-            if self.ex.split(l) && !(l == 2 && inside) {
-                let read_again = self.ex.model.split_reads_own_input(l);
-                for q in self.ex.local.clone() {
-                    if l == 1 && fused {
-                        self.inputs(0, q);
-                        self.prefetch(BlockKind::Act, 0, q + 1, false, &[]);
-                        let w = self.layer_work(0, q).forward;
-                        self.compute(q, w);
-                    } else {
-                        self.own(BlockKind::Act, l, q);
-                        self.prefetch(BlockKind::Act, l, q + 1, false, &[]);
-                    }
-                    let w = self.ex.model.split_work(l, self.shape(q)).transform;
-                    self.compute(q, w);
-                    if spent && !read_again {
-                        self.remove_one(BlockId { kind: BlockKind::Act, layer: l, part: q });
-                    }
-                    self.put(BlockKind::Xw, l, q);
-                }
-            }
-            if top {
-                break;
-            }
-            for q in self.ex.local.clone() {
-                self.output(l, q);
-                if l == 0 && self.ex.model.has_initial() {
-                    self.put(BlockKind::Initial, 0, q);
-                }
-                if l == 1 && inside {
-                    let w = self.ex.model.split_work(2, self.shape(q)).transform;
-                    self.compute(q, w);
-                    self.put(BlockKind::Xw, 2, q);
-                } else {
-                    self.put(BlockKind::Act, l + 1, q);
-                }
-            }
-            if !train {
-                // (Executor::remove_layer_inputs)
-                self.remove(BlockKind::Xw, l);
-                if spent {
-                    self.remove(BlockKind::Act, l);
-                }
-            }
-        }
+        let steps = self.ex.forward_steps(self.ex.model.layers(), train);
+        self.run(&steps);
     }
 
-    /// Layer `l`'s output rows of partition `q` (after a split layer's transform): a split
-    /// layer's aggregation of the transformed rows, another layer's whole forward
-    /// ([`Executor::output_rows`]'s reads and work).
-    fn output(&mut self, l: usize, q: usize) {
-        if self.ex.split(l) {
-            self.gather(BlockKind::Xw, l, q, true);
-            if self.ex.model.split_reads_own_input(l) {
-                self.own(BlockKind::Act, l, q);
-            }
-            self.prefetch(BlockKind::Xw, l, q + 1, true, &[]);
-            let w = self.ex.model.split_work(l, self.shape(q)).aggregate;
-            self.compute(q, w);
-        } else {
-            if l == 1 && self.ex.fused {
-                self.layer0_columns(q);
-            } else {
-                self.inputs(l, q);
-                self.prefetch(BlockKind::Act, l, q + 1, !(l == 0 && self.ex.pre), &[]);
-                self.initial_rows(l, q);
-            }
-            let w = self.layer_work(l, q).forward;
-            self.compute(q, w);
-        }
-    }
-
-    /// An unsplit layer's backward on partition `q` after its forward again (its inputs read):
-    /// the initial representation where it reads it, its output gradient, and `x0`'s gradient
-    /// (layer 0 reads the later layers' sum: [`Executor::initial_grad`]; a reader adds to it).
-    fn recomputed_backward(&mut self, l: usize, q: usize, w: Passes) {
-        let (layers, initial) = (self.ex.model.layers(), self.ex.model.has_initial());
-        self.initial_rows(l, q);
-        if l + 1 < layers {
-            self.own(BlockKind::Grad, l + 1, q);
-        }
-        if initial && l == 0 && layers > 1 {
-            self.own(BlockKind::GradInitial, 0, q);
-        }
-        self.compute(q, w.forward.and(w.backward));
-        if initial && l > 0 {
-            self.write_back(BlockKind::GradInitial, 0, q, self.shape(q).rows);
-        }
-    }
-
-    /// [`Executor::initial_rows`].
-    fn initial_rows(&mut self, l: usize, q: usize) {
-        if l > 0 && self.ex.model.has_initial() {
-            self.own(BlockKind::Initial, 0, q);
-        }
-    }
-
-    /// [`Executor::layer0_columns`].
-    fn layer0_columns(&mut self, q: usize) {
-        self.gather(BlockKind::Pre, 0, q, true);
-        self.prefetch(BlockKind::Pre, 0, q + 1, true, &[]);
-        let w = self.columns_work(q).forward;
-        self.compute(q, w);
-    }
-
-    /// Layer 0's work over partition `q`'s columns ([`Executor::layer0_columns`]).
+    /// Layer 0's work over partition `q`'s columns ([`Op::ColumnsForward`]).
     fn columns_work(&self, q: usize) -> Passes {
         let s = self.shape(q);
         self.ex.model.layer_work(0, Shape { rows: s.cols, ..s }, true)
@@ -399,131 +321,18 @@ impl<B: Backend> Walk<'_, '_, B> {
     /// by partition ([`Executor::output_rows`]), then the forward blocks removed.
     fn evaluate(&mut self) {
         self.forward(false);
-        let layers = self.ex.model.layers();
-        let l = layers - 1;
         for q in self.ex.local.clone() {
-            self.output(l, q);
+            let steps = self.ex.output_steps(q, q + 1);
+            self.run(&steps);
         }
-        for layer in 1..layers {
-            self.remove(BlockKind::Act, layer);
-        }
-        self.remove(BlockKind::Xw, l);
-        self.remove(BlockKind::Initial, 0);
+        let steps = self.ex.remove_forward_steps(self.ex.model.layers());
+        self.run(&steps);
     }
 
     /// [`Executor::forward_backward_pass`]'s backward.
     fn backward(&mut self) {
-        let layers = self.ex.model.layers();
-        let fused = self.ex.fused;
-        let inside = self.ex.fused_transform();
-        for l in (0..layers).rev() {
-            let top = l + 1 == layers;
-            let next_grad: &[BlockKind] = if top { &[] } else { &[BlockKind::Grad] };
-            if l == 0 && fused {
-                continue;
-            }
-            if self.ex.split(l) {
-                let root = self.ex.model.split_reads_own_input(l);
-                for q in self.ex.local.clone() {
-                    self.gather(BlockKind::Xw, l, q, true);
-                    if root {
-                        self.own(BlockKind::Act, l, q);
-                    }
-                    self.prefetch(BlockKind::Xw, l, q + 1, true, next_grad);
-                    if !top {
-                        self.own(BlockKind::Grad, l + 1, q);
-                    }
-                    let s = self.ex.model.split_work(l, self.shape(q));
-                    self.compute(q, s.aggregate.and(s.aggregate_back));
-                    self.write_back(BlockKind::GradXw, l, q, self.shape(q).cols);
-                    if root && l > 0 {
-                        self.write_back(BlockKind::Grad, l, q, self.shape(q).rows);
-                    }
-                }
-                self.remove(BlockKind::Xw, l);
-                let input_spent = self.ex.input_spent_after_transform(l);
-                // (layer 2's transform backward inside layer 1's where fused_transform)
-                let transforms = if l == 2 && inside { 0..0 } else { self.ex.local.clone() };
-                for q in transforms {
-                    let w = self.ex.model.split_work(l, self.shape(q)).transform_back;
-                    if l == 1 && fused {
-                        self.inputs(0, q);
-                        self.own(BlockKind::GradXw, 1, q);
-                        self.prefetch(BlockKind::Act, 0, q + 1, false, &[]);
-                        self.prefetch(BlockKind::GradXw, 1, q + 1, false, &[]);
-                        let layer0 = self.layer_work(0, q);
-                        self.compute(q, layer0.forward.and(w).and(layer0.backward));
-                        self.remove_one(BlockId { kind: BlockKind::GradXw, layer: l, part: q });
-                        continue;
-                    }
-                    self.own(BlockKind::Act, l, q);
-                    self.own(BlockKind::GradXw, l, q);
-                    self.prefetch(BlockKind::Act, l, q + 1, false, &[BlockKind::GradXw]);
-                    self.compute(q, w);
-                    self.remove_one(BlockId { kind: BlockKind::GradXw, layer: l, part: q });
-                    if input_spent {
-                        self.remove_one(act(l, q));
-                    }
-                    if l > 0 {
-                        self.write_back(BlockKind::Grad, l, q, self.shape(q).rows);
-                    }
-                }
-                if !(l == 2 && inside) {
-                    self.remove(BlockKind::GradXw, l);
-                }
-            } else {
-                let on_pre = l == 0 && self.ex.pre;
-                let from_output = self.ex.model.backward_from_output(l, on_pre);
-                let next: &[BlockKind] =
-                    if from_output { &[BlockKind::Act, BlockKind::Grad] } else { next_grad };
-                for q in self.ex.local.clone() {
-                    if l == 1 && fused {
-                        // [`Executor::fused_columns_backward`]
-                        self.layer0_columns(q);
-                        let (w, layer0) = (self.layer_work(1, q), self.columns_work(q));
-                        let mut work = w.forward.and(w.backward).and(layer0.backward);
-                        if inside {
-                            self.prefetch(BlockKind::GradXw, 2, q + 1, false, &[]);
-                            self.own(BlockKind::GradXw, 2, q);
-                            work = work.and(self.ex.model.split_work(2, self.shape(q)).transform_back);
-                            self.remove_one(BlockId { kind: BlockKind::GradXw, layer: 2, part: q });
-                        } else if !top {
-                            self.prefetch(BlockKind::Grad, 2, q + 1, false, &[]);
-                            self.own(BlockKind::Grad, 2, q);
-                        }
-                        self.compute(q, work);
-                        continue;
-                    }
-                    self.inputs(l, q);
-                    self.prefetch(BlockKind::Act, l, q + 1, !on_pre, next);
-                    let w = self.layer_work(l, q);
-                    if from_output {
-                        self.own(BlockKind::Act, l + 1, q);
-                        self.own(BlockKind::Grad, l + 1, q);
-                        self.compute(q, w.backward);
-                    } else {
-                        self.recomputed_backward(l, q, w);
-                    }
-                    if l > 0 {
-                        let rows = if on_pre { self.shape(q).rows } else { self.shape(q).cols };
-                        self.write_back(BlockKind::Grad, l, q, rows);
-                    }
-                }
-            }
-            // x0 once layer 1 read it, its gradient once layer 0 did
-            match l {
-                1 => self.remove(BlockKind::Initial, 0),
-                0 => self.remove(BlockKind::GradInitial, 0),
-                _ => {}
-            }
-            self.remove(BlockKind::Grad, l + 1);
-            if !top {
-                self.remove(BlockKind::Act, l + 1);
-            }
-            if l == 1 && inside {
-                self.remove(BlockKind::GradXw, 2);
-            }
-        }
+        let steps = self.ex.backward_steps();
+        self.run(&steps);
     }
 }
 

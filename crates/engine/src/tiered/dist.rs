@@ -377,15 +377,6 @@ pub fn shared_partitioning(
 }
 
 impl<'a, B: Backend> Executor<'a, B> {
-    /// Mirrors of layer `l`'s activations where a layer reads their halo rows (not where it
-    /// runs split: it reads own rows only).
-    pub(super) fn sync_act(&mut self, l: usize) -> Result<(), TrainError> {
-        if self.split(l) {
-            return Ok(());
-        }
-        self.sync_mirrors(BlockKind::Act, l)
-    }
-
     /// Partition-parallel runs: the rows of the `kind` blocks of layer `l` that other ranks
     /// mirror go to them, and this rank's mirrors arrive (as blocks of the remote partitions).
     pub(super) fn sync_mirrors(&mut self, kind: BlockKind, l: usize) -> Result<(), TrainError> {

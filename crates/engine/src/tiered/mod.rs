@@ -46,8 +46,9 @@
 //!
 //! The executor by concern: `setup.rs` (partitioning, partition graphs, the first blocks),
 //! `plan.rs` (the memory plan and its margins), `placement.rs` (the GPU tier), `rows.rs`
-//! (gather, row reads and adds, prefetch, write-back), `schedule.rs` (the forward and backward
-//! passes, evaluation), `dist.rs` (ranks: the halo exchange and the sums), `tiers.rs` (which
+//! (gather, row reads and adds, prefetch, write-back), `pass.rs` (a pass's steps, made once and
+//! checked against invariants 2–4: the executor runs them in `run.rs`, the cost model counts them
+//! in `cost.rs`), `schedule.rs` (the passes' entry points: training, evaluation), `dist.rs` (ranks: the halo exchange and the sums), `tiers.rs` (which
 //! tier holds each block); `store.rs` and `files.rs` are the host cache and the block files.
 
 mod block;
@@ -58,11 +59,13 @@ mod eviction;
 pub mod files;
 mod input;
 mod ledger;
+mod pass;
 mod placement;
 mod plan;
 mod predict;
 mod rates;
 mod rows;
+mod run;
 mod schedule;
 mod setup;
 mod setup_cost;
@@ -213,19 +216,6 @@ impl PhaseStats {
         self.mapped_read_bytes += read;
         self.download_bytes += written;
         self.pinned_download_bytes += written;
-    }
-}
-
-/// A layer's gathered inputs: its input rows (`None`: the layer reads `pre` instead) and the
-/// precomputed aggregation.
-struct Inputs<B: Backend> {
-    x: Option<Own<B>>,
-    pre: Option<Own<B>>,
-}
-
-impl<B: Backend> Inputs<B> {
-    fn x(&self) -> &B::Mat {
-        self.x.as_deref().or(self.pre.as_deref()).expect("an input")
     }
 }
 

@@ -61,10 +61,14 @@ impl<'a, B: Backend> Executor<'a, B> {
             let next = todo.get(i + 1).copied();
             let y = if upto == layers {
                 self.output_rows(q, next, 0)?
-            } else if fused0 {
-                self.layer0(q, false, 0)?
-            } else if fused1 {
-                self.layer1_over_columns(q, next.unwrap_or(usize::MAX), 0)?
+            } else if fused0 || fused1 {
+                // (layer 0's rows; layer 1's over its columns)
+                let steps = if fused0 {
+                    self.layer0_steps(q)
+                } else {
+                    self.layer1_over_columns_steps(q, next.unwrap_or(usize::MAX))
+                };
+                self.run(&steps, false, 0)?.y.expect("the layer's rows")
             } else {
                 let own = self.own(BlockKind::Act, upto, q)?;
                 self.prefetch(BlockKind::Act, upto, next.unwrap_or(usize::MAX), false, &[])?;

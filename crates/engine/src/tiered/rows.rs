@@ -91,21 +91,6 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.gather_kind(BlockKind::Act, l, q, halo)
     }
 
-    /// The inputs of layer `l` on partition `q`: the gathered rows and, at layer 0, `Â x` (in
-    /// the input's place too where the layer does not read its input beside it).
-    pub(super) fn inputs(&mut self, l: usize, q: usize) -> Result<Inputs<B>, TrainError> {
-        if l == 0 && self.pre {
-            let pre = self.own(BlockKind::Pre, 0, q)?;
-            let x = if self.model.reads_input_beside_pre() {
-                Some(self.own(BlockKind::Act, 0, q)?)
-            } else {
-                None
-            };
-            return Ok(Inputs { x, pre: Some(pre) });
-        }
-        Ok(Inputs { x: Some(Own::Copy(self.gather(l, q, true)?)), pre: None })
-    }
-
     /// Partition `q`'s own rows of the `kind` block of layer `l` (see [`Own`]).
     pub(super) fn own(&mut self, kind: BlockKind, l: usize, q: usize) -> Result<Own<B>, TrainError> {
         let id = BlockId { kind, layer: l, part: q };
@@ -124,24 +109,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
     }
 
-    /// [`Executor::give_back`] of both inputs.
-    pub(super) fn give_back_inputs(&mut self, inp: Inputs<B>) {
-        self.give_back(inp.x);
-        self.give_back(inp.pre);
-    }
-
     /// Whether layer `l` runs split (transform on own rows, then aggregate the narrower rows).
     pub(super) fn split(&self, l: usize) -> bool {
         self.model.split(l, l == 0 && self.pre)
-    }
-
-    /// Own input rows a split layer needs besides `h` (SAGE's root term).
-    pub(super) fn split_own_input(&mut self, l: usize, q: usize) -> Result<Option<Own<B>>, TrainError> {
-        if self.model.split_reads_own_input(l) {
-            Ok(Some(self.own(BlockKind::Act, l, q)?))
-        } else {
-            Ok(None)
-        }
     }
 
     pub(super) fn put(&mut self, kind: BlockKind, l: usize, q: usize, m: B::Mat) -> Result<(), TrainError> {
@@ -277,30 +247,6 @@ impl<'a, B: Backend> Executor<'a, B> {
             return Ok(());
         }
         self.tiers.store_add_rows(id, own, d, Some(rows), src).map_err(io_err)
-    }
-
-    /// The output gradient of layer `l` on partition `q`: from the store, or at the top from
-    /// the loss on `y` (adding to the loss and correct counts).
-    pub(super) fn output_grad(
-        &mut self,
-        l: usize,
-        q: usize,
-        y: &B::Mat,
-        loss: &mut f64,
-        correct: &mut usize,
-    ) -> Result<B::Mat, TrainError> {
-        let b = self.b;
-        if l + 1 == self.model.layers() {
-            let part = &self.parts[q];
-            let (rows, cols) = b.dims(y);
-            let mut dy = b.zeros(rows, cols);
-            let (s, c) =
-                b.cross_entropy(y, &part.labels, &part.split_rows[0], 1.0 / self.n_train as f64, &mut dy);
-            *loss += s;
-            *correct += c;
-            return Ok(dy);
-        }
-        self.gather_kind(BlockKind::Grad, l + 1, q, false)
     }
 
     /// A whole block of the backend's host memory on its way to the backend (its bytes counted
