@@ -511,8 +511,7 @@ fn minibatches_give_the_cpu_gradients() {
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
     let host = HostFeatures::new(&ds, FeatureNorm::Row);
     let seeds: Vec<u32> = ds.splits.train.iter().copied().take(64).collect();
-    // (GCNII's x0 is not a mini-batch's input yet: config::check_initial)
-    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
+    for kind in Kind::ALL {
         let cfg = ModelConfig { layers: 2, residual: false, ..model_cfg(kind) };
         let batch = NeighborSampler::new(vec![5, 3], 2).sample(&ds.graph, &seeds, 1);
         let run = |b: &dyn Fn() -> (f64, Vec<Mat<f32>>)| b();
@@ -732,8 +731,7 @@ fn nccl_partition_parallel_on_two_gpus_gives_the_cpu_gradients() {
     for s in &sums {
         assert_eq!(s.data, want, "all-reduce of two ranks");
     }
-    // (GCNII's x0 is not a rank's block yet: config::check_initial)
-    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
+    for kind in Kind::ALL {
         let cfg = ModelConfig { input_dropout: 0.0, norm: Norm::None, residual: false, ..model_cfg(kind) };
         let tc0 = TieredConfig::in_ram(4, Method::Metis { seed: 0 });
         let mut ex_c = Executor::new(&c, &ds, &cfg, FeatureNorm::Row, &tc0).unwrap();

@@ -122,16 +122,17 @@ pub fn check_edge_weights(
     Ok(())
 }
 
-/// Refuses a family with an initial representation (GCNII's `x₀`) where the run splits the
-/// graph among ranks or samples mini-batches (`what`): its `x₀` is a block of the one-process
-/// partitioned executor, not yet a rank's or a mini-batch's. Names the fix.
+/// Refuses a family with an initial representation (GCNII's `x₀`) on cooperative batches
+/// (`what`): a rank's share of a deeper block's rows is not inside its share of layer 0's, so
+/// `x₀`'s rows would cross ranks. Names the fix.
 pub fn check_initial(kind: grinnder_nn::Kind, what: &str) -> Result<(), TrainError> {
     if !kind.family().has_initial() {
         return Ok(());
     }
     Err(TrainError::Config(format!(
         "--model {kind} does not run on {what} yet (its initial representation x0 is not \
-         carried there): run it in one process, whole-graph or partitioned (--mode full)"
+         carried between ranks): train it by mini-batches in one process, or full-graph over \
+         the ranks (--mode full)"
     )))
 }
 

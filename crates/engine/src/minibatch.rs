@@ -15,7 +15,7 @@ use grinnder_graph::sample::{Block, KHopSampler, MiniBatch, NeighborSampler, Scr
 use grinnder_graph::Dataset;
 use grinnder_nn::graph::Adjacency;
 use grinnder_nn::{Aggregation, Graph, Model, Optimizer};
-use grinnder_tensor::Backend;
+use grinnder_tensor::{Backend, Rows as TensorRows};
 
 use crate::config::{FeaturePrep, TrainConfig, TrainError};
 use crate::features::{FeatureSource, HostFeatures};
@@ -183,11 +183,23 @@ pub fn batch_step<B: Backend>(
     assert_eq!(graphs.len(), layers, "one block per layer");
     let mut inputs = vec![x];
     let mut tapes = Vec::with_capacity(layers);
+    // GCNII's initial representation: layer 0 makes it for block 0's rows; a later block's
+    // rows are a prefix of those (a block's first columns are its rows, and its columns the
+    // block below's rows), so layer l reads x0's first rows
+    let mut x0: Option<B::Mat> = None;
     for (l, g) in graphs.iter().enumerate() {
-        let (y, tape) = model.layer_forward(b, g, l, &inputs[l], None, true, epoch);
-        tapes.push(tape);
+        let x0_rows = x0.as_ref().filter(|_| l > 0).map(|x0| first_rows(b, x0, g.rows));
+        let (y, tape, made) =
+            model.layer_forward_initial(b, g, l, &inputs[l], None, x0_rows.as_ref(), true, epoch);
+        x0 = made.or(x0);
+        tapes.push((tape, x0_rows));
         inputs.push(y);
     }
+    // x0's gradient: the later layers' parts summed over block 0's rows, for layer 0
+    let mut dx0 = x0.filter(|_| layers > 1).map(|x0| {
+        let (n, c) = b.dims(&x0);
+        b.zeros(n, c)
+    });
     let logits = inputs.pop().expect("the output layer's");
     let (n, c) = b.dims(&logits);
     let mut dy = b.zeros(n, c);
@@ -200,14 +212,35 @@ pub fn batch_step<B: Backend>(
     });
     drop(logits);
     for l in (0..layers).rev() {
-        let tape = tapes.pop().expect("one per layer");
+        let (tape, x0_rows) = tapes.pop().expect("one per layer");
         let x = inputs.pop().expect("one per layer");
-        let dx = model.layer_backward(b, &graphs[l], l, &x, None, tape, &dy, l > 0, None);
+        let g = &graphs[l];
+        let dx = match (x0_rows, dx0.as_mut()) {
+            (Some(x0_rows), Some(sum)) => {
+                // a reader's part of x0's gradient, added into the sum's first rows
+                let mut part = b.zeros(g.rows, b.dims(&x0_rows).1);
+                let initial = (Some(&x0_rows), Some(&mut part));
+                let dx = model.layer_backward_initial(b, g, l, &x, None, initial, tape, &dy, l > 0);
+                b.scatter_add_rows(&part, 0, TensorRows::Range(0, g.rows), sum);
+                dx
+            }
+            (None, sum) if l == 0 => {
+                model.layer_backward_initial(b, g, 0, &x, None, (None, sum), tape, &dy, false)
+            }
+            _ => model.layer_backward(b, g, l, &x, None, tape, &dy, l > 0, None),
+        };
         if let Some(dx) = dx {
             dy = dx;
         }
     }
     loss
+}
+
+/// The first `n` rows of `m`.
+fn first_rows<B: Backend>(b: &B, m: &B::Mat, n: usize) -> B::Mat {
+    let mut out = b.output(n, b.dims(m).1);
+    b.gather_rows(m, TensorRows::Range(0, n), &mut out, 0);
+    out
 }
 
 /// The exact evaluation of a model trained by batches: the tiered executor's full-neighbourhood

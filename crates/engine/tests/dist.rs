@@ -16,7 +16,7 @@ use grinnder_engine::preload::{share, Expansion};
 use grinnder_engine::tiered::{
     shared_partitioning, CommStats, DeviceComms, DistConfig, Executor, HostMats, SubgraphOf, TieredConfig,
 };
-use grinnder_engine::{FeatureNorm, TrainConfig};
+use grinnder_engine::{FeatureNorm, MiniBatchConfig, Mode, Sampler, TrainConfig, Trainer};
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::sample::NeighborSampler;
 use grinnder_graph::Dataset;
@@ -148,8 +148,7 @@ fn check(ds: &Dataset, cfg: &ModelConfig, tc: &TieredConfig, ranks: usize, what:
 /// The models and partition counts every rank count is checked with.
 fn cases(ranks: usize) -> Vec<(ModelConfig, TieredConfig, String)> {
     let mut out = Vec::new();
-    // (GCNII's x0 is not a rank's block yet: config::check_initial)
-    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
+    for kind in Kind::ALL {
         // hidden 16 under 128-wide features: layer 0 runs split; 256: on its precomputed
         // aggregation (GCN, SAGE) unless input dropout forbids it
         for (hidden, input_dropout) in [(16, 0.0), (256, 0.0), (64, 0.2)] {
@@ -309,21 +308,29 @@ fn more_ranks_than_partitions_is_refused() {
 }
 
 #[test]
-fn gcnii_is_refused_by_ranks_naming_the_fix() {
-    // its initial representation x0 is a block of the one-process executor, not yet a rank's
+fn gcnii_is_refused_by_cooperative_batches_naming_the_fix() {
+    // a rank's share of a deeper block's rows is not within its share of layer 0's, so x0's
+    // rows would have to cross ranks: refused before anything is sampled
     let ds = dataset();
-    let cfg = model(Kind::Gcnii, 16, 0.0);
+    let cfg = train_config(&model(Kind::Gcnii, 16, 0.0));
     let errs = ThreadComm::run(2, |c| {
         let b = Cpu::<f32>::new();
-        let tc = TieredConfig::in_ram(4, Method::Random { seed: 1 });
-        let dist =
-            Some(DistConfig { comm: c, ranks_per_server: 1, reduce: None, device: None, groups: None });
-        Executor::new_dist(&b, &ds, &cfg, FeatureNorm::Row, &tc, dist).err().map(|e| e.to_string())
+        let groups = Groups::new(Box::new(c.clone()), 2);
+        let config = MiniBatchConfig {
+            fanouts: vec![5, 5],
+            sampler: Sampler::Neighbor,
+            batch_size: 16,
+            eval_parts: 1,
+            max_batches: None,
+            loader_threads: None,
+        };
+        let mode = Mode::Cooperative { config, groups: &groups, features: None };
+        Trainer::new(&b, &ds, cfg.clone(), mode).err().map(|e| e.to_string())
     });
     for e in errs {
         let e = e.expect("refused");
         assert!(
-            e.contains("--model gcnii") && e.contains("several ranks") && e.contains("--mode full"),
+            e.contains("--model gcnii") && e.contains("ranks' mini-batches") && e.contains("--mode"),
             "{e}"
         );
     }
@@ -369,8 +376,7 @@ fn server_pass(
 #[test]
 fn flexible_preloading_of_every_layer_equals_one_process_without_crossing_servers() {
     let ds = dataset();
-    // (GCNII's x0 is not a rank's block yet: config::check_initial)
-    for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
+    for kind in Kind::ALL {
         for (hidden, input_dropout) in [(16, 0.0), (256, 0.0), (64, 0.2)] {
             let cfg = model(kind, hidden, input_dropout);
             let tc = TieredConfig::in_ram(2, Method::Metis { seed: 0 });
@@ -440,7 +446,7 @@ fn cooperative_batches_give_the_gradients_of_the_servers_union_batch() {
     // in f64: the exactness of the split, not f32 reassociation, is under test. (GIN's ε is one
     // number summing every input element; in f32 its gradient from one batch and from four
     // ranks differed by 1.8e-4 of its value, while f64 agrees to rounding.)
-    // (GCNII's x0 is not a rank's block yet: config::check_initial)
+    // (GCNII's x0 is not carried between a server's ranks: refused, see below)
     for kind in Kind::ALL.into_iter().filter(|k| !k.family().has_initial()) {
         for (hidden, input_dropout) in [(16, 0.0), (64, 0.2)] {
             let cfg = model(kind, hidden, input_dropout);

@@ -26,12 +26,13 @@
 //!    lent block panics, naming it, and every pass ends with none lent (asserted;
 //!    `a_lent_block_is_not_read_before_it_comes_back`).
 //! 3. **A layer's gradient blocks are complete (own rows, and mirrors flushed to their owners)
-//!    before the layer below starts**: the backward loop is the barrier
+//!    before the layer below starts**: asserted over every pass's steps (`pass::check`, debug
+//!    builds; `the_check_refuses_each_broken_rule`)
 //!    (`tiered.rs`: `gradients_equal_the_in_memory_trainer_for_every_partition_count`,
 //!    `a_cache_smaller_than_the_blocks_spills_and_prefetches_exactly`; `dist.rs`:
 //!    `partition_parallel_gradients_equal_one_process`).
 //! 4. **Mirrors are synced after a layer's outputs exist and before their first read**
-//!    (`dist.rs`: `partition_parallel_gradients_equal_one_process`,
+//!    (`pass::check`; `dist.rs`: `partition_parallel_gradients_equal_one_process`,
 //!    `the_matrix_transport_gives_the_byte_transport_results`).
 //! 5. **After a failed pass every later pass refuses**, naming the first error
 //!    ([`Executor::guarded`]; `tiered.rs`:
@@ -47,7 +48,7 @@
 //! The executor by concern: `setup.rs` (partitioning, partition graphs, the first blocks),
 //! `plan.rs` (the memory plan and its margins), `placement.rs` (the GPU tier), `rows.rs`
 //! (gather, row reads and adds, prefetch, write-back), `pass.rs` (a pass's steps, made once and
-//! checked against invariants 2–4: the executor runs them in `run.rs`, the cost model counts them
+//! checked against invariants 3 and 4: the executor runs them in `run.rs`, the cost model counts them
 //! in `cost.rs`), `schedule.rs` (the passes' entry points: training, evaluation), `dist.rs` (ranks: the halo exchange and the sums), `tiers.rs` (which
 //! tier holds each block); `store.rs` and `files.rs` are the host cache and the block files.
 

@@ -80,9 +80,6 @@ impl<'a, B: Backend> Executor<'a, B> {
         dist: Option<DistConfig<'a, B>>,
         plan_only: bool,
     ) -> Result<Self, TrainError> {
-        if dist.is_some() {
-            crate::config::check_initial(model_cfg.kind, "several ranks")?;
-        }
         let mut tc = std::borrow::Cow::Borrowed(tc);
         loop {
             match Self::set_up_once(b, ds, sub, model_cfg, &tc, dist, plan_only) {

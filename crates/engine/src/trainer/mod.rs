@@ -165,10 +165,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
         };
         crate::config::check_edge_weights(ds, cfg.model.kind, whole_graph)?;
         match &mode {
-            Mode::FullGraph | Mode::Tiered(_) => {}
-            Mode::MiniBatch { .. } => crate::config::check_initial(cfg.model.kind, "mini-batches")?,
+            Mode::FullGraph | Mode::Tiered(_) | Mode::Ranks { .. } | Mode::MiniBatch { .. } => {}
             Mode::Cooperative { .. } => crate::config::check_initial(cfg.model.kind, "ranks' mini-batches")?,
-            Mode::Ranks { .. } => crate::config::check_initial(cfg.model.kind, "several ranks")?,
         }
         let (engine, group): (Box<dyn Engine<B> + 'a>, Option<&'a dyn Comm>) = match mode {
             Mode::FullGraph => (Box::new(full_graph::FullGraph::new(b, ds, &cfg)), None),
