@@ -116,6 +116,10 @@ struct TieredInfo {
     plan: Plan,
     blocks: Vec<BlockGroup>,
     prediction: Option<Prediction>,
+    /// The epoch predicted with `--input-dropout 0`, where input dropout keeps layer 0 from
+    /// running on its aggregation computed once: what that flag saves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    without_input_dropout: Option<Prediction>,
     /// The setup phases this command ran, as a run would (seconds; the partitioning's from its
     /// cache where it was there), and the first blocks' predicted time: the rest of a run's
     /// setup.
@@ -262,12 +266,22 @@ fn tiered_info<B: Backend>(
     }
     let setup = grinnder_graph::progress::phase_times();
     let first_blocks = ex.predict_first_blocks(ds, plan.config.feature_norm, rates.as_ref().map(|r| &r.0));
+    let rates_of = rates.as_ref().map(|r| &r.0);
+    // what --input-dropout 0 would save: the same plan without it (partitioned from the cache)
+    let without_input_dropout = match ex.plan.block_bytes_without_input_dropout {
+        Some(_) => {
+            let model = grinnder_nn::ModelConfig { input_dropout: 0.0, ..plan.config.model.clone() };
+            Executor::plan_only(b, ds, &model, &tc)?.predict_epoch(rates_of)
+        }
+        None => None,
+    };
     Ok(TieredInfo {
         parts: tc.parts,
         fused: ex.fused(),
         plan: ex.plan.clone(),
         blocks: ex.block_groups(),
-        prediction: ex.predict_epoch(rates.as_ref().map(|r| &r.0)),
+        prediction: ex.predict_epoch(rates_of),
+        without_input_dropout,
         setup,
         first_blocks,
         rates: rates.map(|r| r.1),
@@ -371,6 +385,18 @@ fn print_tiered(t: &TieredInfo) {
             r.display()
         ),
         _ => println!("predicted      no rates: `grinnder bench rates [--device cuda] [--storage-dir DIR]` measures them"),
+    }
+    if let Some(w) = &t.without_input_dropout {
+        let tr = &w.traffic;
+        let secs = w.seconds.as_ref().zip(pr.seconds.as_ref());
+        println!(
+            "               with --input-dropout 0 (layer 0 on its aggregation computed once): to the device {}, back {}; storage read {}, written {}{}",
+            gib(tr.upload_bytes),
+            gib(tr.download_bytes),
+            gib(tr.storage_read_bytes),
+            gib(tr.storage_write_bytes),
+            secs.map_or(String::new(), |(w, s)| format!("; {:.3} s per epoch against {:.3} s", w.epoch_s, s.epoch_s))
+        );
     }
     let ev = &pr.evaluation_traffic;
     let bytes = format!("to the device {}, back {}", gib(ev.upload_bytes), gib(ev.download_bytes));

@@ -944,6 +944,19 @@ fn info_with_parts_plans_the_run_and_predicts_its_epoch() {
     let o = grinnder(&[&["info", "--json"][..], &flags].concat());
     assert!(o.status.success(), "{}", stderr(&o));
     let w: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    // what --input-dropout 0 saves, predicted beside the run with input dropout: that run's
+    // traffic, less of it
+    let without = &t["without_input_dropout"]["traffic"];
+    assert_eq!(without, &w["tiered"]["prediction"]["traffic"], "{without}");
+    let read = |t: &serde_json::Value| t["storage_read_bytes"].as_u64().unwrap();
+    assert!(read(without) < read(traffic), "{without} against {traffic}");
+    assert!(w["tiered"].get("without_input_dropout").is_none(), "no input dropout, nothing to save");
+    let o = grinnder(&[&["info", "--input-dropout", "0.5"][..], &flags].concat());
+    assert!(
+        stdout(&o).contains("with --input-dropout 0 (layer 0 on its aggregation computed once)"),
+        "{}",
+        stdout(&o)
+    );
     let o = grinnder(&["-q", "partition", "--parts", "4", "--json", "--cache-dir", &p("cache")]);
     assert!(o.status.success(), "{}", stderr(&o));
     let halo = serde_json::from_str::<serde_json::Value>(stdout(&o).trim()).unwrap()["halo_volume"]

@@ -110,6 +110,14 @@ impl<'a, B: Backend> Partitioned<'a, B> {
                 Some((false, false)) => "buffered pread/pwrite",
             }
         );
+        if let Some(without) = ex.plan.block_bytes_without_input_dropout {
+            tracing::info!(
+                "input dropout {} keeps layer 0 from running on its aggregation computed once: {:.1} MiB of blocks, {:.1} MiB with --input-dropout 0 (`grinnder info` with these flags predicts both epochs' traffic)",
+                cfg.model.input_dropout,
+                ex.plan.block_bytes as f64 / 1048576.0,
+                without as f64 / 1048576.0
+            );
+        }
         Ok(Partitioned { b, ex, share: false })
     }
 }
