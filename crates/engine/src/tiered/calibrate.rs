@@ -5,7 +5,12 @@
 //! H200 (products-like GCN-256, 2026-12-04: 0.043 s predicted against 0.061–0.065 s), where
 //! kernel choices, launches and the element-wise kernels' real speed are not in the rates.
 
-use super::*;
+use std::time::Instant;
+
+use grinnder_nn::{Graph, Model};
+use grinnder_tensor::{Backend, Mat, Scalar};
+
+use super::executor::Executor;
 
 /// `f` timed between synchronisations of `b`, added to `secs`.
 fn timed<B: Backend, R>(b: &B, secs: &mut f64, f: impl FnOnce() -> R) -> R {

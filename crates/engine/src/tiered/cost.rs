@@ -17,10 +17,15 @@ use std::collections::HashMap;
 use grinnder_nn::memory::Shape;
 use grinnder_nn::work::{Passes, Work};
 
-use super::ledger::Ledger;
-pub use super::ledger::Traffic;
+use super::ledger::{Ledger, Traffic};
+
+use super::executor::Executor;
 use super::pass::{Op, Span, Step};
-use super::*;
+use super::plan::GIB;
+use super::rates::{Rates, Seconds};
+use super::store::{BlockId, BlockKind, CacheMode};
+use grinnder_tensor::Backend;
+use serde::Serialize;
 
 /// An epoch predicted: its traffic and arithmetic, and with rates each term's seconds.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -38,16 +43,6 @@ pub struct Prediction {
     pub evaluation_traffic: Traffic,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub evaluation_s: Option<f64>,
-}
-
-/// A predicted epoch's seconds by term; `epoch_s` is their sum.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Seconds {
-    pub compute_s: f64,
-    pub transfer_s: f64,
-    pub host_copy_s: f64,
-    pub storage_s: f64,
-    pub epoch_s: f64,
 }
 
 /// The walk's state: the ledger, the executor's placement, and the epoch's arithmetic.

@@ -4,7 +4,15 @@
 //! matrix, nearly — would not fit a host budget smaller than the features. Piece by piece,
 //! only the output, one piece of input rows and the piece's entries are held.
 
-use super::*;
+use grinnder_graph::Dataset;
+use grinnder_nn::graph::Adjacency;
+use grinnder_nn::Graph;
+use grinnder_tensor::{Backend, Mat, SparseMatrix};
+
+use crate::config::{FeatureNorm, TrainError};
+use crate::features::feature_rows;
+
+use super::executor::{io_err, Executor};
 
 /// How many input bytes one piece reads (and holds) at most: 32 MiB, or
 /// `GRINNDER_INPUT_PIECE_BYTES` (a diagnostic: tests make pieces of a few rows).

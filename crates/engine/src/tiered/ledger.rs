@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 
 use serde::Deserialize;
+use serde::Serialize;
 
 use super::files::{ALIGN, SUM_CHUNK};
-use super::*;
+use super::store::{BlockId, CacheMode};
 
 /// Bytes an epoch moves.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

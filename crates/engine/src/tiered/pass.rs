@@ -11,7 +11,11 @@
 //! write-backs take results into blocks. What a computation needs between two steps of one
 //! partition (a layer's tape from its forward to its backward) the executor keeps.
 
-use super::*;
+use grinnder_tensor::Backend;
+
+use super::executor::Executor;
+use super::plan::act;
+use super::store::{BlockId, BlockKind};
 
 /// An operand or result of a step: the rows one computation reads or makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,7 +1,15 @@
 //! The GPU tier: which blocks live in the backend's memory (placed once, in the order of bus
 //! transfers saved per byte, refined after the first epoch's peak), and the host's fixed blocks.
 
-use super::*;
+use grinnder_tensor::{Backend, Mat, Rows, Scalar};
+use serde::Serialize;
+
+use crate::config::TrainError;
+
+use super::executor::{io_err, Executor};
+use super::plan::{block_kinds, fusible, keeps_features, transform_fusible, DevicePlan, GIB, MARGIN_DIVISOR};
+use super::settings::TieredConfig;
+use super::store::{BlockId, BlockKind, TierDtype};
 
 impl<'a, B: Backend> Executor<'a, B> {
     /// Every block an epoch makes, in the order of bus transfers saved per byte when kept on

@@ -2,8 +2,13 @@
 //! of the host budget for blocks; which blocks a model has.
 
 use grinnder_nn::memory::Shape;
+use grinnder_nn::Model;
+use grinnder_tensor::Backend;
+use serde::Serialize;
 
-use super::*;
+use super::part::Part;
+use super::settings::TieredConfig;
+use super::store::{BlockId, BlockKind, CacheMode};
 
 /// How the memory plan divided the host budget.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -4,9 +4,15 @@
 //! gradient block is made. In the output layer only the partitions holding a requested node
 //! are computed.
 
-use grinnder_graph::progress;
+use std::time::Instant;
 
-use super::*;
+use grinnder_graph::progress;
+use grinnder_tensor::{Backend, Scalar};
+
+use crate::config::TrainError;
+
+use super::executor::Executor;
+use super::store::BlockKind;
 
 /// How a mode hands on its output: `emit(ids, rows, width)`, `rows` row-major, row i being node
 /// `ids[i]` of the dataset. The rows are borrowed (on a GPU, straight from the page-locked

@@ -2,12 +2,26 @@
 //! ([`measure_rates`], `grinnder bench rates`).
 
 use std::path::Path;
+use std::time::Instant;
 
 use grinnder_nn::work::Work;
-use serde::Deserialize;
+use grinnder_tensor::{Backend, Mat, Rows, Scalar, SparseMatrix};
+use serde::{Deserialize, Serialize};
 
-use super::cost::{Seconds, Traffic};
-use super::*;
+use super::executor::par_copy;
+use super::files::Faults;
+use super::ledger::Traffic;
+use super::store::{BlockId, BlockKind, CacheMode, Store, StoreConfig, TierDtype};
+
+/// A predicted epoch's seconds by term; `epoch_s` is their sum.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Seconds {
+    pub compute_s: f64,
+    pub transfer_s: f64,
+    pub host_copy_s: f64,
+    pub storage_s: f64,
+    pub epoch_s: f64,
+}
 
 /// A sparse product's measured speed at one width: entries times columns per second.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -151,7 +165,7 @@ fn sparse_rates<B: Backend>(b: &B, scale: usize, reps: usize) -> Vec<SparseRate>
     let entries = sm.nnz() as u64;
     // the values the executor's partition graphs keep by default: factored (a row factor and
     // a column factor, as GCN's) or, with GRINNDER_FACTORED=0, one per entry
-    let factored = super::factors_values(false, false);
+    let factored = super::setup::factors_values(false, false);
     let sm = if factored { sm.without_entry_order() } else { sm };
     let s = b.sparse(&sm);
     let vals = b.upload(&Mat::from_vec(sm.nnz(), 1, vec![B::T::of(1.0 / deg as f64); sm.nnz()]));

@@ -2,7 +2,15 @@
 //! and uploaded once), reading and adding rows, the next partition's prefetch, and writing a
 //! layer's results and gradients back to their tiers.
 
-use super::*;
+use std::time::Instant;
+
+use grinnder_tensor::{Backend, Mat, Rows, Scalar};
+
+use crate::config::TrainError;
+
+use super::executor::{io_err, par_to_vec, Executor, Own};
+use super::plan::block_width;
+use super::store::{BlockId, BlockKind, CacheMode, Store, TierDtype};
 
 impl<'a, B: Backend> Executor<'a, B> {
     /// Rows of the `kind` blocks of layer `l` for partition `q`: its own rows, then (with

@@ -2,12 +2,18 @@
 //! results into blocks. The cost model walks the same steps over its ledger (`cost.rs`).
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use grinnder_graph::progress;
 use grinnder_nn::model::LayerTape;
+use grinnder_nn::Graph;
+use grinnder_tensor::Backend;
 
+use crate::config::TrainError;
+
+use super::executor::{Executor, Own};
 use super::pass::{self, Op, Reg, Span, Step};
-use super::*;
+use super::store::BlockKind;
 
 /// Layer 0 run over layer 1's columns for a backward ([`Op::ColumnsForTape`]): its rows (layer
 /// 1's input), its input, its tape, and the columns as rows.

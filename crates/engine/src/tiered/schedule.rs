@@ -2,7 +2,12 @@
 //! by layer (the output layer gives the loss and the logits' gradients; each layer's gradient
 //! blocks complete before the layer below), evaluation, and the refusal after a failed pass.
 
-use super::*;
+use grinnder_tensor::Backend;
+
+use crate::config::TrainError;
+
+use super::dist::CommStats;
+use super::executor::{io_err, Executor, PhaseStats};
 
 impl<'a, B: Backend> Executor<'a, B> {
     /// Forward over all partitions: hidden layers into the store, and the output layer's

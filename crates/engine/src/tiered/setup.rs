@@ -1,9 +1,29 @@
 //! Setting the executor up: partitioning, the partition graphs, the memory plan, the first
 //! blocks (features and layer 0's aggregation).
 
+use std::collections::HashMap;
+use std::time::Instant;
+
+use grinnder_dist::{from_bytes, to_bytes, Layout};
+use grinnder_graph::{Csr, Dataset};
+use grinnder_nn::graph::Adjacency;
+use grinnder_nn::{Graph, Model, ModelConfig};
+use grinnder_partition::{PartitionedGraph, Partitioning};
+use grinnder_tensor::{Backend, Mat, SparseMatrix};
 use rayon::prelude::*;
 
-use super::*;
+use crate::config::{FeatureNorm, FeaturePrep, TrainError};
+use crate::features::{feature_rows, feature_rows_into, feature_shift};
+
+use super::dist::{shared_partitioning, CommStats, DistConfig, DistState, SubgraphOf};
+use super::executor::{io_err, Executor, PhaseStats};
+use super::files;
+use super::input;
+use super::part::Part;
+use super::plan::{act, host_margin, keeps_features, make_plan, mib, min_host_budget, Plan, GIB};
+use super::settings::{HostAuto, TieredConfig};
+use super::store::{BlockKind, Store, StoreConfig, TierDtype};
+use super::tiers::Tiers;
 
 impl<'a, B: Backend> Executor<'a, B> {
     /// Partitions `ds`, builds the partition graphs, plans memory and fills the store with

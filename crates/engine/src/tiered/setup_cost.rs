@@ -6,8 +6,19 @@
 //! while q's are uploaded, aggregated and kept): per partition the longer of the two counts,
 //! after the first partition's read; on the CPU both share the cores and add up.
 
+use std::time::Instant;
+
+use grinnder_graph::Dataset;
+use grinnder_tensor::Backend;
+use serde::Serialize;
+
+use crate::config::FeatureNorm;
+use crate::features::feature_rows_into;
+
+use super::executor::Executor;
+use super::plan::act;
 use super::rates::Rates;
-use super::*;
+use super::store::{BlockId, BlockKind};
 
 /// What making the first blocks moves and computes, and with rates how long it takes.
 #[derive(Clone, Debug, PartialEq, Serialize)]

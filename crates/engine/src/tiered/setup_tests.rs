@@ -1,5 +1,7 @@
 //! The setup's unit tests: storage checks, refusals' levers, factored partition graphs.
 
+use crate::tiered::CacheMode;
+
 use super::*;
 
 fn plan(cache: u64, blocks: u64) -> Plan {

@@ -26,7 +26,7 @@ use grinnder_tensor::Scalar;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::files::{encode_header, AlignedBuf, BlockFiles, BlockHeader, Dtype, Faults, ALIGN, SUM_CHUNK};
+use super::files::{encode_header, AlignedBuf, BlockFiles, BlockHeader, Dtype, Faults, ALIGN};
 
 /// Bytes each parallel task of a row copy handles.
 const PAR_BYTES: usize = 1 << 20;

@@ -4,7 +4,10 @@
 //! whatever the rows added; an epoch adds each partition's halo into every neighbour's block
 //! (about a thousand additions at 32 partitions), so distinct rows skip it.
 
-use super::*;
+use grinnder_tensor::Scalar;
+use rayon::prelude::*;
+
+use super::PAR_BYTES;
 
 /// `add(v's row r, src's row j)` for each `j`, `r = idx[j]` (`j` itself when `idx` is `None`),
 /// `v` being `rows × d`; rows that repeat are added in `src`'s order.

@@ -2,7 +2,15 @@
 //! that carries bf16 ([`grinnder_tensor::Transfers::converts_bf16`]): rows read and blocks put
 //! as bf16 bits, so that a bf16 block crosses as it is kept.
 
-use super::*;
+use std::io;
+
+use grinnder_tensor::scalar::{from_bf16, to_bf16};
+use grinnder_tensor::Scalar;
+use rayon::prelude::*;
+
+use crate::tiered::block::{BlockId, CacheMode};
+
+use super::{Data, Store, TierDtype, PAR_BYTES};
 
 impl<T: Scalar> Store<T> {
     /// [`Store::read_rows`] as bf16 ([`to_bf16`]'s bits: a bf16 block's own), for a bus that

@@ -1,7 +1,16 @@
 //! Partial reads of the store: some rows of a block that is on disk only, read from the
 //! chunks of its file that hold them, without loading the block.
 
-use super::*;
+use std::io;
+use std::time::Instant;
+
+use grinnder_tensor::Scalar;
+use rayon::prelude::*;
+
+use crate::tiered::block::BlockId;
+use crate::tiered::files::{Dtype, SUM_CHUNK};
+
+use super::{Store, PAR_BYTES};
 
 impl<T: Scalar> Store<T> {
     /// Whether block `id` is in its file only: not in RAM, not read ahead, not being read

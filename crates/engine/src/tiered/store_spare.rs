@@ -7,7 +7,12 @@
 //! most its blocks have held at once (so they stay inside any plan that fitted those blocks),
 //! count against the budget, and are the first to go when room is needed.
 
-use super::*;
+use grinnder_tensor::Scalar;
+use rayon::prelude::*;
+
+use crate::tiered::block::BlockId;
+
+use super::{Data, Store, TierDtype};
 
 /// Buffers below this size are not kept (their faults are few).
 const SPARE_MIN_BYTES: u64 = 1 << 20;

@@ -1,6 +1,7 @@
 //! Tests of the tiered store (its budget, eviction, dtypes and files).
 
 use super::*;
+use crate::tiered::files::SUM_CHUNK;
 
 #[test]
 fn bf16_rounds_to_nearest_even() {

@@ -1,0 +1,153 @@
+//! The executor's state: a model, the partitioned graph, the tiers, the plan and the meters;
+//! the phases' figures; a block's rows lent or copied for reading.
+
+use grinnder_nn::Model;
+use grinnder_partition::Partitioning;
+use grinnder_tensor::{Backend, Scalar};
+use serde::Serialize;
+
+use crate::config::TrainError;
+
+use super::dist::{CommStats, DistState};
+use super::part::Part;
+use super::plan::Plan;
+use super::store::{BlockId, TierStats};
+use super::tiers::Tiers;
+
+/// Seconds per phase of one epoch, with the store's counters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PhaseStats {
+    /// Mini-batch training: sampling time and the number of batches (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batches: Option<usize>,
+    /// Mini-batch training: time the training thread waited for sampled batches (the
+    /// loader's shortfall).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_wait_s: Option<f64>,
+    pub gather_s: f64,
+    pub compute_s: f64,
+    pub write_back_s: f64,
+    /// Bytes of host-tier rows handed to the backend and of results taken back to the host
+    /// tier (on a GPU: the PCIe traffic).
+    pub upload_bytes: u64,
+    pub download_bytes: u64,
+    /// Of them: rows the backend read in place from page-locked host blocks (zero-copy
+    /// gathers, the rows an addition reads), and bytes it wrote into such blocks.
+    pub mapped_read_bytes: u64,
+    pub pinned_download_bytes: u64,
+    #[serde(flatten)]
+    pub tier: TierStats,
+    /// Partition-parallel runs: bytes exchanged, summed over the ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm: Option<CommStats>,
+}
+
+impl PhaseStats {
+    /// Counts bytes the backend read in place from page-locked host blocks and wrote into them.
+    pub(super) fn pinned_traffic(&mut self, read: u64, written: u64) {
+        self.upload_bytes += read;
+        self.mapped_read_bytes += read;
+        self.download_bytes += written;
+        self.pinned_download_bytes += written;
+    }
+}
+
+/// A partition's own rows of a block, for reading: the device block itself, lent without a
+/// copy (the executor takes it back with [`Executor::give_back`] before anything else reads
+/// the block), or a gathered copy.
+pub(super) enum Own<B: Backend> {
+    Lent(BlockId, B::Mat),
+    Copy(B::Mat),
+}
+
+impl<B: Backend> std::ops::Deref for Own<B> {
+    type Target = B::Mat;
+
+    fn deref(&self) -> &B::Mat {
+        match self {
+            Own::Lent(_, m) | Own::Copy(m) => m,
+        }
+    }
+}
+
+/// The executor: a model, the partitioned graph and the store.
+pub struct Executor<'a, B: Backend> {
+    pub(super) b: &'a B,
+    pub model: Model<B>,
+    pub(super) parts: Vec<Part<B>>,
+    /// The heap in use at the last [`Executor::mark`], and the largest growth of a phase.
+    pub(super) marked: u64,
+    pub(super) measured_working: Option<u64>,
+    /// The same for the backend's memory: bytes in use and GPU-tier block bytes at the last
+    /// mark, and the largest growth of a phase beyond the blocks it added.
+    pub(super) device_marked: (u64, u64),
+    pub(super) measured_device_working: Option<u64>,
+    /// Where each block lives: the GPU tier, the backend's page-locked host memory (when
+    /// nothing bounds host memory: fixed blocks — features, layer 0's aggregation — with
+    /// `pin_fixed`, and with `pin_all` every block, written and added to by the device over the
+    /// bus), or the store.
+    pub(super) tiers: Tiers<B>,
+    pub(super) pin_fixed: bool,
+    pub(super) pin_all: bool,
+    /// The first error of a pass. The blocks may be incomplete after one (a block lent to the
+    /// computation is not back in the GPU tier, a write may be half done), so every later pass
+    /// refuses with it ([`Executor::guarded`]).
+    pub(super) stopped: Option<String>,
+    /// Whole pinned blocks of the next partition, uploaded while this one computes
+    /// ([`Executor::prefetch`]); taken by the gather that reads them.
+    pub(super) ahead: Vec<(BlockId, B::Arriving)>,
+    /// Layer 0 runs inside layer 1 (see [`Executor::fused`]).
+    pub(super) fused: bool,
+    /// `TieredConfig::gpu_mem`, and whether the first epoch's peak has refined the placement.
+    pub(super) gpu_mem: Option<u64>,
+    pub(super) calibrated: bool,
+    pub(super) n_train: usize,
+    /// Layer 0 runs on `Â x` precomputed per partition (GCN, SAGE without input dropout; see
+    /// `Executor::new_dist`).
+    pub(super) pre: bool,
+    /// Planned for forward passes alone ([`TieredConfig::inference`]).
+    pub(super) inference: bool,
+    pub partitioning: Partitioning,
+    pub plan: Plan,
+    pub(super) stats: PhaseStats,
+    /// The partitions this rank computes (all of them in one process).
+    pub(super) local: std::ops::Range<usize>,
+    pub(super) dist: Option<DistState<'a, B>>,
+    /// Progress bars per layer (inference).
+    pub(super) progress: bool,
+}
+
+pub(super) fn io_err(e: std::io::Error) -> TrainError {
+    TrainError::Storage(e.to_string())
+}
+
+impl<'a, B: Backend> Executor<'a, B> {
+    /// The run's private storage directory (inside `--storage-dir`), `None` without storage.
+    pub fn storage_dir(&self) -> Option<&std::path::Path> {
+        self.tiers.store.storage_dir()
+    }
+
+    /// Block-file reads and writes attempted since the start (setup included).
+    pub fn storage_ops(&self) -> (usize, usize) {
+        self.tiers.store.storage_ops()
+    }
+
+    /// `(O_DIRECT, io_uring)` of the storage tier, `None` without one.
+    pub fn store_direct_io(&self) -> Option<(bool, bool)> {
+        self.tiers.store.direct_io()
+    }
+}
+
+/// A copy of `h`, in parallel for large slices (blocks of hundreds of MB leave staging memory).
+pub(super) fn par_to_vec<T: Copy + Send + Sync>(h: &[T]) -> Vec<T> {
+    use rayon::prelude::*;
+    h.par_iter().with_min_len(1 << 16).copied().collect()
+}
+
+/// `src` into `dst` (as long) on every core.
+pub(super) fn par_copy<T: Scalar>(src: &[T], dst: &mut [T]) {
+    use rayon::prelude::*;
+    dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s));
+}
