@@ -28,7 +28,7 @@ type OutputGrad<'f, B> =
 
 /// Layer 0 over layer 1's columns from their `Â x` rows `p`, and layer 1 unsplit on them
 /// ([`Executor::layer0_columns`]), timed into `secs`; with `output_grad` (the gradient of layer
-/// 1's output), both backward as [`Executor::fused_columns_backward`] runs them.
+/// 1's output), both backward as [`Executor::columns_backward_steps`] makes them.
 fn time_over_columns<B: Backend>(
     b: &B,
     model: &mut Model<B>,

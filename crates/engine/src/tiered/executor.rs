@@ -4,55 +4,15 @@
 use grinnder_nn::Model;
 use grinnder_partition::Partitioning;
 use grinnder_tensor::{Backend, Scalar};
-use serde::Serialize;
 
 use crate::config::TrainError;
 
-use super::dist::{CommStats, DistState};
+use super::dist::DistState;
+use super::meters::Meters;
 use super::part::Part;
 use super::plan::Plan;
-use super::store::{BlockId, TierStats};
+use super::store::BlockId;
 use super::tiers::Tiers;
-
-/// Seconds per phase of one epoch, with the store's counters.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct PhaseStats {
-    /// Mini-batch training: sampling time and the number of batches (absent otherwise).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sample_s: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub batches: Option<usize>,
-    /// Mini-batch training: time the training thread waited for sampled batches (the
-    /// loader's shortfall).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub batch_wait_s: Option<f64>,
-    pub gather_s: f64,
-    pub compute_s: f64,
-    pub write_back_s: f64,
-    /// Bytes of host-tier rows handed to the backend and of results taken back to the host
-    /// tier (on a GPU: the PCIe traffic).
-    pub upload_bytes: u64,
-    pub download_bytes: u64,
-    /// Of them: rows the backend read in place from page-locked host blocks (zero-copy
-    /// gathers, the rows an addition reads), and bytes it wrote into such blocks.
-    pub mapped_read_bytes: u64,
-    pub pinned_download_bytes: u64,
-    #[serde(flatten)]
-    pub tier: TierStats,
-    /// Partition-parallel runs: bytes exchanged, summed over the ranks.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub comm: Option<CommStats>,
-}
-
-impl PhaseStats {
-    /// Counts bytes the backend read in place from page-locked host blocks and wrote into them.
-    pub(super) fn pinned_traffic(&mut self, read: u64, written: u64) {
-        self.upload_bytes += read;
-        self.mapped_read_bytes += read;
-        self.download_bytes += written;
-        self.pinned_download_bytes += written;
-    }
-}
 
 /// A partition's own rows of a block, for reading: the device block itself, lent without a
 /// copy (the executor takes it back with [`Executor::give_back`] before anything else reads
@@ -77,13 +37,6 @@ pub struct Executor<'a, B: Backend> {
     pub(super) b: &'a B,
     pub model: Model<B>,
     pub(super) parts: Vec<Part<B>>,
-    /// The heap in use at the last [`Executor::mark`], and the largest growth of a phase.
-    pub(super) marked: u64,
-    pub(super) measured_working: Option<u64>,
-    /// The same for the backend's memory: bytes in use and GPU-tier block bytes at the last
-    /// mark, and the largest growth of a phase beyond the blocks it added.
-    pub(super) device_marked: (u64, u64),
-    pub(super) measured_device_working: Option<u64>,
     /// Where each block lives: the GPU tier, the backend's page-locked host memory (when
     /// nothing bounds host memory: fixed blocks — features, layer 0's aggregation — with
     /// `pin_fixed`, and with `pin_all` every block, written and added to by the device over the
@@ -111,7 +64,8 @@ pub struct Executor<'a, B: Backend> {
     pub(super) inference: bool,
     pub partitioning: Partitioning,
     pub plan: Plan,
-    pub(super) stats: PhaseStats,
+    /// What the executor measures: the phases' times and bytes, and the working sets.
+    pub(super) meters: Meters,
     /// The partitions this rank computes (all of them in one process).
     pub(super) local: std::ops::Range<usize>,
     pub(super) dist: Option<DistState<'a, B>>,

@@ -145,7 +145,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                     let mut m = b.output(rows.len(), d);
                     b.gather_rows(g, Rows::Range(at, rows.len()), &mut m, 0);
                     let h = b.download(&m);
-                    self.stats.download_bytes += (h.data.len() * std::mem::size_of::<B::T>()) as u64;
+                    self.meters.stats.download_bytes += (h.data.len() * std::mem::size_of::<B::T>()) as u64;
                     self.tiers.store_add_rows(id, own, d, Some(rows), &h.data).map_err(io_err)?;
                 }
                 at += rows.len();

@@ -46,7 +46,7 @@
 //!    `every_rank_issues_the_same_collectives_in_the_same_order` logs each rank's calls).
 //!
 //! The executor by concern: `executor.rs` (its state: the partitions, the tiers, the plan, the
-//! meters), `settings.rs` (`TieredConfig`), `part.rs` (a partition), `setup.rs` (partitioning,
+//! meters), `meters.rs` (the phases' seconds, bytes and working sets), `settings.rs` (`TieredConfig`), `part.rs` (a partition), `setup.rs` (partitioning,
 //! partition graphs, the first blocks),
 //! `plan.rs` (the memory plan and its margins), `placement.rs` (the GPU tier), `rows.rs`
 //! (gather, row reads and adds, prefetch, write-back), `pass.rs` (a pass's steps, made once and
@@ -64,6 +64,7 @@ mod executor;
 pub mod files;
 mod input;
 mod ledger;
+mod meters;
 mod mirrors;
 mod part;
 mod pass;
@@ -83,9 +84,10 @@ mod tiers;
 pub use cost::Prediction;
 pub use dist::{shared_partitioning, CommStats, DeviceComms, DistConfig, HostMats, SubgraphOf};
 pub(crate) use dist::{sum_gradients, Reducer};
-pub use executor::{Executor, PhaseStats};
+pub use executor::Executor;
 pub use files::Faults;
 pub use ledger::Traffic;
+pub use meters::PhaseStats;
 pub use placement::BlockGroup;
 pub use plan::{DevicePlan, Plan};
 pub use predict::Emit;

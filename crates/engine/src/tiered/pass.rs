@@ -354,9 +354,9 @@ impl<B: Backend> Executor<'_, B> {
         s.push(Step::Compute { part: q, op: Op::ColumnsForward });
     }
 
-    /// The reads of layer `l`'s inputs on partition `q` ([`Executor::inputs`]): its input
-    /// over its columns, or at layer 0 on `Â x` its own rows of that (and of the input where
-    /// the layer reads it beside).
+    /// The reads of layer `l`'s inputs on partition `q`: its input over its columns, or at
+    /// layer 0 on `Â x` its own rows of that (and of the input where the layer reads it
+    /// beside).
     pub(super) fn input_steps(&self, s: &mut Vec<Step>, l: usize, q: usize) {
         if l == 0 && self.pre {
             s.push(Step::Read { into: Reg::Pre, id: id(BlockKind::Pre, 0, q), span: Span::Own });

@@ -45,7 +45,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// layer 1's columns ([`Executor::fused`]) and layer 2 runs split on its transformed rows
     /// alone (GCN with 3 layers or more, hidden wider than the layer after): layer 1's output
     /// rows are transformed where they are made, so layer 2's input is never a block; the
-    /// backward remakes those rows in layer 1's backward anyway ([`Executor::fused_columns_backward`])
+    /// backward remakes those rows in layer 1's backward anyway ([`Executor::columns_backward_steps`])
     /// and runs layer 2's transform backward there, so neither is its gradient. Papers-like at
     /// full size with 3 GCN layers of 256: 472 of 984 width-rows of blocks (as bf16, 97.6 of
     /// 203.6 GiB), by the same arithmetic as [`Executor::fusible`]'s. No work is added: the
@@ -61,7 +61,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// input gradient is made, and runs layer 0's backward right there. Neither that activation
     /// nor its gradient becomes a block. Layer 1 split reads its input's own rows only (its
     /// transform); unsplit, it reads its columns' rows: layer 0 runs on the aggregation's rows
-    /// gathered over them ([`Executor::layer0_columns`]), half as wide as the activation on a
+    /// gathered over them ([`Executor::columns_steps`]), half as wide as the activation on a
     /// 128-wide input and 256-wide layers, and layer 0's weight gradient takes every column's
     /// share where it is made (the gradient is linear in the rows), so no halo gradient moves.
     /// GCN with 3 layers on papers-like at full size: 984 of 1,496 width-rows of blocks. Ranks
@@ -149,17 +149,17 @@ impl<'a, B: Backend> Executor<'a, B> {
         let row = d as u64 * self.pinned_elem();
         if let Some(h) = self.tiers.pinned_mut(id) {
             b.scatter_add_host_block(dx, from, r, h);
-            self.stats.pinned_traffic(r.len() as u64 * row, r.len() as u64 * row);
+            self.meters.stats.pinned_traffic(r.len() as u64 * row, r.len() as u64 * row);
             return true;
         }
         let Some(mut h) = self.host_block_for(id, rows, d) else { return false };
         if matches!(r, Rows::Range(0, n) if n == rows) {
             b.download_into_host_block(dx, from, &mut h);
-            self.stats.pinned_traffic(0, rows as u64 * row);
+            self.meters.stats.pinned_traffic(0, rows as u64 * row);
         } else {
             b.zero_host_block(&mut h);
             b.scatter_add_host_block(dx, from, r, &mut h);
-            self.stats.pinned_traffic(r.len() as u64 * row, (rows + r.len()) as u64 * row);
+            self.meters.stats.pinned_traffic(r.len() as u64 * row, (rows + r.len()) as u64 * row);
         }
         self.tiers.pin(id, h);
         true
@@ -323,7 +323,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Stores a host block where the plan put it.
     pub(super) fn put_host(&mut self, id: BlockId, m: Mat<B::T>) -> Result<(), TrainError> {
         if self.tiers.on_device(id) {
-            self.stats.upload_bytes += (m.data.len() * std::mem::size_of::<B::T>()) as u64;
+            self.meters.stats.upload_bytes += (m.data.len() * std::mem::size_of::<B::T>()) as u64;
             self.tiers.put_device(id, self.b.upload_owned(m));
             return Ok(());
         }

@@ -172,7 +172,7 @@ pub(super) fn device_elems<B: Backend>(model: &Model<B>, p: &Part<B>, pre: bool,
             }
             (l, true) => model.split_held(l, s) + if l == 0 { s.rows * d(0) } else { 0 },
             (1, false) if fused => {
-                // layer 0 over the columns ([`Executor::layer0_columns`]): its input and output
+                // layer 0 over the columns ([`Executor::columns_steps`]): its input and output
                 // rows and its tape's copy of the output beside layer 1, then its backward;
                 // with layer 2's transform inside, its rows and their gradient's (and the
                 // next partition's, read ahead)

@@ -85,7 +85,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 y
             };
             let (rows, width) = self.b.dims(&y);
-            self.stats.download_bytes += (rows * width * std::mem::size_of::<B::T>()) as u64;
+            self.meters.stats.download_bytes += (rows * width * std::mem::size_of::<B::T>()) as u64;
             let leaving = self.b.download_ahead(y);
             if let Some(done) = pending.replace((self.own_ids(q).to_vec(), width, leaving)) {
                 self.hand_on(done, emit)?;
@@ -115,7 +115,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     ) -> Result<(), TrainError> {
         let t = Instant::now();
         let mut r = Ok(());
-        let stats = &mut self.stats;
+        let stats = &mut self.meters.stats;
         self.b.downloaded(l, &mut |host: &[B::T]| {
             stats.write_back_s += t.elapsed().as_secs_f64();
             r = match bytemuck::try_cast_slice::<B::T, f32>(host) {

@@ -40,7 +40,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
             .map(|m| b.arrived(m));
             if let Some(m) = m {
-                self.stats.gather_s += t.elapsed().as_secs_f64();
+                self.meters.stats.gather_s += t.elapsed().as_secs_f64();
                 return Ok(m);
             }
         }
@@ -60,8 +60,13 @@ impl<'a, B: Backend> Executor<'a, B> {
         } else {
             self.tiers.store.pin(host_sources.iter().map(|(s, _)| *s));
             let bus = (b, self.bf16_bus());
-            let staged =
-                upload_stored(bus, &mut self.tiers.store, &host_sources, d, &mut self.stats.upload_bytes);
+            let staged = upload_stored(
+                bus,
+                &mut self.tiers.store,
+                &host_sources,
+                d,
+                &mut self.meters.stats.upload_bytes,
+            );
             self.tiers.store.unpin_all();
             Some(staged?)
         };
@@ -79,7 +84,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                         b.gather_rows(block, *r, &mut m, at);
                     } else if let Some(h) = self.tiers.pinned(*src) {
                         b.gather_host_block(h, *r, &mut m, at);
-                        self.stats.pinned_traffic((r.len() * d) as u64 * pinned_elem, 0);
+                        self.meters.stats.pinned_traffic((r.len() * d) as u64 * pinned_elem, 0);
                     } else {
                         let staged = staged.as_ref().expect("host rows were staged");
                         b.gather_rows(staged, Rows::Range(at_host, r.len()), &mut m, at);
@@ -90,7 +95,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 m
             }
         };
-        self.stats.gather_s += t.elapsed().as_secs_f64();
+        self.meters.stats.gather_s += t.elapsed().as_secs_f64();
         Ok(m)
     }
 
@@ -130,14 +135,14 @@ impl<'a, B: Backend> Executor<'a, B> {
         } else if let Some(h) = self.pinned_copy(id, &m) {
             let (rows, cols) = self.b.dims(&m);
             drop(m);
-            self.stats.pinned_traffic(0, (rows * cols) as u64 * self.pinned_elem());
+            self.meters.stats.pinned_traffic(0, (rows * cols) as u64 * self.pinned_elem());
             self.tiers.pin(id, h);
         } else if self.pin_fixed && Self::fixed(id) {
             let (rows, cols) = self.b.dims(&m);
             let mut data = Vec::new();
             self.b.download_with(&m, &mut |h| data = par_to_vec(h));
             drop(m);
-            self.stats.download_bytes += (data.len() * std::mem::size_of::<B::T>()) as u64;
+            self.meters.stats.download_bytes += (data.len() * std::mem::size_of::<B::T>()) as u64;
             self.keep_host(id, Mat::from_vec(rows, cols, data))?;
         } else {
             // into the store straight from the staging buffer (bf16 blocks encoded from it, or
@@ -152,9 +157,9 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
             drop(m);
             put.map_err(io_err)?;
-            self.stats.download_bytes += (rows * cols) as u64 * self.bus_elem();
+            self.meters.stats.download_bytes += (rows * cols) as u64 * self.bus_elem();
         }
-        self.stats.write_back_s += t.elapsed().as_secs_f64();
+        self.meters.stats.write_back_s += t.elapsed().as_secs_f64();
         Ok(())
     }
 
@@ -188,11 +193,12 @@ impl<'a, B: Backend> Executor<'a, B> {
             // (a page-locked block: the device reads the rows in place, as gathers do; ranks'
             // mirrors of layer 0's aggregation, once at setup)
             b.gather_host_block(h, rows, out, at);
-            self.stats.pinned_traffic((rows.len() * d) as u64 * pinned_elem, 0);
+            self.meters.stats.pinned_traffic((rows.len() * d) as u64 * pinned_elem, 0);
             return Ok(());
         }
         let bus = (b, self.bf16_bus());
-        let m = upload_stored(bus, &mut self.tiers.store, &[(id, rows)], d, &mut self.stats.upload_bytes)?;
+        let m =
+            upload_stored(bus, &mut self.tiers.store, &[(id, rows)], d, &mut self.meters.stats.upload_bytes)?;
         b.gather_rows(&m, Rows::Range(0, rows.len()), out, at);
         Ok(())
     }
@@ -263,7 +269,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let h = self.tiers.pinned(id)?;
         let (r, c) = self.b.host_block_dims(h);
         let m = self.b.upload_host_block(h);
-        self.stats.upload_bytes += (r * c) as u64 * self.pinned_elem();
+        self.meters.stats.upload_bytes += (r * c) as u64 * self.pinned_elem();
         Some(m)
     }
 
@@ -283,7 +289,9 @@ impl<'a, B: Backend> Executor<'a, B> {
         // the output gradient: not steps of their own
         if kind != BlockKind::GradXw && kind != BlockKind::Grad {
             grinnder_graph::progress::activity_step();
-            grinnder_graph::progress::activity_bytes(self.stats.upload_bytes + self.stats.download_bytes);
+            grinnder_graph::progress::activity_bytes(
+                self.meters.stats.upload_bytes + self.meters.stats.download_bytes,
+            );
         }
         if !self.local.contains(&q) {
             return Ok(());
@@ -398,7 +406,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 }
             }
         });
-        self.stats.download_bytes += (n * d * std::mem::size_of::<B::T>()) as u64;
+        self.meters.stats.download_bytes += (n * d * std::mem::size_of::<B::T>()) as u64;
         failed.map_or(Ok(()), |e| Err(io_err(e)))
     }
 }

@@ -96,7 +96,7 @@ impl<B: Backend> Executor<'_, B> {
                 Step::Compute { part, op } => {
                     let t = Instant::now();
                     self.compute(&mut r, part, op, train, epoch);
-                    self.stats.compute_s += t.elapsed().as_secs_f64();
+                    self.meters.stats.compute_s += t.elapsed().as_secs_f64();
                 }
                 Step::Put { from, id } => {
                     let m = r.result(from);
@@ -109,7 +109,7 @@ impl<B: Backend> Executor<'_, B> {
                     assert_eq!(rows, want, "{id:?}'s gradient written back over {span:?} has {rows} rows");
                     let t = Instant::now();
                     self.write_back(id.kind, id.layer, id.part, m)?;
-                    self.stats.write_back_s += t.elapsed().as_secs_f64();
+                    self.meters.stats.write_back_s += t.elapsed().as_secs_f64();
                 }
                 Step::Sync { kind, layer } => self.sync_mirrors(kind, layer)?,
                 Step::Flush { kind, layer } => self.flush_mirrors(kind, layer)?,

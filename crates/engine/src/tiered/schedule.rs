@@ -7,7 +7,8 @@ use grinnder_tensor::Backend;
 use crate::config::TrainError;
 
 use super::dist::CommStats;
-use super::executor::{io_err, Executor, PhaseStats};
+use super::executor::{io_err, Executor};
+use super::meters::PhaseStats;
 
 impl<'a, B: Backend> Executor<'a, B> {
     /// Forward over all partitions: hidden layers into the store, and the output layer's
@@ -29,7 +30,8 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// Asserts that a model with an initial representation runs every layer unsplit, unfused
     /// and recomputed for its backward: x0 is read and its gradient summed on that path alone
-    /// ([`Executor::initial_rows`], [`Executor::initial_grad`]; GCNII's layers never split).
+    /// ([`Executor::initial_steps`], and the `Dx0` operand of
+    /// [`Executor::unsplit_backward_steps`]; GCNII's layers never split).
     pub(super) fn assert_initial_runs_whole(&self) {
         let m = &self.model;
         let whole =
@@ -92,8 +94,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         }
         self.mark("the time before the pass", 0);
         grinnder_graph::progress::activity_begin();
-        self.measured_working = None;
-        self.measured_device_working = None;
+        self.meters.begin_pass();
         let mut steps = self.forward_steps(layers, true);
         steps.extend(self.backward_steps());
         let ran = self.run(&steps, true, epoch)?;
@@ -112,22 +113,13 @@ impl<'a, B: Backend> Executor<'a, B> {
     pub(super) fn mark(&mut self, phase: &str, l: usize) {
         grinnder_graph::progress::activity_phase(&format!("{phase} of layer {l} done"));
         if let (Some(live), Some(peak)) = (crate::heap::live_bytes(), crate::heap::peak_bytes()) {
-            let grew = peak.saturating_sub(self.marked);
+            let grew = self.meters.heap(live, peak);
             tracing::trace!("{phase} of layer {l}: heap grew {:.1} MiB", grew as f64 / 1048576.0);
-            self.measured_working = Some(self.measured_working.unwrap_or(0).max(grew));
             crate::heap::reset_peak();
-            self.marked = live;
         }
         if let (Some(peak), Some(m)) = (self.b.phase_memory_peak(), self.b.device_memory()) {
-            let blocks = self.device_block_bytes();
-            let (used, before) = self.device_marked;
-            // what the phase held beyond what was in use when it began, less the GPU tier's
-            // blocks then, and the blocks it holds at its end (blocks dropped after the last
-            // mark no longer count): its kernels' inputs, outputs and temporaries
-            let grew = peak.saturating_sub(used.saturating_sub(before)).saturating_sub(blocks);
+            let grew = self.meters.device(m.used, peak, self.device_block_bytes());
             tracing::trace!("{phase} of layer {l}: GPU memory grew {:.1} MiB", grew as f64 / 1048576.0);
-            self.measured_device_working = Some(self.measured_device_working.unwrap_or(0).max(grew));
-            self.device_marked = (m.used, blocks);
         }
     }
 
@@ -140,13 +132,13 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// The largest heap growth of a phase since the last call (see [`Executor::mark`]);
     /// `None` without the counting allocator.
     pub fn take_measured_working(&mut self) -> Option<u64> {
-        self.measured_working.take()
+        self.meters.take_working()
     }
 
     /// The largest growth of the backend's memory in a phase beyond the GPU-tier blocks it
     /// added (see [`Executor::mark`]); `None` where memory is not a device's.
     pub fn take_measured_device_working(&mut self) -> Option<u64> {
-        self.measured_device_working.take()
+        self.meters.take_device_working()
     }
 
     /// Evaluation pass (no dropout): correct predictions on train, valid and test.
@@ -194,7 +186,7 @@ impl<'a, B: Backend> Executor<'a, B> {
 
     /// Phase times and store counters since the last call.
     pub fn take_stats(&mut self) -> PhaseStats {
-        let mut s = std::mem::take(&mut self.stats);
+        let mut s = std::mem::take(&mut self.meters.stats);
         s.tier = self.tiers.store.take_stats();
         if let Some(d) = self.dist.as_mut() {
             d.take_comm_seconds();

@@ -16,9 +16,11 @@ use crate::config::{FeatureNorm, FeaturePrep, TrainError};
 use crate::features::{feature_rows, feature_rows_into, feature_shift};
 
 use super::dist::{shared_partitioning, CommStats, DistConfig, DistState, SubgraphOf};
-use super::executor::{io_err, Executor, PhaseStats};
+use super::executor::{io_err, Executor};
 use super::files;
 use super::input;
+use super::meters::Meters;
+use super::meters::PhaseStats;
 use super::part::Part;
 use super::plan::{act, host_margin, keeps_features, make_plan, mib, min_host_budget, Plan, GIB};
 use super::settings::{HostAuto, TieredConfig};
@@ -188,10 +190,6 @@ impl<'a, B: Backend> Executor<'a, B> {
             b,
             model,
             parts,
-            marked: 0,
-            measured_working: None,
-            device_marked: (0, 0),
-            measured_device_working: None,
             tiers: Tiers::new(store),
             ahead: Vec::new(),
             // (bf16 blocks page-locked where the backend converts bf16 on its side of the bus)
@@ -208,7 +206,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             inference: tc.inference,
             partitioning,
             plan,
-            stats: PhaseStats::default(),
+            meters: Meters::default(),
             local: local.clone(),
             dist: None,
             progress: false,
@@ -368,7 +366,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             }
         }
         self.tiers.store.take_stats();
-        self.stats = PhaseStats::default();
+        self.meters.stats = PhaseStats::default();
         Ok(())
     }
 
