@@ -37,20 +37,12 @@ pub struct Executor<'a, B: Backend> {
     pub(super) b: &'a B,
     pub model: Model<B>,
     pub(super) parts: Vec<Part<B>>,
-    /// Where each block lives: the GPU tier, the backend's page-locked host memory (when
-    /// nothing bounds host memory: fixed blocks — features, layer 0's aggregation — with
-    /// `pin_fixed`, and with `pin_all` every block, written and added to by the device over the
-    /// bus), or the store.
+    /// Where each block lives, and which blocks are page-locked ([`Tiers`]).
     pub(super) tiers: Tiers<B>,
-    pub(super) pin_fixed: bool,
-    pub(super) pin_all: bool,
     /// The first error of a pass. The blocks may be incomplete after one (a block lent to the
     /// computation is not back in the GPU tier, a write may be half done), so every later pass
     /// refuses with it ([`Executor::guarded`]).
     pub(super) stopped: Option<String>,
-    /// Whole pinned blocks of the next partition, uploaded while this one computes
-    /// ([`Executor::prefetch`]); taken by the gather that reads them.
-    pub(super) ahead: Vec<(BlockId, B::Arriving)>,
     /// Layer 0 runs inside layer 1 (see [`Executor::fused`]).
     pub(super) fused: bool,
     /// `TieredConfig::gpu_mem`, and whether the first epoch's peak has refined the placement.

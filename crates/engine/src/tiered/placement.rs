@@ -84,7 +84,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Whether block `id` lives in the backend's page-locked host memory when the GPU tier
     /// does not hold it: every block with `pin_all`, the fixed ones with `pin_fixed`.
     pub(super) fn pins(&self, id: BlockId) -> bool {
-        self.pin_fixed && (self.pin_all || Self::fixed(id))
+        self.tiers.pin_fixed && (self.tiers.pin_all || Self::fixed(id))
     }
 
     /// Whether page-locked host blocks hold bf16 (those of a bf16 tier: the device rounds what
@@ -168,13 +168,13 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// Page-locked memory ran out: the remaining fixed blocks go to the store.
     fn stop_pinning(&mut self) {
         tracing::warn!("no page-locked host memory left: the remaining fixed blocks go to the store");
-        self.pin_fixed = false;
+        self.tiers.pin_fixed = false;
     }
 
     /// Keeps a host block: a fixed one in the backend's host memory where the plan allows
     /// (`pin_fixed`), everything else in the store.
     pub(super) fn keep_host(&mut self, id: BlockId, mut m: Mat<B::T>) -> Result<(), TrainError> {
-        if self.pin_fixed && Self::fixed(id) {
+        if self.tiers.pin_fixed && Self::fixed(id) {
             let made = if self.pins_bf16() { self.b.host_block_bf16(m) } else { self.b.host_block(m) };
             match made {
                 Ok(h) => {
@@ -289,7 +289,7 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// bytes placed.
     pub(super) fn place_while_fits(&mut self, mut room: u64) -> Result<(usize, u64), TrainError> {
         let mut placed = (0usize, 0u64);
-        self.ahead.clear();
+        self.tiers.ahead.clear();
         if self.tiers.any_pinned() {
             // device threads may still be reading host blocks that move below (zero-copy
             // gathers record no event on them)
@@ -336,7 +336,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             self.tiers.remove_device(id);
             return Ok(());
         }
-        self.ahead.retain(|(a, _)| *a != id);
+        self.tiers.ahead.retain(|(a, _)| *a != id);
         if let Some(h) = self.tiers.pinned(id) {
             // kept for the next block of its shape: the device work queued on it stays ordered
             // before whatever the device writes there next (the backend orders it)

@@ -33,8 +33,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         if !halo || self.parts[q].fetch.is_empty() {
             let (src, n) = (id(q), self.parts[q].own);
             let whole = self.tiers.pinned(src).is_some_and(|h| b.host_block_dims(h).0 == n);
-            let m = match self.ahead.iter().position(|(a, _)| *a == src) {
-                Some(i) => Some(self.ahead.swap_remove(i).1),
+            let m = match self.tiers.ahead.iter().position(|(a, _)| *a == src) {
+                Some(i) => Some(self.tiers.ahead.swap_remove(i).1),
                 None if whole => self.upload_pinned(src),
                 None => None,
             }
@@ -137,7 +137,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             drop(m);
             self.meters.stats.pinned_traffic(0, (rows * cols) as u64 * self.pinned_elem());
             self.tiers.pin(id, h);
-        } else if self.pin_fixed && Self::fixed(id) {
+        } else if self.tiers.pin_fixed && Self::fixed(id) {
             let (rows, cols) = self.b.dims(&m);
             let mut data = Vec::new();
             self.b.download_with(&m, &mut |h| data = par_to_vec(h));
@@ -319,14 +319,14 @@ impl<'a, B: Backend> Executor<'a, B> {
         for a in ids.iter().filter(|a| {
             a.part == q && !halo && (a.kind == BlockKind::Pre || (a.kind == kind && a.layer == l))
         }) {
-            if self.ahead.iter().any(|(x, _)| x == a) {
+            if self.tiers.ahead.iter().any(|(x, _)| x == a) {
                 continue;
             }
             if let Some(m) = self.upload_pinned(*a) {
-                if self.ahead.len() == 2 {
-                    self.ahead.remove(0);
+                if self.tiers.ahead.len() == 2 {
+                    self.tiers.ahead.remove(0);
                 }
-                self.ahead.push((*a, m));
+                self.tiers.ahead.push((*a, m));
             }
         }
         ids.retain(|i| self.tiers.in_store(*i));

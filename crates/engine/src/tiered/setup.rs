@@ -191,12 +191,6 @@ impl<'a, B: Backend> Executor<'a, B> {
             model,
             parts,
             tiers: Tiers::new(store),
-            ahead: Vec::new(),
-            // (bf16 blocks page-locked where the backend converts bf16 on its side of the bus)
-            pin_fixed: tc.host_mem.is_none()
-                && tc.cache_bytes.is_none()
-                && (tc.tier_dtype == TierDtype::F32 || b.converts_bf16()),
-            pin_all: false,
             stopped: None,
             fused: false,
             gpu_mem: tc.gpu_mem.filter(|_| tc.device_cache_bytes.is_none()),
@@ -214,9 +208,13 @@ impl<'a, B: Backend> Executor<'a, B> {
         if let Some(d) = dist {
             ex.dist = Some(dist_state(d, ranks, owner, mirrors));
         }
+        // (bf16 blocks page-locked where the backend converts bf16 on its side of the bus)
+        ex.tiers.pin_fixed = tc.host_mem.is_none()
+            && tc.cache_bytes.is_none()
+            && (tc.tier_dtype == TierDtype::F32 || b.converts_bf16());
         // ranks exchange mirror blocks through the store's host rows: they keep the fixed
         // blocks alone page-locked
-        ex.pin_all = ex.pin_fixed && ex.dist.is_none();
+        ex.tiers.pin_all = ex.tiers.pin_fixed && ex.dist.is_none();
         ex.fused = ex.fusible();
         ex.assert_initial_runs_whole();
         if tc.gpu_mem.is_some() || tc.device_cache_bytes.is_some() {

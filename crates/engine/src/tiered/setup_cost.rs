@@ -96,7 +96,7 @@ impl<'a, B: Backend> Executor<'a, B> {
                 let mut keep = |id: BlockId, elems: u64| {
                     if self.tiers.on_device(id) {
                         e.device += elems * elem;
-                    } else if self.pin_fixed {
+                    } else if self.tiers.pin_fixed {
                         e.pinned += elems * pinned_elem;
                     } else {
                         e.stored += elems * elem;

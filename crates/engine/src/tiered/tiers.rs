@@ -24,6 +24,15 @@ pub(super) struct Tiers<B: Backend> {
     /// block of that shape: page-locking is paid once a run, not once an epoch.
     free: HashMap<(usize, usize), Vec<B::HostBlock>>,
     pub(super) store: Store<B::T>,
+    /// Which blocks the backend's page-locked host memory holds when nothing bounds host
+    /// memory: the fixed blocks (features, layer 0's aggregation) with `pin_fixed`, and with
+    /// `pin_all` every block, written and added to by the device over the bus.
+    pub(super) pin_fixed: bool,
+    pub(super) pin_all: bool,
+    /// Whole pinned blocks of the next partition, uploaded while this one computes
+    /// ([`Executor::prefetch`](super::executor::Executor::prefetch)); taken by the gather that
+    /// reads them.
+    pub(super) ahead: Vec<(BlockId, B::Arriving)>,
 }
 
 impl<B: Backend> Tiers<B> {
@@ -35,6 +44,9 @@ impl<B: Backend> Tiers<B> {
             pinned: HashMap::new(),
             free: HashMap::new(),
             store,
+            pin_fixed: false,
+            pin_all: false,
+            ahead: Vec::new(),
         }
     }
 
