@@ -188,16 +188,20 @@ pub fn batch_step<B: Backend>(
     // block below's rows), so layer l reads x0's first rows
     let mut x0: Option<B::Mat> = None;
     for (l, g) in graphs.iter().enumerate() {
+        debug_assert!(
+            batch.blocks[l].col_ids[..g.rows] == batch.blocks[0].col_ids[..g.rows],
+            "block {l}'s rows lead block 0's"
+        );
         let x0_rows = x0.as_ref().filter(|_| l > 0).map(|x0| first_rows(b, x0, g.rows));
         let (y, tape, made) =
             model.layer_forward_initial(b, g, l, &inputs[l], None, x0_rows.as_ref(), true, epoch);
         x0 = made.or(x0);
-        tapes.push((tape, x0_rows));
+        tapes.push(tape);
         inputs.push(y);
     }
     // x0's gradient: the later layers' parts summed over block 0's rows, for layer 0
-    let mut dx0 = x0.filter(|_| layers > 1).map(|x0| {
-        let (n, c) = b.dims(&x0);
+    let mut dx0 = x0.as_ref().filter(|_| layers > 1).map(|x0| {
+        let (n, c) = b.dims(x0);
         b.zeros(n, c)
     });
     let logits = inputs.pop().expect("the output layer's");
@@ -212,9 +216,11 @@ pub fn batch_step<B: Backend>(
     });
     drop(logits);
     for l in (0..layers).rev() {
-        let (tape, x0_rows) = tapes.pop().expect("one per layer");
+        let tape = tapes.pop().expect("one per layer");
         let x = inputs.pop().expect("one per layer");
         let g = &graphs[l];
+        // (x0's rows again rather than kept from the forward: one copy alive at a time)
+        let x0_rows = x0.as_ref().filter(|_| l > 0).map(|x0| first_rows(b, x0, g.rows));
         let dx = match (x0_rows, dx0.as_mut()) {
             (Some(x0_rows), Some(sum)) => {
                 // a reader's part of x0's gradient, added into the sum's first rows

@@ -602,8 +602,9 @@ impl<B: Backend> Executor<'_, B> {
                 self.initial_steps(s, l, q);
                 s.push(Step::Compute { part: q, op: Op::ForwardForTape { l, into: top.then_some(Reg::Y) } });
                 self.output_grad_steps(s, l, q);
-                if initial && l == 0 && layers > 1 {
+                if initial && l == 0 && layers > 1 && self.parts[q].own > 0 {
                     // the later layers' sum of x0's gradient, a copy layer 0 adds its part to
+                    // (none for a partition without rows: nothing to add)
                     s.push(Step::Read {
                         into: Reg::Dx0,
                         id: id(BlockKind::GradInitial, 0, q),

@@ -96,7 +96,10 @@ impl<B: Backend> Executor<'_, B> {
                 Step::Compute { part, op } => {
                     let t = Instant::now();
                     self.compute(&mut r, part, op, train, epoch);
-                    self.meters.stats.compute_s += t.elapsed().as_secs_f64();
+                    // (the loss was never timed as compute: the figures stay comparable)
+                    if op != Op::Loss {
+                        self.meters.stats.compute_s += t.elapsed().as_secs_f64();
+                    }
                 }
                 Step::Put { from, id } => {
                     let m = r.result(from);
@@ -114,7 +117,11 @@ impl<B: Backend> Executor<'_, B> {
                 Step::Sync { kind, layer } => self.sync_mirrors(kind, layer)?,
                 Step::Flush { kind, layer } => self.flush_mirrors(kind, layer)?,
                 Step::Remove(id) => self.remove(id)?,
-                Step::Mark { phase, layer } => self.mark(phase, layer),
+                Step::Mark { phase, layer } => {
+                    // a layer's bar ends with its phase
+                    r.bar = None;
+                    self.mark(phase, layer);
+                }
                 Step::Bar { layer } => r.bar = self.layer_bar(layer, &self.local.clone().collect::<Vec<_>>()),
                 Step::Tick { part } => {
                     if let Some(pb) = &r.bar {

@@ -151,6 +151,14 @@ impl<'a, B: Backend> Executor<'a, B> {
         // (its steps count on in the epoch's: progress says which pass they are)
         grinnder_graph::progress::activity_pass("evaluation");
         grinnder_graph::progress::activity_phase("");
+        if cfg!(debug_assertions) {
+            // the evaluation's runs, checked as one stream (a sync missing before the output
+            // layer's halo reads shows only so)
+            let mut steps = self.forward_steps(self.model.layers(), false);
+            self.local.clone().for_each(|q| steps.extend(self.output_steps(q, q + 1)));
+            steps.extend(self.remove_forward_steps(self.model.layers()));
+            super::pass::check(&steps);
+        }
         self.forward_layers(false, epoch)?;
         let mut correct = [0usize; 3];
         for q in self.local.clone() {

@@ -279,9 +279,10 @@ impl<B: Backend> Model<B> {
         (train && rate > 0.0).then_some((key, rate))
     }
 
-    /// Whether the model has an initial representation its layers read (GCNII's `x₀`): the
-    /// per-layer entry points ([`Model::layer_forward`]) do not carry one, so only the
-    /// whole-model pass ([`Model::forward`]) runs such a model.
+    /// Whether the model has an initial representation its layers read (GCNII's `x₀`): a
+    /// caller running it layer by layer keeps `x₀` itself and goes through
+    /// [`Model::layer_forward_initial`] and [`Model::layer_backward_initial`]
+    /// ([`Model::layer_forward`] and [`Model::layer_backward`] carry none).
     pub fn has_initial(&self) -> bool {
         self.convs.iter().any(|c| c.initial() != Initial::None)
     }
