@@ -27,6 +27,7 @@ pub fn workload(plan: &TrainPlan, ds: &Dataset) -> Workload {
         factored: factored(m.kind, ds),
         elem: 4,
         inference: false,
+        initial: if m.kind.family().has_initial() { m.hidden_width() as u64 } else { 0 },
     }
 }
 
@@ -46,6 +47,7 @@ pub fn inference_workload(model: &ModelFile, ds: &Dataset) -> Workload {
         factored: factored(a.kind, ds),
         elem: 4,
         inference: true,
+        initial: if a.kind.family().has_initial() { hidden } else { 0 },
     }
 }
 

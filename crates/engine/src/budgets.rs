@@ -26,6 +26,9 @@ pub struct Workload {
     pub elem: u64,
     /// Inference only (`predict`): no gradients, a layer's output and a temporary.
     pub inference: bool,
+    /// The width of an initial representation every layer reads beside its input (GCNII's
+    /// `x₀`, kept with its gradient); 0 without one.
+    pub initial: u64,
 }
 
 /// What the machine has.
@@ -132,6 +135,7 @@ pub fn in_memory_bytes(w: &Workload) -> u64 {
     graph_bytes(w)
         + w.nodes * w.widths[0] * w.elem
         + per_layer * w.elem
+        + kept * w.nodes * w.initial * w.elem
         + 4 * w.edges * w.edge_values * w.elem
 }
 
@@ -168,7 +172,8 @@ pub fn working_bytes(w: &Workload, parts: usize, host: bool) -> u64 {
     // the host's plan counts an unsplit layer as six matrices over the columns (it keeps
     // what the device recomputes)
     let matrices = if host { 6 } else { 3 };
-    (matrices * cols * widest + 2 * nnz + 4 * nnz * w.edge_values) * w.elem
+    // (x0's own rows and their gradient beside a layer that reads them)
+    (matrices * cols * widest + 2 * rows * w.initial + 2 * nnz + 4 * nnz * w.edge_values) * w.elem
 }
 
 /// The budgets for `w` on a machine with `room`, keeping what `given` fixes. `Err` names what
@@ -279,6 +284,7 @@ mod tests {
             factored: true,
             elem: 4,
             inference: false,
+            initial: 0,
         }
     }
 
@@ -291,6 +297,7 @@ mod tests {
             factored: true,
             elem: 4,
             inference: false,
+            initial: 0,
         }
     }
 
@@ -326,6 +333,22 @@ mod tests {
         assert!(structure + working_bytes(&w, p, false) <= (0.6 * g as f64) as u64);
         // fewer partitions would not leave it
         assert!(structure + working_bytes(&w, p / 2, false) > (0.6 * g as f64) as u64 || p == 2);
+    }
+
+    #[test]
+    fn an_initial_representation_is_counted_with_its_gradient() {
+        // GCNII's x0 and its gradient: two hidden-wide arrays over the nodes in memory, two
+        // over a partition's own rows in its working set; one array to predict
+        let (w, gcnii) = (papers(), Workload { initial: 256, ..papers() });
+        assert_eq!(in_memory_bytes(&gcnii) - in_memory_bytes(&w), 2 * w.nodes * 256 * 4);
+        let rows = (1.1 * w.nodes as f64 / 64.0).ceil() as u64;
+        assert_eq!(working_bytes(&gcnii, 64, false) - working_bytes(&w, 64, false), 2 * rows * 256 * 4);
+        let infer = |w: Workload| in_memory_bytes(&Workload { inference: true, ..w });
+        assert_eq!(infer(gcnii) - infer(w.clone()), w.nodes * 256 * 4);
+        // and on a machine where that matters, more partitions
+        let room = Room { host: 124 << 30, gpu_free: Some(6 << 30) };
+        let parts = |w: &Workload| choose(w, room, Given::default()).unwrap().parts.unwrap();
+        assert!(parts(&Workload { initial: 4096, ..products() }) > parts(&products()));
     }
 
     #[test]
@@ -389,6 +412,7 @@ mod tests {
             factored: true,
             elem: 4,
             inference: false,
+            initial: 0,
         };
         assert!(in_memory_bytes(&w) > 24 * G, "{}", gib(in_memory_bytes(&w)));
         let b = choose(&w, Room { host: 23 * G, gpu_free: None }, Given::default()).unwrap();
