@@ -267,25 +267,26 @@ fn tiered_info<B: Backend>(
     let setup = grinnder_graph::progress::phase_times();
     let first_blocks = ex.predict_first_blocks(ds, plan.config.feature_norm, rates.as_ref().map(|r| &r.0));
     let rates_of = rates.as_ref().map(|r| &r.0);
-    // what --input-dropout 0 would save: the same plan without it (partitioned from the cache)
-    let without_input_dropout = match ex.plan.block_bytes_without_input_dropout {
-        Some(_) => {
-            let model = grinnder_nn::ModelConfig { input_dropout: 0.0, ..plan.config.model.clone() };
-            Executor::plan_only(b, ds, &model, &tc)?.predict_epoch(rates_of)
-        }
-        None => None,
-    };
-    Ok(TieredInfo {
+    let mut info = TieredInfo {
         parts: tc.parts,
         fused: ex.fused(),
         plan: ex.plan.clone(),
         blocks: ex.block_groups(),
         prediction: ex.predict_epoch(rates_of),
-        without_input_dropout,
+        without_input_dropout: None,
         setup,
         first_blocks,
-        rates: rates.map(|r| r.1),
-    })
+        rates: None,
+    };
+    // what --input-dropout 0 would save: the same plan without it (partitioned from the
+    // cache), set up once this one is gone (its partition graphs may fill a GPU)
+    drop(ex);
+    if info.plan.block_bytes_without_input_dropout.is_some() {
+        let model = grinnder_nn::ModelConfig { input_dropout: 0.0, ..plan.config.model.clone() };
+        info.without_input_dropout = Executor::plan_only(b, ds, &model, &tc)?.predict_epoch(rates_of);
+    }
+    info.rates = rates.map(|r| r.1);
+    Ok(info)
 }
 
 /// A block group's name, for people.
