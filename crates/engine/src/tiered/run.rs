@@ -44,6 +44,10 @@ pub(super) struct Ran<B: Backend> {
 }
 
 impl<B: Backend> Regs<B> {
+    fn new() -> Self {
+        Regs { regs: HashMap::new(), tape: None, columns: None, loss: 0.0, correct: 0, bar: None }
+    }
+
     fn fill(&mut self, r: Reg, m: Own<B>) {
         let old = self.regs.insert(r, m);
         assert!(old.is_none(), "operand {r:?} filled twice: a step's result was never used");
@@ -78,8 +82,7 @@ impl<B: Backend> Executor<'_, B> {
         if cfg!(debug_assertions) {
             pass::check(steps);
         }
-        let mut r =
-            Regs { regs: HashMap::new(), tape: None, columns: None, loss: 0.0, correct: 0, bar: None };
+        let mut r = Regs::new();
         for step in steps {
             match *step {
                 Step::Read { into, id, span } => {
@@ -328,5 +331,49 @@ impl<B: Backend> Executor<'_, B> {
         for m in operands.drain(..) {
             self.give_back(m);
         }
+    }
+}
+
+impl<B: Backend> Executor<'_, B> {
+    /// Seconds of partition `q`'s computations in `steps` (the cost model's compute, measured:
+    /// `calibrate.rs`): each read fills its operand with values of the right shape instead
+    /// of the block's rows, each computation runs as [`Executor::run`] runs it, timed between
+    /// synchronisations of the backend (making its operands does not count), and results are
+    /// dropped instead of put. Other partitions' steps, reads ahead, mirrors and removals are
+    /// not run. Gradients accumulate into the model's.
+    pub(super) fn time_steps(
+        &mut self,
+        steps: &[Step],
+        q: usize,
+        fill: &dyn Fn(usize, usize) -> B::Mat,
+    ) -> f64 {
+        let b = self.b;
+        let mut r = Regs::new();
+        let mut secs = 0.0;
+        for step in steps {
+            match *step {
+                Step::Read { into, id, span } if id.part == q => {
+                    let part = &self.parts[q];
+                    let rows = if span == Span::Columns { part.graph.cols } else { part.own };
+                    r.fill(into, Own::Copy(fill(rows, self.width(id.kind, id.layer))));
+                }
+                Step::Compute { part, op } if part == q => {
+                    b.synchronize();
+                    let t = Instant::now();
+                    self.compute(&mut r, q, op, true, 0);
+                    b.synchronize();
+                    secs += t.elapsed().as_secs_f64();
+                }
+                Step::Put { from, id } | Step::WriteBack { from, id, .. } if id.part == q => {
+                    drop(r.result(from));
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            r.regs.is_empty() && r.tape.is_none() && r.columns.is_none(),
+            "partition {q}'s steps left operands"
+        );
+        secs
     }
 }

@@ -5,12 +5,13 @@
 //! epoch's counters are compared (the first also writes the fixed blocks the cache evicts),
 //! then an evaluation's after it.
 
-use grinnder_engine::tiered::{CacheMode, Executor, TierDtype, TieredConfig, Traffic};
+use grinnder_engine::tiered::{CacheMode, Executor, Rates, TierDtype, TieredConfig, Traffic};
 use grinnder_engine::FeatureNorm;
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::Dataset;
 use grinnder_nn::{Kind, ModelConfig, Norm};
 use grinnder_partition::Method;
+use grinnder_tensor::ops::*;
 use grinnder_tensor::Cpu;
 
 /// How far a predicted storage figure may be from the measured one, relative to it (bytes to
@@ -131,4 +132,39 @@ fn the_predicted_traffic_is_what_an_epoch_moves() {
         check(&ds, &cfg, &bf16, &what("bf16 blocks, a 250 kB cache"));
     }
     assert!(spilled > 0, "some runs read from storage");
+}
+
+#[test]
+fn the_timed_compute_runs_every_layer_forward_and_backward() {
+    // the cost model times one partition's computations of the pass's own steps
+    // (`tiered/calibrate.rs`) on inputs of the right shapes: every parameter's gradient is
+    // touched, so every layer ran both ways, and the time is the compute's
+    let ds = dataset();
+    let rates: Rates = serde_json::from_value(serde_json::json!({
+        "device": "cpu", "tf32": false, "gemm_flops_per_s": 1e10,
+        "sparse": [{"width": 16, "transposed": false, "entry_columns_per_s": 1e9}],
+        "elementwise_bytes_per_s": 1e10, "upload_bytes_per_s": 1e10, "pinned_upload_bytes_per_s": 1e10,
+        "download_bytes_per_s": 1e10, "host_copy_bytes_per_s": 1e10,
+        "storage_read_bytes_per_s": null, "storage_write_bytes_per_s": null
+    }))
+    .unwrap();
+    let b = Cpu::<f32>::new();
+    for kind in Kind::ALL {
+        for layers in [2, 3] {
+            let what = format!("{kind:?}, {layers} layers");
+            let tc = TieredConfig::in_ram(4, Method::Metis { seed: 0 });
+            let mut ex = Executor::new(&b, &ds, &model(kind, layers, 16), FeatureNorm::Row, &tc).unwrap();
+            ex.model.zero_grad(&b);
+            let p = ex.predict_epoch(Some(&rates)).expect("one process");
+            assert!(p.seconds.as_ref().is_some_and(|s| s.compute_s > 0.0), "{what}: {p:?}");
+            for param in ex.model.params_mut() {
+                let g = b.download(&param.grad);
+                assert!(
+                    g.data.iter().any(|&v| v != 0.0),
+                    "{what}: {} untouched by the timed compute",
+                    param.name
+                );
+            }
+        }
+    }
 }
