@@ -146,14 +146,32 @@ impl<B: Backend> Executor<'_, B> {
     /// `op` on partition `q`: its operands taken (lent blocks given back once it ran), its
     /// results filled.
     fn compute(&mut self, r: &mut Regs<B>, q: usize, op: Op, train: bool, epoch: u64) {
-        if !matches!(
-            op,
-            Op::Forward { .. } | Op::ColumnsForward | Op::Transform { .. } | Op::Aggregate { .. }
-        ) {
-            return self.compute_backward(r, q, op, epoch);
-        }
-        let b = self.b;
         let mut operands: Vec<Option<Own<B>>> = op.reads().iter().map(|k| r.regs.remove(k)).collect();
+        match op {
+            Op::Forward { .. } | Op::ColumnsForward | Op::Transform { .. } | Op::Aggregate { .. } => {
+                self.compute_forward(r, q, op, &operands, train, epoch)
+            }
+            Op::FusedBackward | Op::ColumnsForTape | Op::Layer1ForTape { .. } | Op::ColumnsBackward => {
+                self.compute_fused(r, q, op, &mut operands, epoch)
+            }
+            _ => self.compute_backward(r, q, op, &mut operands, epoch),
+        }
+        for m in operands {
+            self.give_back(m);
+        }
+    }
+
+    /// [`Executor::compute`] of a forward's `op` on its `operands`.
+    fn compute_forward(
+        &mut self,
+        r: &mut Regs<B>,
+        q: usize,
+        op: Op,
+        operands: &[Option<Own<B>>],
+        train: bool,
+        epoch: u64,
+    ) {
+        let b = self.b;
         let arg = |i: usize| operands[i].as_deref();
         let g = &self.parts[q].graph;
         match op {
@@ -187,15 +205,18 @@ impl<B: Backend> Executor<'_, B> {
             }
             _ => unreachable!("a backward's step"),
         }
-        for m in operands.drain(..) {
-            self.give_back(m);
-        }
     }
 
     /// [`Executor::compute`] of a backward's `op` (dropout as the forward's of `epoch`).
-    fn compute_backward(&mut self, r: &mut Regs<B>, q: usize, op: Op, epoch: u64) {
+    fn compute_backward(
+        &mut self,
+        r: &mut Regs<B>,
+        q: usize,
+        op: Op,
+        operands: &mut [Option<Own<B>>],
+        epoch: u64,
+    ) {
         let b = self.b;
-        let mut operands: Vec<Option<Own<B>>> = op.reads().iter().map(|k| r.regs.remove(k)).collect();
         let g = &self.parts[q].graph;
         match op {
             Op::AggregateForTape { l, into } => {
@@ -208,7 +229,7 @@ impl<B: Backend> Executor<'_, B> {
                 let (root, dy) = (operands[0].as_deref(), operands[1].as_deref().expect("dy"));
                 let tape = r.tape.take().expect("the aggregation's tape");
                 let (dh, dx) = self.model.split_backward(b, g, l, root, tape, dy, l > 0);
-                r.fill_some(Reg::Dh, Some(dh));
+                r.fill(Reg::Dh, Own::Copy(dh));
                 r.fill_some(Reg::Dx, dx);
             }
             Op::Loss => {
@@ -219,7 +240,7 @@ impl<B: Backend> Executor<'_, B> {
                 let scale = 1.0 / self.n_train as f64;
                 let (s, c) = b.cross_entropy(y, &part.labels, &part.split_rows[0], scale, &mut dy);
                 (r.loss, r.correct) = (r.loss + s, r.correct + c);
-                r.fill_some(Reg::Dy, Some(dy));
+                r.fill(Reg::Dy, Own::Copy(dy));
             }
             Op::TransformBackward { l, into, .. } => {
                 let (x, dh) =
@@ -261,21 +282,18 @@ impl<B: Backend> Executor<'_, B> {
                 r.fill_some(Reg::Dx, dx);
                 r.fill_some(Reg::Dx0, dx0.filter(|_| l > 0));
             }
-            _ => return self.compute_fused(r, q, op, operands, epoch),
-        }
-        for m in operands.drain(..) {
-            self.give_back(m);
+            _ => unreachable!("a fused layer's or a forward's step"),
         }
     }
 
-    /// [`Executor::compute_backward`] of layers 0 and 1 together where layer 0 runs inside
+    /// [`Executor::compute`] of layers 0 and 1 together where layer 0 runs inside
     /// layer 1 ([`Executor::fused`]), `operands` taken.
     fn compute_fused(
         &mut self,
         r: &mut Regs<B>,
         q: usize,
         op: Op,
-        mut operands: Vec<Option<Own<B>>>,
+        operands: &mut [Option<Own<B>>],
         epoch: u64,
     ) {
         let b = self.b;
@@ -326,10 +344,7 @@ impl<B: Backend> Executor<'_, B> {
                 );
                 assert!(dx0.is_none(), "layer 0 makes no input gradient");
             }
-            _ => unreachable!("a forward's step"),
-        }
-        for m in operands.drain(..) {
-            self.give_back(m);
+            _ => unreachable!("a step of an unfused layer"),
         }
     }
 }
