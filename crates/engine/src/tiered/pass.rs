@@ -316,9 +316,7 @@ impl<B: Backend> Executor<'_, B> {
         for q in self.local.clone() {
             let from = if l == 1 && self.fused {
                 // layer 0's output rows, never a block
-                self.input_steps(s, 0, q);
-                s.push(own_ahead(BlockKind::Act, 0, q + 1));
-                s.push(Step::Compute { part: q, op: Op::Forward { l: 0, into: Reg::Y, made: None } });
+                s.extend(self.layer0_steps(q));
                 Reg::Y
             } else {
                 s.push(Step::Read { into: Reg::X, id: act(l, q), span: Span::Own });
