@@ -1,7 +1,7 @@
 """Type stub of grinnder's native module (crates/python): datasets, settings and the trainer."""
 
 from os import PathLike
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -286,3 +286,16 @@ class Trainer:
         last epoch's where the dataset has no validation split) or the last ones (``"last"``)."""
     def save_checkpoint(self) -> None:
         """Write a checkpoint now (needs ``checkpoint_dir``)."""
+
+class _LayerwiseRun:
+    """The tiered executor over a torch model's layers (used by `grinnder.torch.Trainer`)."""
+
+    def __init__(self, dataset: Dataset, driver: Any, dims: List[int], **settings: Any) -> None: ...
+    def train_pass(self, epoch: int, criterion: Any) -> float: ...
+    def predict(self) -> np.ndarray: ...
+    @property
+    def parts(self) -> int: ...
+    @property
+    def storage_dir(self) -> Optional[str]: ...
+    @property
+    def storage_ops(self) -> Tuple[int, int]: ...

@@ -39,3 +39,13 @@ def test_the_other_examples_run(tmp_path):
     out = example("beyond_memory.py", "data/cora", "--host-mem", "1GiB", "--storage-dir", tmp_path,
                   "--parts", 4, "--epochs", 2, "--out", tmp_path / "logits.npy")
     assert "logits written to" in out
+
+
+def test_the_torch_model_example_trains_a_users_model_through_storage():
+    pytest.importorskip("torch")
+    out = example("torch_model.py", "--epochs", 25)
+    losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", out)]
+    assert losses[-1] < 0.5 * losses[0], out
+    acc = float(re.search(r"test accuracy (\d\.\d+)", out).group(1))
+    # (PyG's GCN on Cora: about 0.81 after 200 epochs)
+    assert acc >= 0.7, out

@@ -271,6 +271,12 @@ pub trait Family: Sync {
         false
     }
 
+    /// Whether its layers are whole layers, their activation, norm and dropout inside them
+    /// (a caller's layer-wise model): the model then adds nothing between them.
+    fn whole_layers(&self) -> bool {
+        false
+    }
+
     /// Whether a fixed input's first aggregation can be computed once (nothing trainable
     /// acts before the layer aggregates).
     fn precomputes_input(&self) -> bool {

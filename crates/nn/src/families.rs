@@ -13,6 +13,7 @@ pub mod gatv2;
 pub mod gcn;
 pub mod gcn2;
 pub mod gin;
+pub mod layerwise;
 pub mod sage;
 
 /// A convolution family, by name (in configs and model files its [`Family::name`], read
@@ -25,6 +26,9 @@ pub enum Kind {
     Gin,
     Gatv2,
     Gcnii,
+    /// A layer-wise model whose layers the caller made ([`layerwise`]): not a family one can
+    /// name on the command line or in a model file (it is not in [`Kind::ALL`]).
+    Layerwise,
 }
 
 impl Kind {
@@ -40,19 +44,22 @@ impl Kind {
             Kind::Gin => &gin::Gin,
             Kind::Gatv2 => &gatv2::Gatv2,
             Kind::Gcnii => &gcn2::Gcnii,
+            Kind::Layerwise => &layerwise::Layerwise,
         }
     }
 
-    /// A layer of this family as `spec` describes it.
-    pub fn conv<B: Backend>(self, b: &B, spec: &LayerSpec) -> Box<dyn Conv<B>> {
-        match self {
+    /// A layer of this family as `spec` describes it; `None` for [`Kind::Layerwise`], whose
+    /// layers only their caller makes ([`crate::Model::from_layers`]).
+    pub fn conv<B: Backend>(self, b: &B, spec: &LayerSpec) -> Option<Box<dyn Conv<B>>> {
+        Some(match self {
             Kind::Gcn => Box::new(gcn::GcnConv::of(b, spec)),
             Kind::Sage => Box::new(sage::SageConv::of(b, spec)),
             Kind::Gat => Box::new(gat::GatConv::of(b, spec)),
             Kind::Gin => Box::new(gin::GinConv::of(b, spec)),
             Kind::Gatv2 => Box::new(gatv2::Gatv2Conv::of(b, spec)),
             Kind::Gcnii => Box::new(gcn2::GcniiConv::of(b, spec)),
-        }
+            Kind::Layerwise => return None,
+        })
     }
 
     /// The family's name: `gcn`, `sage`, `gat`, `gin`, `gatv2`, `gcnii`.

@@ -11,6 +11,7 @@
 
 mod config;
 mod data;
+mod layerwise;
 mod trainer;
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
@@ -54,6 +55,7 @@ fn _grinnder(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<data::Dataset>()?;
     m.add_class::<config::Config>()?;
     m.add_class::<trainer::Trainer>()?;
+    m.add_class::<layerwise::LayerwiseRun>()?;
     m.add_function(wrap_pyfunction!(data::load_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(config::settings, m)?)?;
     Ok(())

@@ -67,7 +67,7 @@ macro_rules! on {
 
 /// Runs `f` with the GIL released. `detach` runs it on this very thread, so what it captures
 /// (the engine's trainer, which is not `Send`) never crosses threads.
-fn without_gil<R>(py: Python<'_>, f: impl FnOnce() -> R) -> R {
+pub(crate) fn without_gil<R>(py: Python<'_>, f: impl FnOnce() -> R) -> R {
     struct Here<T>(T);
     // SAFETY: the wrapped closure and its result stay on the calling thread: `Python::detach`
     // calls the closure it is given on the current thread and returns its result there.

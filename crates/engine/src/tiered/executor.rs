@@ -63,6 +63,10 @@ pub struct Executor<'a, B: Backend> {
     pub(super) dist: Option<DistState<'a, B>>,
     /// Progress bars per layer (inference).
     pub(super) progress: bool,
+    /// The output layer's gradient per partition, where a caller's criterion gave it
+    /// ([`Executor::forward_backward_with`]): taken by the pass's loss step in place of the
+    /// built-in cross entropy.
+    pub(super) given: Option<Vec<Option<B::Mat>>>,
 }
 
 pub(super) fn io_err(e: std::io::Error) -> TrainError {

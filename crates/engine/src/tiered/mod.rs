@@ -57,6 +57,7 @@
 
 mod block;
 mod calibrate;
+mod caller;
 mod cost;
 mod dist;
 mod eviction;
@@ -81,6 +82,7 @@ mod setup_cost;
 pub mod store;
 mod tiers;
 
+pub use caller::Criterion;
 pub use cost::Prediction;
 pub use dist::{shared_partitioning, CommStats, DeviceComms, DistConfig, HostMats, SubgraphOf};
 pub(crate) use dist::{sum_gradients, Reducer};

@@ -232,6 +232,10 @@ impl<B: Backend> Executor<'_, B> {
                 r.fill(Reg::Dh, Own::Copy(dh));
                 r.fill_some(Reg::Dx, dx);
             }
+            Op::Loss if self.given.is_some() => {
+                let given = self.given.as_mut().and_then(|g| g[q].take());
+                r.fill(Reg::Dy, Own::Copy(given.expect("one output gradient per partition")));
+            }
             Op::Loss => {
                 let y = operands[0].as_deref().expect("the output rows");
                 let part = &self.parts[q];

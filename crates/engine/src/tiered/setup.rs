@@ -27,6 +27,9 @@ use super::settings::{HostAuto, TieredConfig};
 use super::store::{BlockKind, Store, StoreConfig, TierDtype};
 use super::tiers::Tiers;
 
+/// What makes an executor's model (again where the setup starts over).
+pub(super) type MakeModel<'m, B> = dyn Fn() -> Result<Model<B>, TrainError> + 'm;
+
 impl<'a, B: Backend> Executor<'a, B> {
     /// Partitions `ds`, builds the partition graphs, plans memory and fills the store with
     /// the input features (and their first aggregation where the model allows).
@@ -63,7 +66,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         dist: Option<DistConfig<'a, B>>,
     ) -> Result<Self, TrainError> {
         let features = features.into();
-        let mut ex = Self::set_up(b, ds, sub, model_cfg, tc, dist, false)?;
+        let mut ex = Self::set_up(b, ds, sub, &Self::of_config(b, ds, model_cfg), tc, dist, false)?;
         // a share's shift is the whole graph's
         let shift = shift_phase(ds, features.norm, sub.map(|s| s.feature_shift).or(features.shift));
         let phase = grinnder_graph::progress::phase(if ex.pre {
@@ -76,6 +79,20 @@ impl<'a, B: Backend> Executor<'a, B> {
         Ok(ex)
     }
 
+    /// A built-in model of `cfg` for `ds`, checked first (a size no machine holds is refused
+    /// before anything is allocated).
+    fn of_config<'m>(
+        b: &'m B,
+        ds: &'m Dataset,
+        cfg: &'m ModelConfig,
+    ) -> impl Fn() -> Result<Model<B>, TrainError> + 'm {
+        move || {
+            let elem = std::mem::size_of::<B::T>() as u64;
+            crate::budgets::check_model(cfg, ds.features.dim, ds.num_classes as usize, elem)?;
+            Ok(Model::init(b, cfg.clone(), ds.features.dim, ds.num_classes as usize))
+        }
+    }
+
     /// The executor's plan for `ds` without its first blocks: partitioning, the partition
     /// graphs, the memory plan and the GPU tier's placement, as [`Executor::new`] makes them —
     /// what `grinnder info` shows and [`Executor::predict_epoch`] reads. It cannot train.
@@ -85,7 +102,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         model_cfg: &ModelConfig,
         tc: &TieredConfig,
     ) -> Result<Self, TrainError> {
-        let mut ex = Self::set_up(b, ds, None, model_cfg, tc, None, true)?;
+        let mut ex = Self::set_up(b, ds, None, &Self::of_config(b, ds, model_cfg), tc, None, true)?;
         ex.stopped = Some("a plan only: its first blocks were never made".to_string());
         Ok(ex)
     }
@@ -93,18 +110,18 @@ impl<'a, B: Backend> Executor<'a, B> {
     /// [`Executor::set_up_once`]; where the partition count was chosen
     /// ([`TieredConfig::auto_parts`]) and a working set does not fit, again with twice the
     /// partitions (each partitioning cached), up to [`crate::budgets::PARTS_MAX`].
-    fn set_up(
+    pub(super) fn set_up(
         b: &'a B,
         ds: &Dataset,
         sub: Option<&SubgraphOf>,
-        model_cfg: &ModelConfig,
+        make: &MakeModel<'_, B>,
         tc: &TieredConfig,
         dist: Option<DistConfig<'a, B>>,
         plan_only: bool,
     ) -> Result<Self, TrainError> {
         let mut tc = std::borrow::Cow::Borrowed(tc);
         loop {
-            match Self::set_up_once(b, ds, sub, model_cfg, &tc, dist, plan_only) {
+            match Self::set_up_once(b, ds, sub, make, &tc, dist, plan_only) {
                 Err(TrainError::Memory(m)) if tc.auto_parts && 2 * tc.parts <= crate::budgets::PARTS_MAX => {
                     tracing::info!("{m}: {} partitions instead of {}", 2 * tc.parts, tc.parts);
                     tc.to_mut().parts *= 2;
@@ -120,7 +137,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         b: &'a B,
         ds: &Dataset,
         sub: Option<&SubgraphOf>,
-        model_cfg: &ModelConfig,
+        make: &MakeModel<'_, B>,
         tc: &TieredConfig,
         dist: Option<DistConfig<'a, B>>,
         plan_only: bool,
@@ -128,8 +145,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         let (rank, ranks) = dist.map_or((0, 1), |d| (d.comm.rank(), d.comm.size()));
         let (owner, local) = shares(tc.parts, rank, ranks, ds.graph.num_nodes())?;
         let elem = std::mem::size_of::<B::T>() as u64;
-        crate::budgets::check_model(model_cfg, ds.features.dim, ds.num_classes as usize, elem)?;
-        let model = Model::init(b, model_cfg.clone(), ds.features.dim, ds.num_classes as usize);
+        let model = make()?;
         let phase = grinnder_graph::progress::phase(&format!("partitioning ({} parts)", tc.parts));
         let partitioning = match dist.filter(|_| ranks > 1) {
             None => shared_partitioning(&grinnder_dist::Solo, ds, tc)?,
@@ -204,6 +220,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             local: local.clone(),
             dist: None,
             progress: false,
+            given: None,
         };
         if let Some(d) = dist {
             ex.dist = Some(dist_state(d, ranks, owner, mirrors));
@@ -224,7 +241,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         match tc.host_auto.as_ref().filter(|_| tc.host_mem.is_none() && tc.cache_bytes.is_none()) {
             Some(auto) if !ex.blocks_fit(auto, tc.tier_dtype) => {
                 drop(ex);
-                Self::set_up_under(auto, b, ds, sub, model_cfg, tc, dist, plan_only)
+                Self::set_up_under(auto, b, ds, sub, make, tc, dist, plan_only)
             }
             _ => Ok(ex),
         }
@@ -239,7 +256,7 @@ impl<'a, B: Backend> Executor<'a, B> {
         b: &'a B,
         ds: &Dataset,
         sub: Option<&SubgraphOf>,
-        model_cfg: &ModelConfig,
+        make: &MakeModel<'_, B>,
         tc: &TieredConfig,
         dist: Option<DistConfig<'a, B>>,
         plan_only: bool,
@@ -258,7 +275,7 @@ impl<'a, B: Backend> Executor<'a, B> {
             auto.bytes as f64 / GIB,
             budgeted.storage_dir.as_deref().map_or("no storage directory".into(), |d| d.display().to_string())
         );
-        Self::set_up_once(b, ds, sub, model_cfg, &budgeted, dist, plan_only).map_err(|e| match e {
+        Self::set_up_once(b, ds, sub, make, &budgeted, dist, plan_only).map_err(|e| match e {
             TrainError::Memory(m) => TrainError::Memory(format!(
                 "{m} (the host budget is the memory this machine leaves the run, chosen from it; --host-mem and --parts override)"
             )),
@@ -520,7 +537,7 @@ enum InputRows<B: Backend> {
 
 /// The features' shift: `fixed`, else [`feature_shift`] — for row normalisation a pass over the
 /// features, a setup phase of its own.
-fn shift_phase(ds: &Dataset, norm: FeatureNorm, fixed: Option<f64>) -> f64 {
+pub(super) fn shift_phase(ds: &Dataset, norm: FeatureNorm, fixed: Option<f64>) -> f64 {
     match fixed {
         Some(s) => s,
         None if norm == FeatureNorm::Row => {

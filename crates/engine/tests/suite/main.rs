@@ -9,6 +9,7 @@
 mod common;
 
 mod cost;
+mod criterion;
 mod directed;
 mod feature_rows;
 mod minibatch;

@@ -26,7 +26,7 @@ impl<B: Backend> Model<B> {
         let dropped = if l == 0 && self.config.input_dropout > 0.0 { s.cols * i } else { 0 };
         let pre = with_pre && dropped == 0;
         let conv = self.conv_held(l, s, pre, l > 0, true);
-        if l + 1 == self.layers() {
+        if !self.finishes(l) {
             // the output layer: the loss's gradient beside the logits, then backward
             let after = conv.kept + 2 * out;
             return dropped + conv.forward.max(after).max(conv.backward + out);
@@ -70,7 +70,7 @@ impl<B: Backend> Model<B> {
         let (i, o) = (self.dims[l] as u64, self.dims[l + 1] as u64);
         let (own_in, own_out, h) = (s.rows * i, s.rows * o, s.cols * o);
         let need_dx = l > 0;
-        let hidden = l + 1 < self.layers();
+        let hidden = self.finishes(l);
         // SAGE's root term reads the own input rows
         let root = if self.split_reads_own_input(l) { own_in } else { 0 };
         let norm = if hidden && self.norms.get(l).is_some() { own_out + 2 * s.rows } else { 0 };

@@ -193,8 +193,10 @@ impl<B: Backend> Model<B> {
             .chain(std::iter::repeat_n(config.hidden_width(), config.layers - 1))
             .chain([classes])
             .collect();
-        let convs =
-            (0..config.layers).map(|l| config.kind.conv(b, &config.layer_spec(l, in_dim, classes))).collect();
+        let convs = (0..config.layers)
+            .map(|l| config.kind.conv(b, &config.layer_spec(l, in_dim, classes)))
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_else(|| panic!("{} layers are their caller's: Model::from_layers", config.kind));
         let norms = match config.norm {
             Norm::Layer => (0..config.layers - 1)
                 .map(|l| LayerNorm::init(b, &format!("norms.{l}"), config.hidden_width()))
@@ -202,6 +204,31 @@ impl<B: Backend> Model<B> {
             Norm::None => Vec::new(),
         };
         Model { config, convs, norms, pre: None, dims }
+    }
+
+    /// A model of the caller's layers ([`Kind::Layerwise`]), stacked bare
+    /// ([`crate::conv::Family::whole_layers`]: norm, activation and dropout are the layers'
+    /// own): layer `l` maps `dims[l]` columns to `dims[l + 1]`; `seed` keys what the model
+    /// draws.
+    pub fn from_layers(convs: Vec<Box<dyn Conv<B>>>, dims: Vec<usize>, seed: u64) -> Self {
+        assert!(!convs.is_empty() && dims.len() == convs.len() + 1, "one width more than layers");
+        let config = ModelConfig {
+            kind: Kind::Layerwise,
+            layers: convs.len(),
+            hidden: dims[1],
+            dropout: 0.0,
+            input_dropout: 0.0,
+            norm: Norm::None,
+            residual: false,
+            heads: 1,
+            attn_dropout: 0.0,
+            gin_eps: 0.0,
+            train_eps: false,
+            alpha: DEFAULT_ALPHA,
+            theta: DEFAULT_THETA,
+            seed,
+        };
+        Model { config, convs, norms: Vec::new(), pre: None, dims }
     }
 
     /// The first layer's aggregation of a fixed input (no input dropout), for GCN and SAGE;
@@ -468,13 +495,19 @@ impl<B: Backend> Model<B> {
             residual: false,
             hidden: false,
         };
-        if l + 1 == self.layers() {
+        if !self.finishes(l) {
             tape.dropped_input = dropped_input;
             return (z, tape);
         }
         let out = self.finish_hidden(b, g, l, z, Some(input), train, epoch, keep_act, &mut tape);
         tape.dropped_input = dropped_input;
         (out, tape)
+    }
+
+    /// Whether the model finishes layer `l` after its conv (norm, ReLU, dropout, residual): a
+    /// hidden layer, unless its layers are whole ([`crate::conv::Family::whole_layers`]).
+    fn finishes(&self, l: usize) -> bool {
+        l + 1 < self.layers() && !self.config.kind.family().whole_layers()
     }
 
     /// A hidden layer after its conv: norm, ReLU, dropout, residual (with `input`'s own rows).
@@ -551,7 +584,7 @@ impl<B: Backend> Model<B> {
             norm_in: None,
             act: None,
             residual: false,
-            hidden: true,
+            hidden: self.finishes(l),
         })
     }
 
@@ -735,7 +768,7 @@ impl<B: Backend> Model<B> {
             residual: false,
             hidden: false,
         };
-        if l + 1 == self.layers() {
+        if !self.finishes(l) {
             return (z, tape);
         }
         let out = self.finish_hidden(b, g, l, z, x_own, train, epoch, true, &mut tape);

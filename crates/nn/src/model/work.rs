@@ -43,7 +43,7 @@ impl<B: Backend> Model<B> {
         let input_dropout = l == 0 && self.config.input_dropout > 0.0;
         let conv = self.conv_work(l, s, with_pre && !input_dropout, l > 0);
         let dropped = if input_dropout { 2 * s.cols * self.dims[0] as u64 } else { 0 };
-        let extra = if l + 1 < self.layers() {
+        let extra = if self.finishes(l) {
             self.hidden_work(l, s.rows)
         } else {
             // the loss: softmax and its gradient over the logits
@@ -70,7 +70,7 @@ impl<B: Backend> Model<B> {
             (true, false) => Work::gemm(o, s.rows, i),
             (true, true) => Work::gemm(o, s.rows, i).and(Work::gemm(s.rows, o, i)),
         };
-        let extra = if l + 1 < self.layers() {
+        let extra = if self.finishes(l) {
             self.hidden_work(l, s.rows)
         } else {
             Passes { forward: Work::default(), backward: Work::elementwise(4 * s.rows * o) }

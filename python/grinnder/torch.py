@@ -1,0 +1,200 @@
+"""Your PyTorch model past the memory wall: its layers run by grinnder's tiered executor,
+partition by partition, with your optimizer and your loss, the gradients those of whole-graph
+training.
+
+A model is a `LayerwiseModel`: `layer_dims()` gives the widths `[in, ..., out]` and
+`forward_layer(l, x, adj)` computes layer `l` — its activation, norm and dropout included —
+for the rows of one partition:
+
+- `x`: the input rows the partition's layer reads, **its own rows first, in the order of
+  `adj`'s rows, then its halo** (the neighbours it reads from other partitions);
+- `adj`: a torch sparse CSR tensor, the partition's rows by `x`'s rows, whose values are the
+  whole graph's `Â = D̂^{-1/2} (A + I) D̂^{-1/2}` (GCN's normalisation, as GriNNder gives its
+  layers);
+- it returns the partition's output rows (`adj.shape[0]` of them).
+
+    import torch, grinnder
+    from grinnder.torch import LayerwiseModel, Trainer
+
+    class Gated(LayerwiseModel):
+        def __init__(self, dims):
+            super().__init__()
+            self.dims = dims
+            self.lins = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
+        def layer_dims(self):
+            return self.dims
+        def forward_layer(self, l, x, adj):
+            h = adj @ self.lins[l](x)
+            return h if l == len(self.lins) - 1 else torch.relu(h)
+
+    ds = grinnder.load_dataset("data/cora")
+    model = Gated([ds.num_features, 64, ds.num_classes])
+    t = Trainer(model, ds, parts=4, storage_dir="/tmp/blocks")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for epoch in range(100):
+        print(t.train_epoch(opt, torch.nn.CrossEntropyLoss())["loss"])
+    logits = t.predict()
+
+Each epoch runs every layer forward over every partition (blocks in host memory or files, as
+`grinnder.Trainer`'s settings say), gives your criterion the output rows of the whole train
+split at once (so any reduction, class weights, multi-label and regression targets give the
+whole graph's loss), then runs backward layer by layer: `forward_layer` again under autograd
+for each partition, the output's gradient fed in, parameter gradients accumulating in `.grad`,
+the input rows' gradients summed into the layer below's. Then your optimizer steps.
+
+Dropout inside `forward_layer` draws the same mask in a layer's forward and its backward
+(torch's generator is seeded per epoch, layer and partition); the masks are not those of a
+whole-graph run. So far the layers run on the CPU, and rows cross between the engine and torch
+as copies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import _grinnder
+
+__all__ = ["LayerwiseModel", "Trainer", "adjacency"]
+
+
+class LayerwiseModel(torch.nn.Module):
+    """A model given layer by layer (see the module): subclasses define `layer_dims()` and
+    `forward_layer(l, x, adj)`; `forward(x, adj)` runs every layer on the whole graph, as
+    plain PyTorch training would."""
+
+    def layer_dims(self) -> Sequence[int]:
+        """Widths `[in, hidden..., out]`: layer `l` maps `dims[l]` columns to `dims[l + 1]`."""
+        raise NotImplementedError("a LayerwiseModel defines layer_dims()")
+
+    def forward_layer(self, layer: int, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        """Layer `layer`'s output rows (`adj.shape[0]`) from its input rows `x` (own rows
+        first, then the halo) and the adjacency `adj` (rows by `x`'s rows)."""
+        raise NotImplementedError("a LayerwiseModel defines forward_layer(layer, x, adj)")
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        for layer in range(len(self.layer_dims()) - 1):
+            x = self.forward_layer(layer, x, adj)
+        return x
+
+
+def adjacency(dataset: "_grinnder.Dataset") -> torch.Tensor:
+    """The whole graph's `Â = D̂^{-1/2} (A + I) D̂^{-1/2}` as a torch sparse CSR tensor (what
+    `forward_layer` gets a partition's rows of): for whole-graph reference runs."""
+    n = dataset.num_nodes
+    ei = torch.from_numpy(np.asarray(dataset.edge_index()))
+    loops = torch.arange(n, dtype=ei.dtype)
+    rows = torch.cat([ei[1], loops])
+    cols = torch.cat([ei[0], loops])
+    w = dataset.edge_weight()
+    vals = torch.cat([torch.from_numpy(np.asarray(w, dtype=np.float64)) if w is not None
+                      else torch.ones(ei.shape[1], dtype=torch.float64),
+                      torch.ones(n, dtype=torch.float64)])
+    deg = torch.zeros(n, dtype=torch.float64).index_add_(0, rows, vals)
+    dinv = deg.pow(-0.5)
+    vals = dinv[rows] * vals * dinv[cols]
+    a = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals.float(), (n, n)).coalesce()
+    return a.to_sparse_csr()
+
+
+class _Driver:
+    """What the engine calls for each layer and partition (`_grinnder._LayerwiseRun`)."""
+
+    def __init__(self, model: LayerwiseModel, seed: int):
+        self.model = model
+        self.seed = seed
+        self.epoch = 0
+        self.adj: Dict[Any, torch.Tensor] = {}
+
+    def set_adjacency(self, key, indptr, indices, values, shape):
+        self.adj[key] = torch.sparse_csr_tensor(
+            torch.from_numpy(indptr), torch.from_numpy(indices), torch.from_numpy(values), size=tuple(shape)
+        )
+
+    @contextlib.contextmanager
+    def _rng(self, layer: int, key):
+        # the same draws in a layer's forward and in its backward's recomputation
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(hash((self.seed, self.epoch, layer, key[0])) & 0x7FFF_FFFF_FFFF_FFFF)
+            yield
+
+    def forward(self, layer: int, key, x: np.ndarray) -> np.ndarray:
+        with torch.no_grad(), self._rng(layer, key):
+            y = self.model.forward_layer(layer, torch.from_numpy(x), self.adj[key])
+        return _rows(y)
+
+    def backward(self, layer: int, key, x: np.ndarray, dy: np.ndarray, need_dx: bool):
+        xt = torch.from_numpy(x).requires_grad_(need_dx)
+        with torch.enable_grad(), self._rng(layer, key):
+            y = self.model.forward_layer(layer, xt, self.adj[key])
+        if y.requires_grad:
+            y.backward(torch.from_numpy(dy))
+        if not need_dx:
+            return None
+        return _rows(xt.grad if xt.grad is not None else torch.zeros_like(xt))
+
+
+def _rows(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().to(torch.float32).cpu().numpy())
+
+
+class Trainer:
+    """Trains a `LayerwiseModel` on a `grinnder.Dataset` through the tiered executor.
+
+    `y`: the targets the criterion compares the output rows with (any dtype, `[N]` or `[N, T]`);
+    by default the dataset's labels as int64. The train split is the dataset's. Keywords are
+    `grinnder.Trainer`'s settings (`parts`, `host_mem`, `storage_dir`, `block_cache`, `seed`, …;
+    the model's own settings, `model`, `hidden`, `dropout`, …, do not apply)."""
+
+    def __init__(self, model: LayerwiseModel, dataset: "_grinnder.Dataset", *, y=None, **settings):
+        if not isinstance(model, LayerwiseModel):
+            raise TypeError("grinnder.torch.Trainer takes a grinnder.torch.LayerwiseModel")
+        self.model = model
+        self.dataset = dataset
+        dims = [int(d) for d in model.layer_dims()]
+        self._driver = _Driver(model, int(settings.get("seed", 0)))
+        self._run = _grinnder._LayerwiseRun(dataset, self._driver, dims, **settings)
+        if y is None:
+            y = torch.from_numpy(np.asarray(dataset.labels(), dtype=np.int64))
+        self.y = torch.as_tensor(y)
+        self.epoch = 0
+
+    @property
+    def parts(self) -> int:
+        """The number of partitions."""
+        return self._run.parts
+
+    @property
+    def storage_dir(self) -> Optional[str]:
+        """The run's private storage directory (removed with the trainer), `None` without one."""
+        d = self._run.storage_dir
+        return None if d is None else str(d)
+
+    def train_epoch(self, optimizer: torch.optim.Optimizer, criterion: Callable) -> Dict[str, float]:
+        """One epoch: zeroes the gradients, runs the model forward and backward through the
+        tiers with `criterion(output rows, y rows)` over the train split, then steps
+        `optimizer`. Returns `{"epoch", "loss", "epoch_s"}`."""
+        start = time.perf_counter()
+        self.model.train()
+        self._driver.epoch = self.epoch
+        optimizer.zero_grad()
+
+        def loss_of(ids: np.ndarray, rows: np.ndarray):
+            out = torch.from_numpy(rows).requires_grad_(True)
+            loss = criterion(out, self.y[torch.from_numpy(ids)])
+            loss.backward()
+            return float(loss.detach()), _rows(out.grad)
+
+        loss = self._run.train_pass(self.epoch, loss_of)
+        optimizer.step()
+        self.epoch += 1
+        return {"epoch": self.epoch - 1, "loss": loss, "epoch_s": time.perf_counter() - start}
+
+    def predict(self) -> torch.Tensor:
+        """Every node's output rows (the model in eval mode), `[N, out]`."""
+        self.model.eval()
+        return torch.from_numpy(self._run.predict())
