@@ -119,6 +119,14 @@ def test_a_callback_returning_false_stops_fit(cora_ds):
     assert t.epochs_done == 10
 
 
+def test_patience_stops_fit_and_a_schedule_sets_each_epochs_rate(cora_ds):
+    t = gr.Trainer(cora_ds, epochs=300, patience=5, lr_schedule="step", lr_step=10, lr_gamma=0.5)
+    rates = []
+    s = t.fit(callback=lambda m: rates.append(m["lr"]), progress=False)
+    assert s["stopped_early"] and s["epochs"] == s["best_epoch"] + 6 < 300, s
+    assert rates == [0.01 * 0.5 ** (e // 10) for e in range(s["epochs"])]
+
+
 def test_predictions_equal_the_cli_predictions(grinnder, cora_ds, tmp_path):
     m = tmp_path / "m.safetensors"
     grinnder("-q", "train", *FLAGS, "--save-model", m)

@@ -18,8 +18,7 @@ pub struct Cli {
     /// overrides both this and --quiet, e.g. RUST_LOG=grinnder_engine=trace).
     #[arg(long, short, global = true, conflicts_with = "quiet")]
     pub verbose: bool,
-    /// Worker threads (default: one per core; under mpirun, the cores shared among the ranks
-    /// on the machine).
+    /// Worker threads (default: one per core; under mpirun, the machine's cores shared by its ranks).
     #[arg(long, global = true)]
     pub threads: Option<usize>,
     #[command(subcommand)]
@@ -30,9 +29,8 @@ pub struct Cli {
 pub enum Command {
     /// Train a GNN on a dataset, full-graph (every node and edge, every epoch).
     Train(Box<TrainArgs>),
-    /// Run a trained model (a --save-model file, or a PyG model saved as safetensors) on a
-    /// dataset: per-node logits, probabilities or classes, and hidden layers' outputs, as .npy
-    /// files in the dataset's node order.
+    /// Run a trained model (a --save-model file, or a PyG model saved as safetensors) on a dataset:
+    /// per-node logits, probabilities or classes, hidden layers' outputs, as .npy in node order.
     Predict(Box<PredictArgs>),
     /// Partition a dataset and print the quality of the partitioning.
     Partition(PartitionArgs),
@@ -45,14 +43,12 @@ pub enum Command {
     Export(ExportArgs),
     /// Generate a synthetic benchmark graph from a preset (docs/datasets.md).
     Generate(GenerateArgs),
-    /// Microbenchmarks (GPU gather, transfer, SpMM, GEMM, launches; CPU sampling) and the cost
-    /// model's rates; each prints one JSON object.
+    /// Microbenchmarks (GPU gather, transfer, SpMM, GEMM, launches; CPU sampling), cost-model rates: JSON.
     Bench(BenchArgs),
     /// Draw the speed-up of runs on several GPUs (or ranks) over one, from their metrics files.
     PlotScaling(PlotScalingArgs),
     /// Remove the storage directories (grinnder-run-…) that killed runs left in a --storage-dir:
-    /// those of this machine whose process is gone; live runs and other machines' are listed
-    /// and kept.
+    /// this machine's whose process is gone; live runs and other machines' are listed and kept.
     Clean {
         /// The directory given to --storage-dir.
         dir: PathBuf,
@@ -425,6 +421,14 @@ pub enum FeatureNormArg {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
+pub enum LrScheduleArg {
+    Constant,
+    Step,
+    Cosine,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum OptimArg {
     Adam,
     Adamw,
@@ -549,6 +553,22 @@ pub struct TrainSettings {
     /// Epochs [default: 200].
     #[arg(help_heading = "Optimisation", long)]
     pub epochs: Option<usize>,
+    /// Learning rate over the epochs: step (× --lr-gamma every --lr-step epochs, StepLR) or
+    /// cosine (to --lr-min over --epochs, CosineAnnealingLR) [default: constant].
+    #[arg(help_heading = "Optimisation", long, ignore_case = true, value_enum)]
+    pub lr_schedule: Option<LrScheduleArg>,
+    /// Epochs between the step schedule's decays [default: 30].
+    #[arg(help_heading = "Optimisation", long)]
+    pub lr_step: Option<usize>,
+    /// The step schedule's factor [default: 0.1].
+    #[arg(help_heading = "Optimisation", long)]
+    pub lr_gamma: Option<f64>,
+    /// The cosine schedule's last learning rate [default: 0].
+    #[arg(help_heading = "Optimisation", long)]
+    pub lr_min: Option<f64>,
+    /// Stop this many epochs after the best validation accuracy (early stopping) [default: none].
+    #[arg(help_heading = "Optimisation", long)]
+    pub patience: Option<usize>,
     /// Evaluate every this many epochs, and after the last (0: never, for benchmarks; the
     /// accuracies are then not reported) [default: 1].
     #[arg(help_heading = "Optimisation", long)]

@@ -145,6 +145,34 @@ impl TrainArgs {
     }
 }
 
+/// `--lr-schedule` with its flags, checked.
+fn lr_schedule_of(
+    f: &TrainSettings,
+    file: &TrainSettings,
+    lr: f64,
+    epochs: usize,
+) -> anyhow::Result<grinnder_nn::LrSchedule> {
+    macro_rules! pick {
+        ($field:ident, $default:expr) => {
+            pick_from!(f, file, $field, $default)
+        };
+    }
+    Ok(match pick!(lr_schedule, LrScheduleArg::Constant) {
+        LrScheduleArg::Constant => grinnder_nn::LrSchedule::Constant,
+        LrScheduleArg::Step => {
+            let (every, gamma) = (pick!(lr_step, 30), pick!(lr_gamma, 0.1));
+            anyhow::ensure!(every >= 1, "--lr-step must be at least 1");
+            anyhow::ensure!(gamma > 0.0 && gamma.is_finite(), "--lr-gamma must be positive, got {gamma}");
+            grinnder_nn::LrSchedule::Step { every, gamma }
+        }
+        LrScheduleArg::Cosine => {
+            let min_lr = pick!(lr_min, 0.0);
+            anyhow::ensure!((0.0..=lr).contains(&min_lr), "--lr-min must be in [0, --lr], got {min_lr}");
+            grinnder_nn::LrSchedule::Cosine { epochs, min_lr }
+        }
+    })
+}
+
 /// Settings given directly (`f`: flags, Python keywords) over those of a config file (`file`)
 /// over the defaults, validated once.
 pub fn plan_of(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<TrainPlan> {
@@ -184,6 +212,13 @@ pub fn plan_of(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<TrainP
     anyhow::ensure!(grinnder_nn::model::valid_alpha(alpha), "--alpha must be in [0, 1], got {alpha}");
     let theta = pick!(theta, grinnder_nn::model::DEFAULT_THETA);
     anyhow::ensure!(grinnder_nn::model::valid_theta(theta), "--theta must be non-negative, got {theta}");
+    let lr_schedule = lr_schedule_of(f, file, lr, epochs)?;
+    let patience = f.patience.or(file.patience);
+    anyhow::ensure!(
+        patience.is_none() || eval_every >= 1,
+        "--patience stops on the validation accuracy, which --eval-every 0 never measures: give --eval-every 1 (or drop --patience)"
+    );
+    anyhow::ensure!(patience != Some(0), "--patience must be at least 1 epoch");
     let optim = match pick!(optimizer, OptimArg::Adam) {
         OptimArg::Adam => grinnder_nn::OptimConfig::Adam { lr, weight_decay },
         OptimArg::Adamw => grinnder_nn::OptimConfig::Adamw { lr, weight_decay },
@@ -212,6 +247,8 @@ pub fn plan_of(f: &TrainSettings, file: &TrainSettings) -> anyhow::Result<TrainP
     Ok(TrainPlan {
         feature_norm_given,
         config: grinnder_engine::TrainConfig {
+            lr_schedule,
+            patience,
             model,
             optim,
             epochs,

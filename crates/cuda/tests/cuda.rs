@@ -593,6 +593,8 @@ fn the_minibatch_trainer_gives_the_cpu_losses() {
         generate(&GenConfig::new(preset("arxiv-like").unwrap(), 0.01, 3)).unwrap().into_dataset().unwrap();
     for kind in [Kind::Sage, Kind::Gcn] {
         let cfg = TrainConfig {
+            lr_schedule: Default::default(),
+            patience: None,
             model: ModelConfig { layers: 2, ..model_cfg(kind) },
             optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
             epochs: 3,

@@ -2,7 +2,7 @@
 //! checks a dataset passes before any trainer starts.
 
 use grinnder_graph::{Dataset, NO_LABEL};
-use grinnder_nn::{ModelConfig, OptimConfig};
+use grinnder_nn::{LrSchedule, ModelConfig, OptimConfig};
 use serde::{Deserialize, Serialize};
 
 /// Everything the trainer needs, validated by the caller (the CLI).
@@ -13,6 +13,13 @@ pub struct TrainConfig {
     pub epochs: usize,
     /// Evaluate every this many epochs and after the last; 0: never.
     pub eval_every: usize,
+    /// How the learning rate changes over the epochs.
+    #[serde(default)]
+    pub lr_schedule: LrSchedule,
+    /// Stop once this many epochs passed without a better validation accuracy (early
+    /// stopping); `None`: train every epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patience: Option<usize>,
     pub feature_norm: FeatureNorm,
     /// The statistic `feature_norm` uses ([`FeatureNorm::Row`]'s shift), when it is given —
     /// a model file's, from its training graph — instead of computed from the dataset.

@@ -15,6 +15,8 @@ pub struct EpochMetrics {
     pub valid_acc: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub test_acc: Option<f64>,
+    /// The learning rate of the epoch's step (its schedule's, `--lr-schedule`).
+    pub lr: f64,
     /// Seconds of the training step (forward, loss, backward, optimizer).
     pub epoch_s: f64,
     /// Seconds of the evaluation pass.
@@ -43,6 +45,10 @@ pub struct Summary {
     /// Whether `best_epoch` was selected by validation accuracy (false: the dataset has no
     /// validation split, and the last epoch evaluated is reported and saved).
     pub selected_by_valid: bool,
+    /// Whether training stopped before the last epoch, `--patience` epochs after the best
+    /// validation accuracy.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stopped_early: bool,
     pub final_loss: f64,
     /// Median training-step time.
     pub epoch_s_median: f64,

@@ -338,6 +338,8 @@ fn gcnii_is_refused_by_cooperative_batches_naming_the_fix() {
 
 fn train_config(cfg: &ModelConfig) -> TrainConfig {
     TrainConfig {
+        lr_schedule: Default::default(),
+        patience: None,
         model: cfg.clone(),
         optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
         epochs: 1,

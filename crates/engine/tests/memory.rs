@@ -10,6 +10,8 @@ use common::fit;
 
 fn config(kind: Kind, epochs: usize) -> TrainConfig {
     TrainConfig {
+        lr_schedule: Default::default(),
+        patience: None,
         model: ModelConfig {
             kind,
             layers: 2,

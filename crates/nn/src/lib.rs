@@ -24,5 +24,5 @@ pub use aggregation::{Aggregation, Factors};
 pub use families::Kind;
 pub use graph::Graph;
 pub use model::{Model, ModelConfig, Norm};
-pub use optim::{OptimConfig, Optimizer};
+pub use optim::{LrSchedule, OptimConfig, Optimizer};
 pub use param::Param;

@@ -364,7 +364,8 @@ impl Trainer {
     }
 
     /// Trains `epochs` more epochs (default: up to the configured number), calling
-    /// `callback(figures)` after each (returning `False` stops: early stopping); a progress bar
+    /// `callback(figures)` after each (returning `False` stops; `patience=` stops by itself once
+    /// that many epochs passed without a better validation accuracy); a progress bar
     /// on a terminal, or a line every tenth of the run elsewhere, with `progress`. Ctrl-C stops it after the epoch under way, with
     /// the trainer as it was then (`fit` again goes on). Returns the summary.
     #[pyo3(signature = (epochs=None, callback=None, progress=true))]
@@ -399,6 +400,10 @@ impl Trainer {
                 if go_on.is_instance_of::<pyo3::types::PyBool>() && !go_on.extract::<bool>()? {
                     break;
                 }
+            }
+            // (patience: the trainer stopped early)
+            if on!(&mut self.cell, t => t.stopped_early()) {
+                break;
             }
         }
         if let Some(pb) = pb {

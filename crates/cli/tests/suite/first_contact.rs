@@ -412,3 +412,30 @@ fn a_long_epoch_logs_its_progress_off_a_terminal() {
     assert!(!lines.is_empty(), "no progress line: {err}");
     assert!(lines.iter().all(|l| l.contains("partition steps") && l.contains("GB moved")), "{lines:?}");
 }
+
+#[test]
+fn patience_stops_early_and_a_schedule_sets_each_epochs_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.jsonl");
+    let args =
+        ["-q", "train", "--epochs", "200", "--patience", "5", "--lr-schedule", "cosine", "--lr-min", "0.001"];
+    let o = grinnder(&[&args[..], &["--metrics-out", m.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> =
+        std::fs::read_to_string(&m).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (epochs, summary) = rows.split_at(rows.len() - 1);
+    let s = &summary[0];
+    assert_eq!(s["stopped_early"], true, "{s}");
+    let (n, best) = (s["epochs"].as_u64().unwrap() as usize, s["best_epoch"].as_u64().unwrap() as usize);
+    assert!(n < 200 && n == best + 6 && epochs.len() == n, "{s}");
+    // CosineAnnealingLR(T_max=200, eta_min=0.001) on lr 0.01
+    for r in epochs {
+        let e = r["epoch"].as_f64().unwrap();
+        let want = 0.001 + 0.009 * (1.0 + (std::f64::consts::PI * e / 200.0).cos()) / 2.0;
+        assert!((r["lr"].as_f64().unwrap() - want).abs() < 1e-12, "{r}");
+    }
+    // nothing to stop on without evaluation: refused before loading, naming the fix
+    let o = grinnder(&["train", "--patience", "5", "--eval-every", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("give --eval-every 1 (or drop --patience)"), "{}", stderr(&o));
+}

@@ -122,6 +122,8 @@ impl Arch {
     /// A configuration that runs the model and trains nothing (no epochs).
     pub fn inference_config(&self) -> TrainConfig {
         TrainConfig {
+            lr_schedule: Default::default(),
+            patience: None,
             model: self.model_config(),
             optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
             epochs: 0,

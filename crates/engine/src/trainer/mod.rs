@@ -113,6 +113,11 @@ impl<'a, B: Backend> Trainer<'a, B> {
     /// Validates `ds` and sets `mode` up (partitioning, plans, blocks: the setup a mode needs).
     pub fn new(b: &'a B, ds: &'a Dataset, cfg: TrainConfig, mode: Mode<'a, B>) -> Result<Self, TrainError> {
         check_dataset(ds)?;
+        if ds.splits.valid.is_empty() && cfg.patience.is_some() {
+            return Err(TrainError::Config(
+                "--patience stops on the validation accuracy, and the dataset has no validation split: give one (valid_idx, or PyG's val_mask) or drop --patience".into(),
+            ));
+        }
         if ds.splits.valid.is_empty() {
             tracing::warn!(
                 "no validation split: the accuracy reported and the model saved are the last epoch's \
@@ -221,9 +226,19 @@ impl<'a, B: Backend> Trainer<'a, B> {
         self.epoch
     }
 
-    /// Whether the configured number of epochs is trained.
+    /// Whether the configured number of epochs is trained, or training stopped early
+    /// ([`Trainer::stopped_early`]).
     pub fn done(&self) -> bool {
-        self.epoch >= self.cfg.epochs
+        self.epoch >= self.cfg.epochs || self.stopped_early()
+    }
+
+    /// Whether `patience` epochs passed since the best validation accuracy (early stopping),
+    /// counted from the evaluations so far (so a resumed run stops where the first would have).
+    pub fn stopped_early(&self) -> bool {
+        match (self.cfg.patience, self.best) {
+            (Some(p), Some((best, _, _))) => self.epoch >= best + 1 + p,
+            _ => false,
+        }
     }
 
     pub fn config(&self) -> &TrainConfig {
@@ -258,6 +273,8 @@ impl<'a, B: Backend> Trainer<'a, B> {
         let epoch = self.epoch;
         let _span = tracing::debug_span!("epoch", epoch).entered();
         let t = Instant::now();
+        let lr = self.cfg.lr_schedule.lr(self.cfg.optim.lr(), epoch);
+        self.opt.lr = Some(lr);
         let (loss_sum, tier) = self.engine.train_epoch(&mut self.opt, epoch as u64)?;
         let epoch_s = t.elapsed().as_secs_f64();
         self.epoch += 1;
@@ -276,6 +293,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             train_acc: None,
             valid_acc: None,
             test_acc: None,
+            lr,
             epoch_s,
             eval_s: None,
             peak_host_bytes: peak_rss_bytes(),
@@ -289,6 +307,13 @@ impl<'a, B: Backend> Trainer<'a, B> {
                 (Some(e.train_acc), Some(e.valid_acc), Some(e.test_acc), Some(e.eval_s));
             m.peak_host_bytes = peak_rss_bytes();
             m.peak_device_bytes = self.peak_device_bytes();
+        }
+        if self.stopped_early() {
+            let best = self.best.map_or(0, |b| b.0);
+            tracing::info!(
+                "stopping early: no better validation accuracy in the {} epochs since epoch {best} (--patience)",
+                self.epoch - best - 1
+            );
         }
         let due = |c: &resume::Checkpoints| self.epoch % c.every() == 0 || self.done();
         if self.ckpt.as_ref().is_some_and(due) {
@@ -365,6 +390,7 @@ impl<'a, B: Backend> Trainer<'a, B> {
             best_valid_acc,
             test_acc,
             selected_by_valid: self.selects_by_valid(),
+            stopped_early: self.stopped_early(),
             final_loss: self.last_loss,
             epoch_s_median: median(&times),
             peak_host_bytes: peak_rss_bytes(),

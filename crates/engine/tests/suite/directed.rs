@@ -64,6 +64,8 @@ fn config(
     feature_norm: FeatureNorm,
 ) -> TrainConfig {
     TrainConfig {
+        lr_schedule: Default::default(),
+        patience: None,
         model: ModelConfig {
             kind,
             layers,

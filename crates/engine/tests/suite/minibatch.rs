@@ -119,6 +119,8 @@ fn sampled_batches_train_and_evaluate_exactly() {
     let cora = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/cora");
     let ds = grinnder_graph::io::open(&cora, grinnder_graph::io::Format::Auto, &Default::default()).unwrap();
     let cfg = TrainConfig {
+        lr_schedule: Default::default(),
+        patience: None,
         model: ModelConfig {
             norm: Norm::None,
             residual: false,
@@ -251,6 +253,8 @@ fn gcnii_trains_by_sampled_batches() {
 /// Training `model` with Adam (lr 0.01) for `epochs`, evaluating every `eval_every`.
 fn adam(model: ModelConfig, epochs: usize, eval_every: usize) -> TrainConfig {
     TrainConfig {
+        lr_schedule: Default::default(),
+        patience: None,
         model,
         optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
         epochs,

@@ -22,6 +22,8 @@ fn dataset(seed: u64) -> Dataset {
 
 fn config(kind: Kind, layers: usize, hidden: usize, norm: Norm, residual: bool) -> TrainConfig {
     TrainConfig {
+        lr_schedule: Default::default(),
+        patience: None,
         model: ModelConfig {
             kind,
             layers,

@@ -505,6 +505,8 @@ fn blocks_kept_in_the_device_tier_give_the_same_gradients() {
     }
     // training with evaluation: the same figures as in memory
     let cfg = TrainConfig {
+        lr_schedule: Default::default(),
+        patience: None,
         model: model(Kind::Sage, 0.1),
         optim: OptimConfig::Adam { lr: 0.01, weight_decay: 5e-4 },
         epochs: 4,
@@ -542,6 +544,8 @@ fn ten_epochs_give_the_same_parameters() {
     let ds = dataset();
     for kind in [Kind::Gcn, Kind::Gat] {
         let cfg = TrainConfig {
+            lr_schedule: Default::default(),
+            patience: None,
             model: model(kind, 0.1),
             optim: OptimConfig::Adam { lr: 0.01, weight_decay: 5e-4 },
             epochs: 10,
@@ -603,6 +607,8 @@ fn ten_epochs_give_the_same_parameters() {
 fn bf16_blocks_train_close_to_f32() {
     let ds = dataset();
     let cfg = TrainConfig {
+        lr_schedule: Default::default(),
+        patience: None,
         model: model(Kind::Sage, 0.0),
         optim: OptimConfig::Adam { lr: 0.01, weight_decay: 0.0 },
         epochs: 30,

@@ -7,7 +7,7 @@ use grinnder_engine::{
 };
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::Dataset;
-use grinnder_nn::{Kind, ModelConfig, Norm, OptimConfig};
+use grinnder_nn::{Kind, LrSchedule, ModelConfig, Norm, OptimConfig};
 use grinnder_partition::Method;
 use grinnder_tensor::ops::*;
 use grinnder_tensor::Cpu;
@@ -18,6 +18,8 @@ fn dataset() -> Dataset {
 
 fn config(epochs: usize) -> TrainConfig {
     TrainConfig {
+        lr_schedule: Default::default(),
+        patience: None,
         model: ModelConfig {
             kind: Kind::Sage,
             layers: 2,
@@ -204,4 +206,53 @@ fn without_a_validation_split_the_last_epoch_is_reported_and_saved() {
     let ds = dataset();
     let mut t = Trainer::new(&b, &ds, config(4), Mode::FullGraph).unwrap();
     assert!(t.fit(&mut |_| {}).unwrap().selected_by_valid);
+}
+
+#[test]
+fn patience_stops_training_that_many_epochs_after_the_best_validation_accuracy() {
+    let (ds, b) = (dataset(), Cpu::<f32>::new());
+    let cfg = TrainConfig { patience: Some(3), eval_every: 1, ..config(300) };
+    let mut t = Trainer::new(&b, &ds, cfg, Mode::FullGraph).unwrap();
+    let mut valid = Vec::new();
+    let s = t.fit(&mut |m| valid.push(m.valid_acc.unwrap())).unwrap();
+    assert!(s.stopped_early && s.epochs < 300, "{s:?}");
+    // the best epoch is the first to reach the highest accuracy; the three after it are no better
+    let top = valid.iter().copied().fold(f64::MIN, f64::max);
+    let first = valid.iter().position(|&v| v == top).unwrap();
+    assert_eq!((s.best_epoch, s.epochs, valid.len()), (first, first + 4, first + 4));
+    // without a validation split there is nothing to stop on: refused, naming the fix
+    let mut no_valid = dataset();
+    no_valid.splits.valid = Vec::new().into();
+    let cfg = TrainConfig { patience: Some(3), ..config(10) };
+    let e = Trainer::new(&b, &no_valid, cfg, Mode::FullGraph).err().expect("refused");
+    assert!(
+        e.to_string().contains("no validation split") && e.to_string().contains("drop --patience"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_learning_rate_follows_its_schedule_epoch_by_epoch() {
+    let (ds, b) = (dataset(), Cpu::<f32>::new());
+    let sgd =
+        TrainConfig { optim: OptimConfig::Sgd { lr: 0.1, momentum: 0.0, weight_decay: 0.0 }, ..config(3) };
+    let stepped = TrainConfig { lr_schedule: LrSchedule::Step { every: 1, gamma: 0.5 }, ..sgd.clone() };
+    let mut a = Trainer::new(&b, &ds, stepped, Mode::FullGraph).unwrap();
+    let mut c = Trainer::new(&b, &ds, sgd, Mode::FullGraph).unwrap();
+    let floats = |bits: Vec<Vec<u32>>| bits.into_iter().flatten().map(f32::from_bits).collect::<Vec<f32>>();
+    let start = floats(params(&b, &mut a));
+    let (ma, mc) = (a.train_epoch().unwrap(), c.train_epoch().unwrap());
+    assert_eq!((ma.lr, mc.lr), (0.1, 0.1));
+    // the same first step; the second from the same point, half as long under the schedule
+    let (pa, pc) = (floats(params(&b, &mut a)), floats(params(&b, &mut c)));
+    assert_eq!(pa, pc);
+    assert_ne!(pa, start);
+    let (ma, mc) = (a.train_epoch().unwrap(), c.train_epoch().unwrap());
+    assert_eq!((ma.lr, mc.lr), (0.05, 0.1));
+    let (qa, qc) = (floats(params(&b, &mut a)), floats(params(&b, &mut c)));
+    let scale = pa.iter().fold(0f32, |m, x| m.max(x.abs()));
+    for ((p, qa), qc) in pa.iter().zip(&qa).zip(&qc) {
+        assert!(((qa - p) - (qc - p) / 2.0).abs() <= 1e-6 * scale, "{p}: {qa} vs {qc}");
+    }
+    assert_eq!(a.train_epoch().unwrap().lr, 0.025);
 }
