@@ -10,7 +10,7 @@ for the rows of one partition:
   `adj`'s rows, then its halo** (the neighbours it reads from other partitions);
 - `adj`: a torch sparse CSR tensor, the partition's rows by `x`'s rows, whose values are the
   whole graph's `Â = D̂^{-1/2} (A + I) D̂^{-1/2}` (GCN's normalisation, as GriNNder gives its
-  layers);
+  layers; a model's `adjacency = "mean"` or `"sum"` asks for SAGE's or GIN's instead);
 - it returns the partition's output rows (`adj.shape[0]` of them).
 
     import torch, grinnder
@@ -45,7 +45,8 @@ the input rows' gradients summed into the layer below's. Then your optimizer ste
 Dropout inside `forward_layer` draws the same mask in a layer's forward and its backward
 (torch's generator is seeded per epoch, layer and partition); the masks are not those of a
 whole-graph run. So far the layers run on the CPU, and rows cross between the engine and torch
-as copies.
+as copies. `GCN` and `GraphSAGE` here are PyG's models of those names as `LayerwiseModel`s, with
+PyG's parameter names.
 """
 
 from __future__ import annotations
@@ -59,13 +60,19 @@ import torch
 
 from . import _grinnder
 
-__all__ = ["LayerwiseModel", "Trainer", "adjacency"]
+__all__ = ["GCN", "GraphSAGE", "LayerwiseModel", "Trainer", "adjacency"]
 
 
 class LayerwiseModel(torch.nn.Module):
     """A model given layer by layer (see the module): subclasses define `layer_dims()` and
     `forward_layer(l, x, adj)`; `forward(x, adj)` runs every layer on the whole graph, as
-    plain PyTorch training would."""
+    plain PyTorch training would.
+
+    `adjacency` says which matrix `adj` holds: `"gcn"` (the default) `Â = D̂^{-1/2} (A + I)
+    D̂^{-1/2}`; `"mean"` the mean over in-neighbours (`1 / in-degree`, no self loops: SAGE's);
+    `"sum"` `A` itself (GIN's)."""
+
+    adjacency = "gcn"
 
     def layer_dims(self) -> Sequence[int]:
         """Widths `[in, hidden..., out]`: layer `l` maps `dims[l]` columns to `dims[l + 1]`."""
@@ -82,23 +89,93 @@ class LayerwiseModel(torch.nn.Module):
         return x
 
 
-def adjacency(dataset: "_grinnder.Dataset") -> torch.Tensor:
-    """The whole graph's `Â = D̂^{-1/2} (A + I) D̂^{-1/2}` as a torch sparse CSR tensor (what
-    `forward_layer` gets a partition's rows of): for whole-graph reference runs."""
+def adjacency(dataset: "_grinnder.Dataset", kind: str = "gcn") -> torch.Tensor:
+    """The whole graph's adjacency of `kind` (`LayerwiseModel.adjacency`) as a torch sparse CSR
+    tensor, rows the targets (what `forward_layer` gets a partition's rows of): for whole-graph
+    reference runs."""
     n = dataset.num_nodes
     ei = torch.from_numpy(np.asarray(dataset.edge_index()))
-    loops = torch.arange(n, dtype=ei.dtype)
-    rows = torch.cat([ei[1], loops])
-    cols = torch.cat([ei[0], loops])
+    rows, cols = ei[1], ei[0]
     w = dataset.edge_weight()
-    vals = torch.cat([torch.from_numpy(np.asarray(w, dtype=np.float64)) if w is not None
-                      else torch.ones(ei.shape[1], dtype=torch.float64),
-                      torch.ones(n, dtype=torch.float64)])
-    deg = torch.zeros(n, dtype=torch.float64).index_add_(0, rows, vals)
-    dinv = deg.pow(-0.5)
-    vals = dinv[rows] * vals * dinv[cols]
+    vals = (torch.from_numpy(np.asarray(w, dtype=np.float64)) if w is not None
+            else torch.ones(ei.shape[1], dtype=torch.float64))
+    if kind == "gcn":
+        loops = torch.arange(n, dtype=ei.dtype)
+        rows, cols = torch.cat([rows, loops]), torch.cat([cols, loops])
+        vals = torch.cat([vals, torch.ones(n, dtype=torch.float64)])
+        dinv = torch.zeros(n, dtype=torch.float64).index_add_(0, rows, vals).pow(-0.5)
+        vals = dinv[rows] * vals * dinv[cols]
+    elif kind == "mean":
+        deg = torch.zeros(n, dtype=torch.float64).index_add_(0, rows, vals)
+        vals = vals / deg[rows]
+    elif kind != "sum":
+        raise ValueError(f"adjacency {kind!r}: one of \"gcn\", \"mean\", \"sum\"")
     a = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals.float(), (n, n)).coalesce()
     return a.to_sparse_csr()
+
+
+class _GCNConv(torch.nn.Module):
+    """PyG's `GCNConv` parameters: `lin.weight`, then `bias` added after the aggregation."""
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(in_dim, out_dim, bias=False)
+        self.bias = torch.nn.Parameter(torch.zeros(out_dim))
+        torch.nn.init.xavier_uniform_(self.lin.weight)
+
+
+class _SAGEConv(torch.nn.Module):
+    """PyG's `SAGEConv` parameters: `lin_l` on the neighbours' mean, `lin_r` on the node."""
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.lin_l = torch.nn.Linear(in_dim, out_dim)
+        self.lin_r = torch.nn.Linear(in_dim, out_dim, bias=False)
+
+
+class _Stack(LayerwiseModel):
+    """PyG's `BasicGNN` shape: `num_layers` convs, ReLU and dropout between them."""
+
+    def __init__(self, conv, in_channels, hidden_channels, num_layers, out_channels, dropout):
+        super().__init__()
+        self.dims = [in_channels] + [hidden_channels] * (num_layers - 1) + [out_channels]
+        self.convs = torch.nn.ModuleList(conv(a, b) for a, b in zip(self.dims, self.dims[1:]))
+        self.dropout = dropout
+
+    def layer_dims(self):
+        return self.dims
+
+    def _finish(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        if layer + 1 == len(self.convs):
+            return h
+        return torch.nn.functional.dropout(torch.relu(h), self.dropout, self.training)
+
+
+class GCN(_Stack):
+    """PyG's `GCN` (`torch_geometric.nn.models.GCN`) as a `LayerwiseModel`: the same parameter
+    names, so its `state_dict` loads into PyG's model and back."""
+
+    adjacency = "gcn"
+
+    def __init__(self, in_channels, hidden_channels, num_layers, out_channels, dropout=0.0):
+        super().__init__(_GCNConv, in_channels, hidden_channels, num_layers, out_channels, dropout)
+
+    def forward_layer(self, layer, x, adj):
+        conv = self.convs[layer]
+        return self._finish(layer, adj @ conv.lin(x) + conv.bias)
+
+
+class GraphSAGE(_Stack):
+    """PyG's `GraphSAGE` (mean aggregation) as a `LayerwiseModel`, with its parameter names."""
+
+    adjacency = "mean"
+
+    def __init__(self, in_channels, hidden_channels, num_layers, out_channels, dropout=0.0):
+        super().__init__(_SAGEConv, in_channels, hidden_channels, num_layers, out_channels, dropout)
+
+    def forward_layer(self, layer, x, adj):
+        conv = self.convs[layer]
+        return self._finish(layer, conv.lin_l(adj @ x) + conv.lin_r(x[: adj.shape[0]]))
 
 
 class _Driver:
@@ -157,7 +234,7 @@ class Trainer:
         self.dataset = dataset
         dims = [int(d) for d in model.layer_dims()]
         self._driver = _Driver(model, int(settings.get("seed", 0)))
-        self._run = _grinnder._LayerwiseRun(dataset, self._driver, dims, **settings)
+        self._run = _grinnder._LayerwiseRun(dataset, self._driver, dims, model.adjacency, **settings)
         if y is None:
             y = torch.from_numpy(np.asarray(dataset.labels(), dtype=np.int64))
         self.y = torch.as_tensor(y)

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import grinnder  # noqa: E402
-from grinnder.torch import LayerwiseModel, Trainer, adjacency  # noqa: E402
+from grinnder.torch import GCN, GraphSAGE, LayerwiseModel, Trainer, adjacency  # noqa: E402
 
 TOL = 1e-5
 
@@ -191,3 +191,42 @@ def test_an_exception_in_forward_layer_is_raised_by_train_epoch(data, tmp_path):
 def test_a_model_whose_widths_do_not_match_the_features_is_refused(data):
     with pytest.raises(ValueError, match="features"):
         Trainer(GatedResidual([data.num_features + 1, 8, 7]), data)
+
+
+@pytest.mark.parametrize("name", ["GCN", "GraphSAGE"])
+def test_the_built_in_models_are_pygs_and_train_as_whole_graph_pytorch(data, tmp_path, name):
+    pyg = pytest.importorskip("torch_geometric.nn.models")
+    torch.manual_seed(0)
+    mine = {"GCN": GCN, "GraphSAGE": GraphSAGE}[name](data.num_features, 16, 2, data.num_classes)
+    y = torch.from_numpy(np.asarray(data.labels(), dtype=np.int64))
+    ref = copy.deepcopy(mine)
+    adam = lambda m: torch.optim.Adam(m.parameters(), lr=0.01)
+    x = torch.from_numpy(np.asarray(data.features()))
+    train = torch.from_numpy(np.asarray(data.split("train"), dtype=np.int64))
+    opt, want = adam(ref), []
+    a = adjacency(data, mine.adjacency)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ref(x, a)[train], y[train])
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    got, t = tiered(mine, data, y, torch.nn.CrossEntropyLoss(), adam, 3, tmp_path)
+    got = got[:3]
+    assert np.allclose(got, want, rtol=TOL, atol=0), f"losses {got} vs {want}"
+    # PyG's model of the same name takes the state dict as it is and computes the same logits
+    theirs = getattr(pyg, name)(data.num_features, 16, 2, data.num_classes)
+    theirs.load_state_dict(mine.state_dict())
+    theirs.eval()
+    ei = torch.from_numpy(np.asarray(data.edge_index(), dtype=np.int64))
+    logits = theirs(x, ei).detach()
+    got = t.predict()
+    assert (got - logits).abs().max().item() <= TOL * logits.abs().max().item()
+
+
+def test_an_adjacency_a_model_cannot_have_is_refused(data):
+    class Odd(GatedResidual):
+        adjacency = "max"
+
+    with pytest.raises(ValueError, match="one of"):
+        Trainer(Odd([data.num_features, 8, 7]), data)

@@ -26,9 +26,10 @@ pub enum Kind {
     Gin,
     Gatv2,
     Gcnii,
-    /// A layer-wise model whose layers the caller made ([`layerwise`]): not a family one can
-    /// name on the command line or in a model file (it is not in [`Kind::ALL`]).
-    Layerwise,
+    /// A layer-wise model whose layers the caller made ([`layerwise`]), on an aggregation's
+    /// adjacency: not a family one can name on the command line or in a model file (it is not
+    /// in [`Kind::ALL`]).
+    Layerwise(crate::Aggregation),
 }
 
 impl Kind {
@@ -44,7 +45,7 @@ impl Kind {
             Kind::Gin => &gin::Gin,
             Kind::Gatv2 => &gatv2::Gatv2,
             Kind::Gcnii => &gcn2::Gcnii,
-            Kind::Layerwise => &layerwise::Layerwise,
+            Kind::Layerwise(a) => layerwise::on(a),
         }
     }
 
@@ -58,7 +59,7 @@ impl Kind {
             Kind::Gin => Box::new(gin::GinConv::of(b, spec)),
             Kind::Gatv2 => Box::new(gatv2::Gatv2Conv::of(b, spec)),
             Kind::Gcnii => Box::new(gcn2::GcniiConv::of(b, spec)),
-            Kind::Layerwise => return None,
+            Kind::Layerwise(_) => return None,
         })
     }
 

@@ -42,6 +42,8 @@ type B = Cpu<f32>;
 /// adjacency the driver already holds.
 struct Shared {
     driver: Py<PyAny>,
+    /// The adjacency the layers read.
+    aggregation: Aggregation,
     failed: Mutex<Option<PyErr>>,
     sent: Mutex<HashSet<(u32, usize, usize)>>,
 }
@@ -79,7 +81,7 @@ impl Shared {
         if self.sent.lock().expect("not poisoned").contains(&key) {
             return Ok(key);
         }
-        let adj = g.adjacency(Aggregation::GcnNorm);
+        let adj = g.adjacency(self.aggregation);
         let s = &adj.s;
         let indptr: Vec<i64> = s.row_ptr.iter().map(|&p| p as i64).collect();
         let indices: Vec<i64> = s.col_idx.iter().map(|&c| c as i64).collect();
@@ -197,7 +199,7 @@ fn model_of(shared: &Arc<Shared>, dims: &[usize], seed: u64) -> Model<B> {
             Box::new(layer) as Box<dyn Conv<B>>
         })
         .collect();
-    Model::from_layers(convs, dims.to_vec(), seed)
+    Model::from_layers(convs, dims.to_vec(), shared.aggregation, seed)
 }
 
 struct Owner {
@@ -245,17 +247,30 @@ fn tiered_config(cfg: &mut Config, ds: &Graph) -> PyResult<TieredConfig> {
 #[pymethods]
 impl LayerwiseRun {
     /// Sets the executor up for `dataset` with a model of widths `dims` whose layers `driver`
-    /// runs; `kwargs` are `grinnder.Trainer`'s settings (`parts`, `host_mem`, `storage_dir`, …).
+    /// runs on `adjacency` (`"gcn"`: `Â`; `"mean"`: SAGE's; `"sum"`: GIN's); `kwargs` are
+    /// `grinnder.Trainer`'s settings (`parts`, `host_mem`, `storage_dir`, …).
     #[new]
-    #[pyo3(signature = (dataset, driver, dims, **kwargs))]
+    #[pyo3(signature = (dataset, driver, dims, adjacency="gcn", **kwargs))]
     fn new(
         py: Python<'_>,
         dataset: &Bound<'_, Dataset>,
         driver: Py<PyAny>,
         dims: Vec<usize>,
+        adjacency: &str,
         kwargs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<LayerwiseRun> {
         let ds = dataset.get().inner.clone();
+        let aggregation = match adjacency {
+            "gcn" => Aggregation::GcnNorm,
+            "mean" => Aggregation::Mean,
+            "sum" => Aggregation::Sum,
+            a => return Err(value_error(format!("adjacency {a:?}: one of \"gcn\", \"mean\", \"sum\""))),
+        };
+        if ds.edge_weight.is_some() && aggregation != Aggregation::GcnNorm {
+            return Err(value_error(format!(
+                "the dataset has edge weights, which only the \"gcn\" adjacency takes (PyG's gcn_norm), not {adjacency:?}"
+            )));
+        }
         if dims.len() < 2 || dims[0] != ds.features.dim {
             return Err(value_error(format!(
                 "layer_dims() gave {dims:?}: at least [in, out], `in` the dataset's {} features",
@@ -265,7 +280,12 @@ impl LayerwiseRun {
         let mut cfg = Config::from_kwargs(kwargs)?;
         let tc = tiered_config(&mut cfg, &ds)?;
         let seed = cfg.plan.config.model.seed;
-        let shared = Arc::new(Shared { driver, failed: Mutex::new(None), sent: Mutex::new(HashSet::new()) });
+        let shared = Arc::new(Shared {
+            driver,
+            aggregation,
+            failed: Mutex::new(None),
+            sent: Mutex::new(HashSet::new()),
+        });
         let (out_dim, nodes) = (dims[dims.len() - 1], ds.num_nodes());
         let owner = Owner { b: Cpu::new(), ds };
         let sh = shared.clone();

@@ -9,7 +9,7 @@ use grinnder_engine::FeatureNorm;
 use grinnder_graph::generate::{generate, preset, GenConfig};
 use grinnder_graph::Dataset;
 use grinnder_nn::conv::LayerSpec;
-use grinnder_nn::{Graph, Kind, Model, ModelConfig, Norm};
+use grinnder_nn::{Aggregation, Graph, Kind, Model, ModelConfig, Norm};
 use grinnder_partition::Method;
 use grinnder_tensor::ops::*;
 use grinnder_tensor::{Cpu, Mat};
@@ -56,7 +56,7 @@ fn whole_layers(b: &Cpu<f32>, ds: &Dataset) -> Model<Cpu<f32>> {
             Kind::Gcn.conv(b, &spec).unwrap()
         })
         .collect();
-    Model::from_layers(convs, dims, 7)
+    Model::from_layers(convs, dims, Aggregation::GcnNorm, 7)
 }
 
 /// A weighted mean squared error against one-hot labels, weights by class: a loss the

@@ -4,8 +4,9 @@
 //! dropout inside it. The model stacks them bare ([`Family::whole_layers`]); the layers
 //! themselves come from [`crate::Model::from_layers`], never from a [`LayerSpec`].
 //!
-//! They run on `Â = D̂^{-1/2} (A + I) D̂^{-1/2}`, the whole graph's, as GriNNder gives its
-//! layers; nothing is precomputed for them (the caller's parameters may act before any
+//! They run on the adjacency their caller chose, the whole graph's: by default
+//! `Â = D̂^{-1/2} (A + I) D̂^{-1/2}`, as GriNNder gives its layers (SAGE's mean and GIN's sum
+//! where asked); nothing is precomputed for them (the caller's parameters may act before any
 //! aggregation).
 
 use crate::aggregation::Aggregation;
@@ -13,8 +14,15 @@ use crate::conv::{Family, LayerSpec};
 use crate::memory::{Held, Shape};
 use crate::work::{Passes, Work};
 
-/// The layer-wise family.
-pub struct Layerwise;
+/// The layer-wise family whose layers run on one aggregation's adjacency.
+pub struct Layerwise(pub Aggregation);
+
+/// The family of layers on `aggregation`'s adjacency.
+pub fn on(aggregation: Aggregation) -> &'static Layerwise {
+    static FAMILIES: [Layerwise; 3] =
+        [Layerwise(Aggregation::GcnNorm), Layerwise(Aggregation::Mean), Layerwise(Aggregation::Sum)];
+    FAMILIES.iter().find(|f| f.0 == aggregation).expect("one family per aggregation")
+}
 
 impl Family for Layerwise {
     fn name(&self) -> &'static str {
@@ -26,7 +34,7 @@ impl Family for Layerwise {
     }
 
     fn aggregation(&self) -> Aggregation {
-        Aggregation::GcnNorm
+        self.0
     }
 
     fn precomputes_input(&self) -> bool {

@@ -208,12 +208,17 @@ impl<B: Backend> Model<B> {
 
     /// A model of the caller's layers ([`Kind::Layerwise`]), stacked bare
     /// ([`crate::conv::Family::whole_layers`]: norm, activation and dropout are the layers'
-    /// own): layer `l` maps `dims[l]` columns to `dims[l + 1]`; `seed` keys what the model
-    /// draws.
-    pub fn from_layers(convs: Vec<Box<dyn Conv<B>>>, dims: Vec<usize>, seed: u64) -> Self {
+    /// own), on `aggregation`'s adjacency: layer `l` maps `dims[l]` columns to `dims[l + 1]`;
+    /// `seed` keys what the model draws.
+    pub fn from_layers(
+        convs: Vec<Box<dyn Conv<B>>>,
+        dims: Vec<usize>,
+        aggregation: Aggregation,
+        seed: u64,
+    ) -> Self {
         assert!(!convs.is_empty() && dims.len() == convs.len() + 1, "one width more than layers");
         let config = ModelConfig {
-            kind: Kind::Layerwise,
+            kind: Kind::Layerwise(aggregation),
             layers: convs.len(),
             hidden: dims[1],
             dropout: 0.0,
