@@ -199,15 +199,28 @@ class _Driver:
             torch.manual_seed(hash((self.seed, self.epoch, layer, key[0])) & 0x7FFF_FFFF_FFFF_FFFF)
             yield
 
-    def forward(self, layer: int, key, x: np.ndarray) -> np.ndarray:
-        with torch.no_grad(), self._rng(layer, key):
-            y = self.model.forward_layer(layer, torch.from_numpy(x), self.adj[key])
-        return _rows(y)
-
-    def backward(self, layer: int, key, x: np.ndarray, dy: np.ndarray, need_dx: bool):
-        xt = torch.from_numpy(x).requires_grad_(need_dx)
+    def forward(self, layer: int, key, x: np.ndarray):
+        """The layer's output rows, and in training its autograd graph (the input and the
+        output), which the engine hands back to `backward` where it keeps it for one."""
+        if not self.model.training:
+            with torch.no_grad(), self._rng(layer, key):
+                y = self.model.forward_layer(layer, torch.from_numpy(x), self.adj[key])
+            return _rows(y), None
+        # (layer 0's input is the features: no gradient of them is asked for)
+        xt = torch.from_numpy(x).requires_grad_(layer > 0)
         with torch.enable_grad(), self._rng(layer, key):
             y = self.model.forward_layer(layer, xt, self.adj[key])
+        return _rows(y), (xt, y)
+
+    def backward(self, layer: int, key, x: np.ndarray, dy: np.ndarray, need_dx: bool, tape=None):
+        """Accumulates the parameters' gradients from the output's `dy`; the input's gradient
+        where `need_dx`. `tape`: the graph `forward` made, else the layer runs again."""
+        if tape is None:
+            xt = torch.from_numpy(x).requires_grad_(need_dx)
+            with torch.enable_grad(), self._rng(layer, key):
+                y = self.model.forward_layer(layer, xt, self.adj[key])
+        else:
+            xt, y = tape
         if y.requires_grad:
             y.backward(torch.from_numpy(dy))
         if not need_dx:

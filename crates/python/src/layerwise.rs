@@ -133,6 +133,9 @@ fn matrix(a: &Bound<'_, PyAny>, rows: usize, cols: usize, what: &str) -> PyResul
     Ok(Mat::from_vec(rows, cols, data))
 }
 
+/// A forward's autograd graph, as the driver made it (its input and output tensors).
+struct Tape(Py<PyAny>);
+
 /// Layer `l` of a Python model, run by its driver.
 struct TorchLayer {
     l: usize,
@@ -142,13 +145,20 @@ struct TorchLayer {
 }
 
 impl Conv<B> for TorchLayer {
+    /// The output rows; the cache holds, in training, the autograd graph torch made (so that
+    /// a backward from this forward runs no third forward of the layer).
     fn forward(&self, _: &B, g: &grinnder_nn::Graph<B>, x: &Mat<f32>, _: Side<'_, B>) -> (Mat<f32>, Cache) {
-        let y = self.shared.call(|py, d| {
+        let got = self.shared.call(|py, d| {
             let key = self.shared.key(py, d, g)?;
-            let y = d.call_method1("forward", (self.l, key, numpy(py, x)?))?;
-            matrix(&y, g.rows, self.out_dim, &format!("forward_layer({}, …)", self.l))
+            let (y, tape): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
+                d.call_method1("forward", (self.l, key, numpy(py, x)?))?.extract()?;
+            let y = matrix(&y, g.rows, self.out_dim, &format!("forward_layer({}, …)", self.l))?;
+            Ok((y, (!tape.is_none()).then(|| Tape(tape.unbind()))))
         });
-        (y.unwrap_or_else(|| Mat::zeros(g.rows, self.out_dim)), Cache::new(()))
+        match got {
+            Some((y, tape)) => (y, Cache::new(tape)),
+            None => (Mat::zeros(g.rows, self.out_dim), Cache::new(None::<Tape>)),
+        }
     }
 
     fn backward(
@@ -157,14 +167,17 @@ impl Conv<B> for TorchLayer {
         g: &grinnder_nn::Graph<B>,
         x: &Mat<f32>,
         _: Side<'_, B>,
-        _: Cache,
+        cache: Cache,
         dy: &Mat<f32>,
         need_dx: bool,
         _: Option<&mut Mat<f32>>,
     ) -> Option<Mat<f32>> {
+        let tape: Option<Tape> = cache.take();
         let dx = self.shared.call(|py, d| {
             let key = self.shared.key(py, d, g)?;
-            let dx = d.call_method1("backward", (self.l, key, numpy(py, x)?, numpy(py, dy)?, need_dx))?;
+            let tape = tape.map(|t| t.0.into_bound(py));
+            let args = (self.l, key, numpy(py, x)?, numpy(py, dy)?, need_dx, tape);
+            let dx = d.call_method1("backward", args)?;
             if !need_dx {
                 return Ok(None);
             }
