@@ -288,3 +288,9 @@ class Trainer:
         """Every node's output rows (the model in eval mode), `[N, out]`."""
         self.model.eval()
         return torch.from_numpy(self._run.predict())
+
+    def embed(self, layer: int) -> torch.Tensor:
+        """Every node's rows out of layer `layer` (from 0; the model in eval mode), through
+        the same tiers: `[N, layer_dims()[layer + 1]]`."""
+        self.model.eval()
+        return torch.from_numpy(self._run.predict(layer + 1))

@@ -150,6 +150,13 @@ def test_a_custom_model_trains_as_whole_graph_pytorch_with_every_block_in_storag
     got = t.predict()
     assert got.shape == want.shape
     assert (got - want).abs().max().item() <= TOL * want.abs().max().item()
+    # a hidden layer's rows: the whole graph's first layer, in eval mode
+    want = ref.forward_layer(0, torch.from_numpy(np.asarray(data.features())), adjacency(data)).detach()
+    got = t.embed(0)
+    assert got.shape == (data.num_nodes, 32)
+    assert (got - want).abs().max().item() <= TOL * want.abs().max().item()
+    with pytest.raises(ValueError, match="layers 0 to 2"):
+        t.embed(3)
 
 
 def test_weighted_cross_entropy_and_a_step_schedule(data, tmp_path):

@@ -235,7 +235,6 @@ self_cell!(
 pub struct LayerwiseRun {
     cell: RunCell,
     shared: Arc<Shared>,
-    out_dim: usize,
     nodes: usize,
 }
 
@@ -299,7 +298,7 @@ impl LayerwiseRun {
             failed: Mutex::new(None),
             sent: Mutex::new(HashSet::new()),
         });
-        let (out_dim, nodes) = (dims[dims.len() - 1], ds.num_nodes());
+        let nodes = ds.num_nodes();
         let owner = Owner { b: Cpu::new(), ds };
         let sh = shared.clone();
         let cell = crate::trainer::without_gil(py, move || {
@@ -309,7 +308,7 @@ impl LayerwiseRun {
             })
         });
         let cell = cell.map_err(|e| shared.take_failure().unwrap_or_else(|| train_error(e)))?;
-        Ok(LayerwiseRun { cell, shared, out_dim, nodes })
+        Ok(LayerwiseRun { cell, shared, nodes })
     }
 
     /// One training pass at `epoch`: the criterion `criterion(ids, rows)` gets the training
@@ -339,14 +338,24 @@ impl LayerwiseRun {
         r.map_err(train_error)
     }
 
-    /// Every node's output rows (no training): a float32 array `[nodes, out]`.
-    fn predict<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let (n, w) = (self.nodes, self.out_dim);
+    /// Every node's rows out of layer `upto - 1` (no training; `None`: the output layer's): a
+    /// float32 array `[nodes, width]`.
+    #[pyo3(signature = (upto=None))]
+    fn predict<'py>(&mut self, py: Python<'py>, upto: Option<usize>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let layers = self.cell.with_dependent_mut(|_, ex| ex.model.layers());
+        let upto = upto.unwrap_or(layers);
+        if !(1..=layers).contains(&upto) {
+            return Err(value_error(format!(
+                "layer {}: the model has layers 0 to {}",
+                upto as i64 - 1,
+                layers - 1
+            )));
+        }
+        let (n, w) = (self.nodes, self.cell.with_dependent_mut(|_, ex| ex.model.dim(upto)));
         let mut out = vec![0f32; n * w];
         let r = crate::trainer::without_gil(py, || {
             self.cell.with_dependent_mut(|_, ex| {
-                let layers = ex.model.layers();
-                ex.predict(layers, &|_| true, &mut |ids, rows, width| {
+                ex.predict(upto, &|_| true, &mut |ids, rows, width| {
                     for (i, &v) in ids.iter().enumerate() {
                         out[v as usize * w..(v as usize + 1) * w]
                             .copy_from_slice(&rows[i * width..(i + 1) * width]);
