@@ -45,8 +45,8 @@ the input rows' gradients summed into the layer below's. Then your optimizer ste
 Dropout inside `forward_layer` draws the same mask in a layer's forward and its backward
 (torch's generator is seeded per epoch, layer and partition); the masks are not those of a
 whole-graph run. So far the layers run on the CPU, and rows cross between the engine and torch
-as copies. `GCN` and `GraphSAGE` here are PyG's models of those names as `LayerwiseModel`s, with
-PyG's parameter names.
+as copies. `GCN`, `GraphSAGE` and `GAT` here are PyG's models of those names as
+`LayerwiseModel`s, with PyG's parameter names.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ import torch
 
 from . import _grinnder
 
-__all__ = ["GCN", "GraphSAGE", "LayerwiseModel", "Trainer", "adjacency"]
+__all__ = ["GAT", "GCN", "GraphSAGE", "LayerwiseModel", "Trainer", "adjacency"]
 
 
 class LayerwiseModel(torch.nn.Module):
@@ -133,13 +133,48 @@ class _SAGEConv(torch.nn.Module):
         self.lin_r = torch.nn.Linear(in_dim, out_dim, bias=False)
 
 
+class _GATConv(torch.nn.Module):
+    """PyG's `GATConv` parameters (`lin`, `att_src`, `att_dst`, `bias`), self loops from `Â`'s
+    structure, negative slope 0.2."""
+
+    def __init__(self, in_dim: int, out_dim: int, heads: int, concat: bool, dropout: float):
+        super().__init__()
+        self.heads, self.out, self.concat, self.dropout = heads, out_dim, concat, dropout
+        self.lin = torch.nn.Linear(in_dim, heads * out_dim, bias=False)
+        self.att_src = torch.nn.Parameter(torch.empty(1, heads, out_dim))
+        self.att_dst = torch.nn.Parameter(torch.empty(1, heads, out_dim))
+        self.bias = torch.nn.Parameter(torch.zeros(heads * out_dim if concat else out_dim))
+        for t in (self.lin.weight, self.att_src, self.att_dst):
+            torch.nn.init.xavier_uniform_(t)
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor, training: bool) -> torch.Tensor:
+        n, heads = adj.shape[0], self.heads
+        h = self.lin(x).view(-1, heads, self.out)
+        a_src = (h * self.att_src).sum(-1)
+        a_dst = (h[:n] * self.att_dst).sum(-1)
+        crow, col = adj.crow_indices(), adj.col_indices()
+        row = torch.repeat_interleave(torch.arange(n), crow.diff())
+        e = torch.nn.functional.leaky_relu(a_src[col] + a_dst[row], 0.2)
+        # the softmax over each row's entries (shifted by the row's largest: the same function)
+        top = torch.full((n, heads), float("-inf")).scatter_reduce(
+            0, row[:, None].expand(-1, heads), e.detach(), "amax")
+        w = (e - top[row]).exp()
+        alpha = w / torch.zeros(n, heads).index_add(0, row, w)[row]
+        alpha = torch.nn.functional.dropout(alpha, self.dropout, training)
+        out = torch.zeros(n, heads, self.out).index_add(0, row, alpha[..., None] * h[col])
+        out = out.reshape(n, heads * self.out) if self.concat else out.mean(1)
+        return out + self.bias
+
+
 class _Stack(LayerwiseModel):
     """PyG's `BasicGNN` shape: `num_layers` convs, ReLU and dropout between them."""
 
     def __init__(self, conv, in_channels, hidden_channels, num_layers, out_channels, dropout):
+        """`conv(l, in, out)` makes layer `l`'s conv."""
         super().__init__()
         self.dims = [in_channels] + [hidden_channels] * (num_layers - 1) + [out_channels]
-        self.convs = torch.nn.ModuleList(conv(a, b) for a, b in zip(self.dims, self.dims[1:]))
+        pairs = zip(self.dims, self.dims[1:])
+        self.convs = torch.nn.ModuleList(conv(l, a, b) for l, (a, b) in enumerate(pairs))
         self.dropout = dropout
 
     def layer_dims(self):
@@ -158,11 +193,33 @@ class GCN(_Stack):
     adjacency = "gcn"
 
     def __init__(self, in_channels, hidden_channels, num_layers, out_channels, dropout=0.0):
-        super().__init__(_GCNConv, in_channels, hidden_channels, num_layers, out_channels, dropout)
+        conv = lambda _, a, b: _GCNConv(a, b)  # noqa: E731
+        super().__init__(conv, in_channels, hidden_channels, num_layers, out_channels, dropout)
 
     def forward_layer(self, layer, x, adj):
         conv = self.convs[layer]
         return self._finish(layer, adj @ conv.lin(x) + conv.bias)
+
+
+class GAT(_Stack):
+    """PyG's `GAT` (`torch_geometric.nn.models.GAT`: `hidden_channels` split over `heads` and
+    concatenated, the last layer's heads averaged, attention dropout the model's `dropout`) as a
+    `LayerwiseModel`, with its parameter names."""
+
+    adjacency = "gcn"
+
+    def __init__(self, in_channels, hidden_channels, num_layers, out_channels, dropout=0.0, heads=1):
+        if hidden_channels % heads != 0:
+            raise ValueError(f"hidden_channels {hidden_channels} is not divisible by heads {heads}")
+
+        def conv(layer, a, b):
+            hidden = layer + 1 < num_layers
+            return _GATConv(a, b // heads if hidden else b, heads, hidden, dropout)
+
+        super().__init__(conv, in_channels, hidden_channels, num_layers, out_channels, dropout)
+
+    def forward_layer(self, layer, x, adj):
+        return self._finish(layer, self.convs[layer](x, adj, self.training))
 
 
 class GraphSAGE(_Stack):
@@ -171,7 +228,8 @@ class GraphSAGE(_Stack):
     adjacency = "mean"
 
     def __init__(self, in_channels, hidden_channels, num_layers, out_channels, dropout=0.0):
-        super().__init__(_SAGEConv, in_channels, hidden_channels, num_layers, out_channels, dropout)
+        conv = lambda _, a, b: _SAGEConv(a, b)  # noqa: E731
+        super().__init__(conv, in_channels, hidden_channels, num_layers, out_channels, dropout)
 
     def forward_layer(self, layer, x, adj):
         conv = self.convs[layer]

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import grinnder  # noqa: E402
-from grinnder.torch import GCN, GraphSAGE, LayerwiseModel, Trainer, adjacency  # noqa: E402
+from grinnder.torch import GAT, GCN, GraphSAGE, LayerwiseModel, Trainer, adjacency  # noqa: E402
 
 TOL = 1e-5
 
@@ -200,11 +200,11 @@ def test_a_model_whose_widths_do_not_match_the_features_is_refused(data):
         Trainer(GatedResidual([data.num_features + 1, 8, 7]), data)
 
 
-@pytest.mark.parametrize("name", ["GCN", "GraphSAGE"])
-def test_the_built_in_models_are_pygs_and_train_as_whole_graph_pytorch(data, tmp_path, name):
+@pytest.mark.parametrize("name,kw", [("GCN", {}), ("GraphSAGE", {}), ("GAT", {"heads": 4})])
+def test_the_built_in_models_are_pygs_and_train_as_whole_graph_pytorch(data, tmp_path, name, kw):
     pyg = pytest.importorskip("torch_geometric.nn.models")
     torch.manual_seed(0)
-    mine = {"GCN": GCN, "GraphSAGE": GraphSAGE}[name](data.num_features, 16, 2, data.num_classes)
+    mine = {"GCN": GCN, "GraphSAGE": GraphSAGE, "GAT": GAT}[name](data.num_features, 16, 2, data.num_classes, **kw)
     y = torch.from_numpy(np.asarray(data.labels(), dtype=np.int64))
     ref = copy.deepcopy(mine)
     adam = lambda m: torch.optim.Adam(m.parameters(), lr=0.01)
@@ -222,7 +222,7 @@ def test_the_built_in_models_are_pygs_and_train_as_whole_graph_pytorch(data, tmp
     got = got[:3]
     assert np.allclose(got, want, rtol=TOL, atol=0), f"losses {got} vs {want}"
     # PyG's model of the same name takes the state dict as it is and computes the same logits
-    theirs = getattr(pyg, name)(data.num_features, 16, 2, data.num_classes)
+    theirs = getattr(pyg, name)(data.num_features, 16, 2, data.num_classes, **kw)
     theirs.load_state_dict(mine.state_dict())
     theirs.eval()
     ei = torch.from_numpy(np.asarray(data.edge_index(), dtype=np.int64))
