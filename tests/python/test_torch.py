@@ -204,7 +204,8 @@ def test_a_model_whose_widths_do_not_match_the_features_is_refused(data):
 def test_the_built_in_models_are_pygs_and_train_as_whole_graph_pytorch(data, tmp_path, name, kw):
     pyg = pytest.importorskip("torch_geometric.nn.models")
     torch.manual_seed(0)
-    mine = {"GCN": GCN, "GraphSAGE": GraphSAGE, "GAT": GAT}[name](data.num_features, 16, 2, data.num_classes, **kw)
+    model = {"GCN": GCN, "GraphSAGE": GraphSAGE, "GAT": GAT}[name]
+    mine = model(data.num_features, 16, 2, data.num_classes, **kw)
     y = torch.from_numpy(np.asarray(data.labels(), dtype=np.int64))
     ref = copy.deepcopy(mine)
     adam = lambda m: torch.optim.Adam(m.parameters(), lr=0.01)
