@@ -176,6 +176,13 @@ pub(super) fn check(steps: &[Step]) {
             Step::Read { id, span, .. } => {
                 assert!(!removed.contains(&id), "step {i}: {id:?} read after its removal");
                 let key = (id.kind, id.layer);
+                // a partition's columns are other partitions' rows too: none of the layer's
+                // blocks may be gone
+                if span == Span::Columns {
+                    if let Some(gone) = removed.iter().find(|r: &&BlockId| (r.kind, r.layer) == key) {
+                        panic!("step {i}: halo rows of {id:?} read after the removal of {gone:?}");
+                    }
+                }
                 if let Some(w) = unflushed.get(&key) {
                     panic!("step {i}: {id:?} read before the halo rows written at step {w} were flushed");
                 }
@@ -690,7 +697,7 @@ mod tests {
             flush.clone(),
             read(grad(1, 0), Span::Copy),
         ]);
-        let broken: [(&str, Vec<Step>); 5] = [
+        let broken: [(&str, Vec<Step>); 6] = [
             (
                 "read before the halo rows",
                 vec![write(grad(1, 0), Span::Columns), read(grad(1, 1), Span::Copy)],
@@ -704,6 +711,7 @@ mod tests {
                 ],
             ),
             ("read after its removal", vec![Step::Remove(act(1, 0)), read(act(1, 0), Span::Own)]),
+            ("halo rows of", vec![Step::Remove(act(1, 1)), read(act(1, 0), Span::Columns)]),
             (
                 "before their mirrors' sync",
                 vec![Step::Put { from: Reg::Y, id: act(1, 0) }, read(act(1, 0), Span::Columns)],
