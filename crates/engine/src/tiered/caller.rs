@@ -59,10 +59,12 @@ impl<'a, B: Backend> Executor<'a, B> {
         let layers = self.model.layers();
         self.meters.begin_pass();
         self.forward_to(layers, true, epoch)?;
-        // the training nodes' output rows, partition by partition
+        // the training nodes' output rows, partition by partition, with the dropout a layer
+        // applies inside itself in training (as its backward recomputes them)
         let (mut ids, mut rows, mut width) = (Vec::new(), Vec::new(), 0);
         for q in self.local.clone() {
-            let y = self.output_rows(q, Some(q + 1), epoch)?;
+            let steps = self.output_steps(q, q + 1);
+            let y = self.run(&steps, true, epoch)?.y.expect("the output layer's rows");
             let y = self.b.download(&y);
             width = y.cols;
             let own = self.own_ids(q);
