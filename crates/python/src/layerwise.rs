@@ -206,6 +206,8 @@ impl Conv<B> for TorchLayer {
 
 /// The model of `dims` whose layers the driver runs.
 fn model_of(shared: &Arc<Shared>, dims: &[usize], seed: u64) -> Model<B> {
+    // (a setup that starts over partitions anew: the driver's adjacencies are sent again)
+    shared.sent.lock().expect("not poisoned").clear();
     let convs = (0..dims.len() - 1)
         .map(|l| {
             let layer = TorchLayer { l, in_dim: dims[l], out_dim: dims[l + 1], shared: shared.clone() };
