@@ -238,3 +238,15 @@ def test_an_adjacency_a_model_cannot_have_is_refused(data):
 
     with pytest.raises(ValueError, match="one of"):
         Trainer(Odd([data.num_features, 8, 7]), data)
+
+
+def test_an_exception_in_the_criterion_is_raised_and_training_goes_on(data):
+    t = Trainer(GatedResidual([data.num_features, 8, data.num_classes]), data, parts=2)
+    opt = torch.optim.SGD(t.model.parameters(), lr=0.1)
+
+    def broken(out, y):
+        raise ArithmeticError("no loss today")
+
+    with pytest.raises(ArithmeticError, match="no loss today"):
+        t.train_epoch(opt, broken)
+    assert t.train_epoch(opt, torch.nn.CrossEntropyLoss())["loss"] > 0

@@ -52,10 +52,18 @@ impl<'a, B: Backend> Executor<'a, B> {
                 "a criterion of the caller's runs in one process, not over ranks".into(),
             ));
         }
-        self.guarded(|ex| ex.criterion_pass(epoch, criterion))
+        // (a criterion's error stops this pass only: the executor is as before it)
+        self.guarded(|ex| ex.criterion_pass(epoch, criterion))?
     }
 
-    fn criterion_pass(&mut self, epoch: u64, criterion: &mut Criterion<'_>) -> Result<f64, TrainError> {
+    /// The pass; its inner result is the criterion's (an error there, or a gradient of the
+    /// wrong size, removes the forward's blocks and leaves the executor whole), its outer one
+    /// the executor's.
+    fn criterion_pass(
+        &mut self,
+        epoch: u64,
+        criterion: &mut Criterion<'_>,
+    ) -> Result<Result<f64, TrainError>, TrainError> {
         let layers = self.model.layers();
         self.meters.begin_pass();
         self.forward_to(layers, true, epoch)?;
@@ -73,14 +81,21 @@ impl<'a, B: Backend> Executor<'a, B> {
                 rows.extend(y.row(r as usize).iter().map(|v| v.f64() as f32));
             }
         }
-        let (loss, grad) = criterion(&ids, &rows, width)?;
-        if grad.len() != rows.len() {
-            return Err(TrainError::Config(format!(
+        let checked = criterion(&ids, &rows, width).and_then(|(loss, grad)| match grad.len() == rows.len() {
+            true => Ok((loss, grad)),
+            false => Err(TrainError::Config(format!(
                 "the criterion gave a gradient of {} values for {} output rows of {width}",
                 grad.len(),
                 ids.len()
-            )));
-        }
+            ))),
+        });
+        let (loss, grad) = match checked {
+            Ok(c) => c,
+            Err(e) => {
+                self.remove_forward_blocks(layers)?;
+                return Ok(Err(e));
+            }
+        };
         // each partition's output gradient: its training rows', zero elsewhere
         let mut at = 0;
         let mut given = Vec::with_capacity(self.parts.len());
@@ -104,6 +119,6 @@ impl<'a, B: Backend> Executor<'a, B> {
         self.given = None;
         ran?;
         self.tiers.store.sync().map_err(io_err)?;
-        Ok(loss)
+        Ok(Ok(loss))
     }
 }

@@ -174,10 +174,17 @@ fn whole_layers_of_the_callers_run_partitioned_with_whole_graph_gradients() {
 }
 
 #[test]
-fn a_criterion_whose_gradient_has_the_wrong_size_is_refused_naming_it() {
+fn a_criterion_whose_gradient_has_the_wrong_size_is_refused_naming_it_and_training_goes_on() {
     let (b, ds) = (Cpu::<f32>::new(), dataset());
     let cfg = config(Kind::Gcn);
     let mut ex = Executor::new(&b, &ds, &cfg, FeatureNorm::Row, &tiered(2, None)).unwrap();
     let e = ex.forward_backward_with(0, &mut |_, rows, _| Ok((0.0, vec![0.0; rows.len() - 1]))).unwrap_err();
     assert!(e.to_string().contains("the criterion gave a gradient of"), "{e}");
+    // the executor is whole after it: the next pass gives the whole graph's gradients
+    let loss = weighted_mse(&ds);
+    let want =
+        reference(&b, &ds, Model::init(&b, cfg.clone(), ds.features.dim, ds.num_classes as usize), &loss);
+    ex.model.zero_grad(&b);
+    let l = ex.forward_backward_with(0, &mut |ids, rows, w| Ok(loss(ids, rows, w))).unwrap();
+    assert_close("after a refused criterion", &(l, grads(&b, &mut ex.model)), &want);
 }
