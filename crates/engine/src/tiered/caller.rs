@@ -15,7 +15,6 @@ use crate::config::{FeaturePrep, TrainError};
 
 use super::executor::{io_err, Executor};
 use super::settings::TieredConfig;
-use super::setup::shift_phase;
 
 /// A caller's criterion: `(ids, rows, width)` are the training nodes' dataset ids and their
 /// output rows (row-major, `width` wide, row i being node `ids[i]`); it returns the loss and
@@ -32,11 +31,8 @@ impl<'a, B: Backend> Executor<'a, B> {
         features: impl Into<FeaturePrep>,
         tc: &TieredConfig,
     ) -> Result<Self, TrainError> {
-        let features = features.into();
-        let mut ex = Self::set_up(b, ds, None, &|| Ok(make()), tc, None, false)?;
-        let shift = shift_phase(ds, features.norm, features.shift);
-        ex.load_features(ds, features.norm, shift)?;
-        Ok(ex)
+        let ex = Self::set_up(b, ds, None, &|| Ok(make()), tc, None, false)?;
+        ex.with_first_blocks(ds, None, features.into())
     }
 
     /// One training pass under `criterion` (see the module): accumulates every parameter's

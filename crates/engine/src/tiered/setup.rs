@@ -65,18 +65,28 @@ impl<'a, B: Backend> Executor<'a, B> {
         tc: &TieredConfig,
         dist: Option<DistConfig<'a, B>>,
     ) -> Result<Self, TrainError> {
-        let features = features.into();
-        let mut ex = Self::set_up(b, ds, sub, &Self::of_config(b, ds, model_cfg), tc, dist, false)?;
+        let ex = Self::set_up(b, ds, sub, &Self::of_config(b, ds, model_cfg), tc, dist, false)?;
+        ex.with_first_blocks(ds, sub, features.into())
+    }
+
+    /// The executor [`Executor::set_up`] made, with its first blocks: the input features (and
+    /// their first aggregation where the model allows).
+    pub(super) fn with_first_blocks(
+        mut self,
+        ds: &Dataset,
+        sub: Option<&SubgraphOf>,
+        features: FeaturePrep,
+    ) -> Result<Self, TrainError> {
         // a share's shift is the whole graph's
         let shift = shift_phase(ds, features.norm, sub.map(|s| s.feature_shift).or(features.shift));
-        let phase = grinnder_graph::progress::phase(if ex.pre {
+        let phase = grinnder_graph::progress::phase(if self.pre {
             "first blocks (features, layer 0's aggregation)"
         } else {
             "first blocks (features)"
         });
-        ex.load_features(ds, features.norm, shift)?;
+        self.load_features(ds, features.norm, shift)?;
         drop(phase);
-        Ok(ex)
+        Ok(self)
     }
 
     /// A built-in model of `cfg` for `ds`, checked first (a size no machine holds is refused
@@ -537,7 +547,7 @@ enum InputRows<B: Backend> {
 
 /// The features' shift: `fixed`, else [`feature_shift`] — for row normalisation a pass over the
 /// features, a setup phase of its own.
-pub(super) fn shift_phase(ds: &Dataset, norm: FeatureNorm, fixed: Option<f64>) -> f64 {
+fn shift_phase(ds: &Dataset, norm: FeatureNorm, fixed: Option<f64>) -> f64 {
     match fixed {
         Some(s) => s,
         None if norm == FeatureNorm::Row => {
